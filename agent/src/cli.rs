@@ -1,0 +1,113 @@
+//! The command line (SPEC.md). Bad values are rejected by clap with a message naming them and
+//! exit code 2.
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::endpoint::Endpoint;
+
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (rev ",
+    env!("LIFELINE_REVISION"),
+    ")"
+);
+
+#[derive(Debug, Parser)]
+#[command(name = "lifeline", version = VERSION, about = "Watches every controller's connection to the Kubernetes apiserver from the kernel")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the agent in the foreground until SIGTERM/SIGINT (SIGHUP re-reads --config).
+    Run(RunArgs),
+    /// Show what a running agent sees: one row per client connection.
+    Status(StatusArgs),
+    /// Kernel and privilege preflight; exit 1 if the agent cannot run here.
+    Check,
+}
+
+/// One `--endpoint` value: a name may resolve to several addresses.
+#[derive(Clone, Debug)]
+pub struct EndpointArg(pub Vec<Endpoint>);
+
+fn parse_endpoint(s: &str) -> Result<EndpointArg, String> {
+    Endpoint::parse_all(s).map(EndpointArg).map_err(|e| e.to_string())
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// YAML config file (SPEC.md); re-read on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// An apiserver endpoint to watch: HOST:PORT, CIDR:PORT, [IPv6]:PORT or [IPv6/LEN]:PORT.
+    #[arg(long = "endpoint", value_name = "HOST:PORT|CIDR:PORT", value_parser = parse_endpoint)]
+    pub endpoints: Vec<EndpointArg>,
+    /// Kubeconfig whose current context's server is watched when no endpoint is given
+    /// (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address of the HTTP API and /metrics [default: 0.0.0.0:9477].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Log remediation actions instead of taking them.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// This node's name (default: $NODE_NAME, then the hostname).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Post alerts as Alertmanager webhook JSON to this URL (repeatable).
+    #[arg(long, value_name = "URL")]
+    pub webhook: Vec<String>,
+    /// Send alerts to this Alertmanager (repeatable).
+    #[arg(long, value_name = "URL")]
+    pub alertmanager: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The agent's HTTP address.
+    #[arg(long, default_value = "http://127.0.0.1:9477")]
+    pub server: String,
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_endpoints_fail_naming_the_value_with_usage_exit_code() {
+        let err = Cli::try_parse_from(["lifeline", "run", "--endpoint", "nonsense:port"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("nonsense:port"), "{err}");
+    }
+
+    #[test]
+    fn endpoints_repeat_and_names_resolve() {
+        let cli = Cli::try_parse_from([
+            "lifeline",
+            "run",
+            "--endpoint",
+            "10.0.0.1:443",
+            "--endpoint",
+            "localhost:6443",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("run")
+        };
+        assert_eq!(args.endpoints.len(), 2);
+        assert!(!args.endpoints[1].0.is_empty());
+    }
+}

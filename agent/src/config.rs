@@ -1,0 +1,349 @@
+//! The config file (YAML, SPEC.md) and its merge with the command line. Unknown keys and bad
+//! values are errors that name the key (with line and column) and the reason.
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Deserializer};
+
+use crate::{
+    endpoint::{self, Endpoint, EndpointSet, Source},
+    health::Thresholds,
+};
+
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:9477";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
+    #[error("config file {path}: {source}")]
+    Endpoint { path: PathBuf, source: endpoint::Error },
+    #[error("config file {path}: {key}: {reason}")]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        reason: String,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The file as written.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    pub listen: Option<SocketAddr>,
+    #[serde(default)]
+    pub thresholds: ThresholdsFile,
+    #[serde(default)]
+    pub select: Select,
+    #[serde(default)]
+    pub receivers: Vec<Receiver>,
+    #[serde(default)]
+    pub remediation: Remediation,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ThresholdsFile {
+    #[serde(default, deserialize_with = "duration")]
+    pub disconnect_grace: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub stale_after: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub blackhole_after: Option<Duration>,
+    pub connect_failures: Option<u32>,
+    #[serde(default, deserialize_with = "duration")]
+    pub connect_window: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub min_client_age: Option<Duration>,
+}
+
+/// Processes that are clients besides auto-detection.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Select {
+    #[serde(default)]
+    pub comm: Vec<String>,
+    #[serde(default)]
+    pub cmdline: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Receiver {
+    pub name: String,
+    pub alertmanager: Option<UrlTarget>,
+    pub webhook: Option<UrlTarget>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UrlTarget {
+    pub url: String,
+    #[serde(default, deserialize_with = "duration")]
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RemediationMode {
+    #[default]
+    None,
+    Reset,
+    Restart,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Remediation {
+    #[serde(default)]
+    pub mode: RemediationMode,
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default = "default_cooldown", deserialize_with = "required_duration")]
+    pub cooldown: Duration,
+    #[serde(default = "default_budget")]
+    pub budget_per_hour: u32,
+}
+
+impl Default for Remediation {
+    fn default() -> Self {
+        Self {
+            mode: RemediationMode::None,
+            dry_run: false,
+            cooldown: default_cooldown(),
+            budget_per_hour: default_budget(),
+        }
+    }
+}
+
+fn default_cooldown() -> Duration {
+    Duration::from_secs(600)
+}
+
+fn default_budget() -> u32 {
+    3
+}
+
+fn parse_duration<E: serde::de::Error>(text: &str) -> std::result::Result<Duration, E> {
+    humantime::parse_duration(text.trim())
+        .map_err(|err| E::custom(format!("{text:?} is not a duration like 15s or 2m ({err})")))
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_duration(&text).map(Some)
+}
+
+fn required_duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Duration, D::Error> {
+    parse_duration(&String::deserialize(d)?)
+}
+
+impl ConfigFile {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Self> {
+        let file: ConfigFile = if text.trim().is_empty() {
+            ConfigFile::default()
+        } else {
+            serde_yaml::from_str(text).map_err(|source| Error::Parse {
+                path: path.into(),
+                source,
+            })?
+        };
+        file.validate(path)?;
+        Ok(file)
+    }
+
+    fn validate(&self, path: &Path) -> Result<()> {
+        let invalid = |key: &str, reason: &str| Error::Invalid {
+            path: path.into(),
+            key: key.into(),
+            reason: reason.into(),
+        };
+        let t = &self.thresholds;
+        for (key, value) in [
+            ("thresholds.disconnect_grace", t.disconnect_grace),
+            ("thresholds.stale_after", t.stale_after),
+            ("thresholds.blackhole_after", t.blackhole_after),
+            ("thresholds.connect_window", t.connect_window),
+        ] {
+            if value == Some(Duration::ZERO) {
+                return Err(invalid(key, "must be longer than 0s"));
+            }
+        }
+        if t.connect_failures == Some(0) {
+            return Err(invalid("thresholds.connect_failures", "must be at least 1"));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, r) in self.receivers.iter().enumerate() {
+            let key = format!("receivers[{i}]");
+            if !names.insert(r.name.as_str()) {
+                return Err(invalid(&key, &format!("duplicate receiver name {:?}", r.name)));
+            }
+            let target = match (&r.alertmanager, &r.webhook) {
+                (Some(t), None) | (None, Some(t)) => t,
+                _ => return Err(invalid(&key, "needs exactly one of alertmanager or webhook")),
+            };
+            check_url(&target.url).map_err(|reason| invalid(&format!("{key}.url"), &reason))?;
+        }
+        self.endpoint_list(path)?;
+        Ok(())
+    }
+
+    /// The file's endpoints, parsed (names resolved).
+    pub fn endpoint_list(&self, path: &Path) -> Result<Vec<Endpoint>> {
+        let mut out = Vec::new();
+        for text in &self.endpoints {
+            out.extend(Endpoint::parse_all(text).map_err(|source| Error::Endpoint {
+                path: path.into(),
+                source,
+            })?);
+        }
+        Ok(out)
+    }
+
+    pub fn thresholds(&self) -> Thresholds {
+        let d = Thresholds::default();
+        let t = &self.thresholds;
+        Thresholds {
+            disconnect_grace: t.disconnect_grace.unwrap_or(d.disconnect_grace),
+            stale_after: t.stale_after.unwrap_or(d.stale_after),
+            blackhole_after: t.blackhole_after.unwrap_or(d.blackhole_after),
+            connect_failures: t.connect_failures.unwrap_or(d.connect_failures),
+            connect_window: t.connect_window.unwrap_or(d.connect_window),
+            min_client_age: t.min_client_age.unwrap_or(d.min_client_age),
+        }
+    }
+}
+
+/// Only http(s) URLs with a host.
+pub fn check_url(url: &str) -> std::result::Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("{url:?} is not an http:// or https:// URL"))?;
+    if rest.split('/').next().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(())
+}
+
+/// The endpoint set in force: flags ∪ file (∪ discovery, later).
+pub fn endpoint_set(flags: &[Endpoint], file: &[Endpoint]) -> EndpointSet {
+    let mut set = EndpointSet::default();
+    for e in flags {
+        set.insert(*e, Source::Flag);
+    }
+    for e in file {
+        set.insert(*e, Source::Config);
+    }
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ConfigFile> {
+        ConfigFile::parse(Path::new("/etc/lifeline.yaml"), text)
+    }
+
+    #[test]
+    fn parses_the_spec_example() {
+        let file = parse(
+            r#"
+endpoints: ["10.96.0.1:443", "192.168.0.0/24:6443", "[fd00::1]:6443"]
+listen: "0.0.0.0:9477"
+thresholds:
+  disconnect_grace: 15s
+  stale_after: 90s
+  blackhole_after: 20s
+  connect_failures: 3
+  connect_window: 60s
+  min_client_age: 10s
+select:
+  comm: ["kube-controller", "my-operator"]
+receivers:
+  - { name: am,   alertmanager: { url: "http://alertmanager:9093" } }
+  - { name: hook, webhook: { url: "http://sink:8080/hook", timeout: 5s } }
+remediation:
+  mode: none
+  dry_run: false
+  cooldown: 10m
+  budget_per_hour: 3
+"#,
+        )
+        .expect("SPEC example parses");
+        assert_eq!(file.thresholds(), Thresholds::default());
+        assert_eq!(file.endpoint_list(Path::new("x")).unwrap().len(), 3);
+        assert_eq!(file.remediation.cooldown, Duration::from_secs(600));
+        assert_eq!(
+            file.receivers[1].webhook.as_ref().unwrap().timeout,
+            Some(Duration::from_secs(5))
+        );
+    }
+
+    #[test]
+    fn empty_file_means_defaults() {
+        assert_eq!(parse("").unwrap(), ConfigFile::default());
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_reason() {
+        for (text, needles) in [
+            ("endpoint: []", vec!["/etc/lifeline.yaml", "unknown field `endpoint`"]),
+            ("thresholds:\n  stale_after: soon", vec!["\"soon\" is not a duration", "line 2"]),
+            ("thresholds:\n  stale: 5s", vec!["unknown field `stale`"]),
+            ("thresholds:\n  stale_after: 0s", vec!["thresholds.stale_after", "longer than 0s"]),
+            ("thresholds:\n  connect_failures: 0", vec!["thresholds.connect_failures"]),
+            ("endpoints: [\"nonsense\"]", vec!["\"nonsense\"", "expected HOST:PORT"]),
+            ("listen: here", vec!["listen"]),
+            ("remediation:\n  mode: reboot", vec!["unknown variant `reboot`"]),
+            ("receivers:\n  - { name: a, webhook: { url: \"ftp://x\" } }", vec!["receivers[0].url", "ftp://x"]),
+            ("receivers:\n  - { name: a }", vec!["receivers[0]", "exactly one"]),
+            (
+                "receivers:\n  - { name: a, webhook: { url: \"http://x\" } }\n  - { name: a, webhook: { url: \"http://y\" } }",
+                vec!["receivers[1]", "duplicate receiver name \"a\""],
+            ),
+        ] {
+            let err = parse(text).expect_err(text).to_string();
+            for needle in needles {
+                assert!(err.contains(needle), "{text:?}: {err:?} lacks {needle:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn flags_and_file_merge_with_sources() {
+        let a = Endpoint::parse_all("127.0.0.1:1").unwrap();
+        let b = Endpoint::parse_all("127.0.0.1:2").unwrap();
+        let set = endpoint_set(&a, &[a.clone(), b.clone()].concat());
+        let sources: Vec<(String, Vec<Source>)> =
+            set.iter().map(|(e, s)| (e.to_string(), s.to_vec())).collect();
+        assert_eq!(
+            sources,
+            vec![
+                ("127.0.0.1:1".to_owned(), vec![Source::Flag, Source::Config]),
+                ("127.0.0.1:2".to_owned(), vec![Source::Config])
+            ]
+        );
+    }
+}

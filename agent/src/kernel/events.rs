@@ -1,0 +1,196 @@
+//! Decoding the kernel's ring-buffer records into typed events.
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use lifeline_common::{EventKind, SockEvent, AF_INET, AF_INET6};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("ring buffer record of {0} bytes, expected {len}", len = std::mem::size_of::<SockEvent>())]
+    Size(usize),
+    #[error("ring buffer record with unknown kind {0}")]
+    Kind(u32),
+    #[error("ring buffer record with unknown address family {0}")]
+    Family(u16),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What happened, as decoded from a [`SockEvent`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    State { old: u32, new: u32 },
+    Retransmit { state: u32 },
+}
+
+/// One kernel event about a socket to an apiserver endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelEvent {
+    pub at: Instant,
+    /// Kernel address of the socket: its identity while it lives.
+    pub sk: u64,
+    pub netns: u64,
+    pub change: Change,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// The process that caused the event, when it ran in that process's context (connect).
+    pub owner_tgid: Option<u32>,
+    /// Thread name of the task on the CPU (diagnostics only).
+    pub thread_comm: String,
+}
+
+impl KernelEvent {
+    pub fn kind_label(&self) -> &'static str {
+        match self.change {
+            Change::State { .. } => "state_change",
+            Change::Retransmit { .. } => "retransmit",
+        }
+    }
+}
+
+/// Converts kernel CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`) into `Instant`s.
+#[derive(Clone, Copy, Debug)]
+pub struct MonotonicClock {
+    base_instant: Instant,
+    base_ns: u64,
+}
+
+impl MonotonicClock {
+    pub fn new() -> Self {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into the timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let base_ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        Self {
+            base_instant: Instant::now(),
+            base_ns,
+        }
+    }
+
+    pub fn instant(&self, ns: u64) -> Instant {
+        match ns.checked_sub(self.base_ns) {
+            Some(after) => self.base_instant + Duration::from_nanos(after),
+            None => self.base_instant - Duration::from_nanos(self.base_ns - ns),
+        }
+    }
+}
+
+pub fn decode(bytes: &[u8], clock: &MonotonicClock) -> Result<KernelEvent> {
+    if bytes.len() != std::mem::size_of::<SockEvent>() {
+        return Err(Error::Size(bytes.len()));
+    }
+    // SAFETY: the length matches and SockEvent is plain old data; the read is unaligned-safe.
+    let raw: SockEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let change = match raw.kind {
+        k if k == EventKind::StateChange as u32 => Change::State {
+            old: raw.old_state,
+            new: raw.new_state,
+        },
+        k if k == EventKind::Retransmit as u32 => Change::Retransmit { state: raw.new_state },
+        k => return Err(Error::Kind(k)),
+    };
+    let ip = |a: [u8; 16]| -> Result<IpAddr> {
+        match raw.family {
+            AF_INET => Ok(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))),
+            AF_INET6 => Ok(crate::endpoint::canonical_ip(IpAddr::V6(Ipv6Addr::from(a)))),
+            f => Err(Error::Family(f)),
+        }
+    };
+    let comm_len = raw.comm.iter().position(|b| *b == 0).unwrap_or(raw.comm.len());
+    Ok(KernelEvent {
+        at: clock.instant(raw.timestamp_ns),
+        sk: raw.sk,
+        netns: u64::from(raw.netns),
+        change,
+        local: SocketAddr::new(ip(raw.saddr)?, raw.sport),
+        remote: SocketAddr::new(ip(raw.daddr)?, raw.dport),
+        owner_tgid: (raw.in_process_context != 0 && raw.tgid != 0).then_some(raw.tgid),
+        thread_comm: String::from_utf8_lossy(&raw.comm[..comm_len]).into_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lifeline_common::{tcp_state, COMM_LEN};
+
+    fn raw(kind: u32, family: u16) -> SockEvent {
+        let mut comm = [0u8; COMM_LEN];
+        comm[..9].copy_from_slice(b"ll-client");
+        let mut saddr = [0u8; 16];
+        saddr[..4].copy_from_slice(&[127, 0, 0, 1]);
+        let mut daddr = saddr;
+        daddr[3] = 2;
+        SockEvent {
+            timestamp_ns: 5,
+            sk: 0xffff_8880_1234_5678,
+            netns: 4026531840,
+            kind,
+            tgid: 42,
+            pid: 43,
+            old_state: tcp_state::CLOSE,
+            new_state: tcp_state::SYN_SENT,
+            family,
+            sport: 40000,
+            dport: 6443,
+            in_process_context: 1,
+            saddr,
+            daddr,
+            comm,
+        }
+    }
+
+    fn bytes(ev: &SockEvent) -> Vec<u8> {
+        // SAFETY: SockEvent is repr(C) plain data without padding.
+        unsafe {
+            std::slice::from_raw_parts(
+                (ev as *const SockEvent).cast::<u8>(),
+                std::mem::size_of::<SockEvent>(),
+            )
+        }
+        .to_vec()
+    }
+
+    #[test]
+    fn decodes_a_connect() {
+        let clock = MonotonicClock::new();
+        let ev = decode(&bytes(&raw(EventKind::StateChange as u32, AF_INET)), &clock).unwrap();
+        assert_eq!(
+            ev.change,
+            Change::State {
+                old: tcp_state::CLOSE,
+                new: tcp_state::SYN_SENT
+            }
+        );
+        assert_eq!(ev.local, "127.0.0.1:40000".parse().unwrap());
+        assert_eq!(ev.remote, "127.0.0.2:6443".parse().unwrap());
+        assert_eq!(ev.owner_tgid, Some(42));
+        assert_eq!(ev.thread_comm, "ll-client");
+        assert_eq!(ev.netns, 4026531840);
+    }
+
+    #[test]
+    fn softirq_events_name_no_owner_and_mapped_v6_becomes_v4() {
+        let clock = MonotonicClock::new();
+        let mut r = raw(EventKind::Retransmit as u32, AF_INET6);
+        r.in_process_context = 0;
+        r.daddr = Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped().octets();
+        let ev = decode(&bytes(&r), &clock).unwrap();
+        assert_eq!(ev.owner_tgid, None);
+        assert_eq!(ev.remote, "10.0.0.1:6443".parse().unwrap());
+        assert!(matches!(ev.change, Change::Retransmit { .. }));
+    }
+
+    #[test]
+    fn rejects_malformed_records() {
+        let clock = MonotonicClock::new();
+        assert_eq!(decode(&[0u8; 7], &clock), Err(Error::Size(7)));
+        assert_eq!(decode(&bytes(&raw(99, AF_INET)), &clock), Err(Error::Kind(99)));
+        assert_eq!(decode(&bytes(&raw(1, 3)), &clock), Err(Error::Family(3)));
+    }
+}

@@ -1,0 +1,16 @@
+//! Everything that touches the kernel's eBPF side: finding this kernel's structure offsets,
+//! loading and attaching the programs, the endpoint map, and decoding ring-buffer events.
+use std::os::fd::AsRawFd;
+
+use tokio::io::{unix::AsyncFd, Interest};
+
+pub mod events;
+pub mod offsets;
+pub mod programs;
+
+/// Registers an fd-owning object (ring buffer, log buffer) with tokio for readability.
+pub fn readable_fd<T: AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {
+    // SAFETY: `inner` owns its fd; moving it into the AsyncFd keeps the fd open and unchanged
+    // for the AsyncFd's whole lifetime.
+    unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE) }.map_err(|e| e.into_parts().1)
+}

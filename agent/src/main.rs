@@ -1,0 +1,85 @@
+//! `lifeline`: the node agent. `main` only parses the command line and wires parts together.
+use std::process::ExitCode;
+
+use clap::Parser;
+
+mod api;
+mod check;
+mod cli;
+mod config;
+mod container;
+mod endpoint;
+mod health;
+mod judge;
+mod kernel;
+mod kubeconfig;
+mod metrics;
+mod netns;
+mod process;
+mod run;
+mod sampler;
+mod sock_diag;
+mod status;
+mod table;
+mod views;
+
+/// An error with its causes, `outer: inner: innermost`.
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime");
+    runtime.block_on(async {
+        match cli.command {
+            cli::Command::Run(args) => match run::run(args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    tracing::error!("{}", chain(&err));
+                    ExitCode::from(err.exit_code())
+                }
+            },
+            cli::Command::Status(args) => match status::run(&args.server, args.output).await {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("lifeline status: {}", chain(&err));
+                    ExitCode::FAILURE
+                }
+            },
+            cli::Command::Check => {
+                let report = check::run();
+                print!("{}", report.render());
+                if report.can_run() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,291 @@
+//! The Prometheus metrics of SPEC.md, in one registry created at start-up and handed to every
+//! part that records something. Client series carry `namespace`, `pod`, `container`, `comm`
+//! (never `pid`), and are rebuilt from the live client list each tick, so a client that goes
+//! away loses its series.
+use std::collections::{HashMap, HashSet};
+
+use prometheus::{
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::{health::State, views::ClientView};
+
+const CLIENT_LABELS: [&str; 4] = ["namespace", "pod", "container", "comm"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("metric {name}: {source}")]
+    Register {
+        name: &'static str,
+        source: prometheus::Error,
+    },
+    #[error("encoding metrics: {0}")]
+    Encode(#[source] prometheus::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub client_state: IntGaugeVec,
+    pub client_connections: IntGaugeVec,
+    pub client_last_receive_age: GaugeVec,
+    pub client_connect_failures: IntCounterVec,
+    pub client_retransmits: IntCounterVec,
+    #[expect(dead_code, reason = "counted by remediation (issue 4)")]
+    pub remediations: IntCounterVec,
+    #[expect(dead_code, reason = "counted by alert delivery (issue 3)")]
+    pub alerts_sent: IntCounterVec,
+    pub ebpf_events: IntCounterVec,
+    pub ebpf_events_lost: IntCounter,
+    pub detection: Histogram,
+    /// Label sets of client counters currently exported, to remove those of gone clients.
+    counter_labels: std::sync::Mutex<HashSet<Vec<String>>>,
+}
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    name: &'static str,
+    metric: std::result::Result<T, prometheus::Error>,
+) -> Result<T> {
+    let metric = metric.map_err(|source| Error::Register { name, source })?;
+    registry
+        .register(Box::new(metric.clone()))
+        .map_err(|source| Error::Register { name, source })?;
+    Ok(metric)
+}
+
+fn labels(extra: &[&'static str]) -> Vec<&'static str> {
+    CLIENT_LABELS.iter().chain(extra).copied().collect()
+}
+
+impl Metrics {
+    pub fn new(version: &str, revision: &str) -> Result<Self> {
+        let r = Registry::new();
+        let build = register(
+            &r,
+            "lifeline_build_info",
+            IntGaugeVec::new(
+                Opts::new("lifeline_build_info", "Version and git revision of the agent"),
+                &["version", "revision"],
+            ),
+        )?;
+        build.with_label_values(&[version, revision]).set(1);
+        Ok(Self {
+            client_state: register(
+                &r,
+                "lifeline_client_state",
+                IntGaugeVec::new(
+                    Opts::new(
+                        "lifeline_client_state",
+                        "1 for the client's current state, 0 for the others",
+                    ),
+                    &labels(&["state"]),
+                ),
+            )?,
+            client_connections: register(
+                &r,
+                "lifeline_client_connections",
+                IntGaugeVec::new(
+                    Opts::new("lifeline_client_connections", "Established apiserver connections"),
+                    &labels(&["endpoint"]),
+                ),
+            )?,
+            client_last_receive_age: register(
+                &r,
+                "lifeline_client_last_receive_age_seconds",
+                GaugeVec::new(
+                    Opts::new(
+                        "lifeline_client_last_receive_age_seconds",
+                        "Seconds since the client last received apiserver payload",
+                    ),
+                    &labels(&[]),
+                ),
+            )?,
+            client_connect_failures: register(
+                &r,
+                "lifeline_client_connect_failures_total",
+                IntCounterVec::new(
+                    Opts::new(
+                        "lifeline_client_connect_failures_total",
+                        "Failed connects to apiserver endpoints",
+                    ),
+                    &labels(&["endpoint", "reason"]),
+                ),
+            )?,
+            client_retransmits: register(
+                &r,
+                "lifeline_client_retransmits_total",
+                IntCounterVec::new(
+                    Opts::new(
+                        "lifeline_client_retransmits_total",
+                        "TCP retransmits on apiserver connections",
+                    ),
+                    &labels(&["endpoint"]),
+                ),
+            )?,
+            remediations: register(
+                &r,
+                "lifeline_remediations_total",
+                IntCounterVec::new(
+                    Opts::new("lifeline_remediations_total", "Remediation actions by outcome"),
+                    &["action", "result"],
+                ),
+            )?,
+            alerts_sent: register(
+                &r,
+                "lifeline_alerts_sent_total",
+                IntCounterVec::new(
+                    Opts::new(
+                        "lifeline_alerts_sent_total",
+                        "Alert deliveries by receiver and outcome",
+                    ),
+                    &["receiver", "result"],
+                ),
+            )?,
+            ebpf_events: register(
+                &r,
+                "lifeline_ebpf_events_total",
+                IntCounterVec::new(
+                    Opts::new("lifeline_ebpf_events_total", "Kernel events received, by kind"),
+                    &["kind"],
+                ),
+            )?,
+            ebpf_events_lost: register(
+                &r,
+                "lifeline_ebpf_events_lost_total",
+                IntCounter::new(
+                    "lifeline_ebpf_events_lost_total",
+                    "Kernel events dropped because the ring buffer was full",
+                ),
+            )?,
+            detection: register(
+                &r,
+                "lifeline_detection_seconds",
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "lifeline_detection_seconds",
+                        "From fault evidence crossing its threshold in the kernel to the state change",
+                    )
+                    .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0]),
+                ),
+            )?,
+            registry: r,
+            counter_labels: Default::default(),
+        })
+    }
+
+    pub fn render(&self) -> Result<String> {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .map_err(Error::Encode)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// The four client labels of a view.
+    pub fn client_labels(view: &ClientView) -> [String; 4] {
+        [
+            view.namespace.clone().unwrap_or_default(),
+            view.pod.clone().unwrap_or_default(),
+            view.container.clone().unwrap_or_default(),
+            view.comm.clone(),
+        ]
+    }
+
+    /// Rebuilds the client gauges from the current client list, and drops counter series of
+    /// clients that went away. Processes that share all four labels are summed (connections)
+    /// or reported by their worst state.
+    pub fn update_clients(&self, clients: &[ClientView]) {
+        self.client_state.reset();
+        self.client_connections.reset();
+        self.client_last_receive_age.reset();
+        let mut worst: HashMap<[String; 4], (State, Option<f64>)> = HashMap::new();
+        for view in clients {
+            let labels = Self::client_labels(view);
+            let state = State::ALL
+                .iter()
+                .copied()
+                .find(|s| s.as_str() == view.state)
+                .unwrap_or(State::Healthy);
+            let age = view
+                .connections
+                .iter()
+                .filter_map(|c| c.last_receive_age_seconds)
+                .min_by(f64::total_cmp);
+            let entry = worst.entry(labels.clone()).or_insert((state, age));
+            if severity(state) > severity(entry.0) {
+                entry.0 = state;
+            }
+            for c in view.connections.iter().filter(|c| c.tcp_state == "ESTABLISHED") {
+                let l = [&labels[0], &labels[1], &labels[2], &labels[3], &c.endpoint].map(String::as_str);
+                self.client_connections.with_label_values(&l).inc();
+            }
+        }
+        for (labels, (state, age)) in &worst {
+            for s in State::ALL {
+                let l = [&labels[0], &labels[1], &labels[2], &labels[3]].map(String::as_str);
+                let mut with_state = l.to_vec();
+                with_state.push(s.as_str());
+                self.client_state
+                    .with_label_values(&with_state)
+                    .set(i64::from(s == *state));
+            }
+            if let Some(age) = age {
+                let l = [&labels[0], &labels[1], &labels[2], &labels[3]].map(String::as_str);
+                self.client_last_receive_age.with_label_values(&l).set(*age);
+            }
+        }
+        let live: HashSet<[String; 4]> = worst.into_keys().collect();
+        let mut exported = self.counter_labels.lock().expect("metrics lock");
+        exported.retain(|full| {
+            let client: [String; 4] = [full[0].clone(), full[1].clone(), full[2].clone(), full[3].clone()];
+            if live.contains(&client) {
+                return true;
+            }
+            let l: Vec<&str> = full.iter().map(String::as_str).collect();
+            let _ = match l.len() {
+                5 => self.client_retransmits.remove_label_values(&l),
+                _ => self.client_connect_failures.remove_label_values(&l),
+            };
+            false
+        });
+    }
+
+    /// Counts a retransmit on a client's connection to `endpoint`.
+    pub fn count_retransmit(&self, client: &[String; 4], endpoint: &str) {
+        let l = self.remember([&client[0], &client[1], &client[2], &client[3], endpoint]);
+        self.client_retransmits
+            .with_label_values(&l.iter().map(String::as_str).collect::<Vec<_>>())
+            .inc();
+    }
+
+    /// Counts a failed connect of a client to `endpoint`.
+    pub fn count_connect_failure(&self, client: &[String; 4], endpoint: &str, reason: &str) {
+        let l = self.remember([&client[0], &client[1], &client[2], &client[3], endpoint, reason]);
+        self.client_connect_failures
+            .with_label_values(&l.iter().map(String::as_str).collect::<Vec<_>>())
+            .inc();
+    }
+
+    fn remember<const N: usize>(&self, labels: [&str; N]) -> Vec<String> {
+        let owned: Vec<String> = labels.iter().map(|s| (*s).to_owned()).collect();
+        self.counter_labels
+            .lock()
+            .expect("metrics lock")
+            .insert(owned.clone());
+        owned
+    }
+}
+
+/// Order of badness, for reporting several processes behind one label set.
+fn severity(state: State) -> u8 {
+    match state {
+        State::Healthy => 0,
+        State::Stale => 1,
+        State::Blackholed => 2,
+        State::Unreachable => 3,
+        State::Disconnected => 4,
+    }
+}

@@ -1,0 +1,807 @@
+//! Process facts from procfs: name, command line, cgroup (hence container), network namespace,
+//! start time, and which processes hold a given socket.
+//!
+//! Everything goes through [`Procfs`], which holds the procfs root so tests can point it at a
+//! fake tree. The parsing is done by pure functions over strings ([`parse_stat_start_time`],
+//! [`parse_status_tgid`], [`format_cmdline`], [`select_cgroup_path`], [`parse_socket_link`]).
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::ptr::NonNull;
+
+use serde::Serialize;
+
+use crate::container::{self, ContainerRef};
+
+/// Failures reading a process's procfs entries.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The process (or thread) does not exist (any more), or exited while being read, or its
+    /// pid now belongs to a different process.
+    #[error("process {pid} is gone")]
+    Gone { pid: u32 },
+    /// A procfs file of an existing process could not be read.
+    #[error("reading {path} (pid {pid}): {source}")]
+    Read {
+        pid: u32,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// A procfs file was read but did not have the expected content.
+    #[error("{path}: {problem}")]
+    Malformed { path: PathBuf, problem: &'static str },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What the agent knows about one process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessInfo {
+    /// The process id (the thread group id, which is the main thread's id).
+    pub pid: u32,
+    /// The process name from `/proc/<pid>/comm` without its newline: the main thread's name
+    /// (the executable's name truncated to 15 bytes unless the process renamed itself), not the
+    /// name of whichever thread made a connection.
+    pub comm: String,
+    /// The arguments from `/proc/<pid>/cmdline` joined by single spaces, trailing NULs
+    /// dropped; empty for kernel threads (and zombies). Not valid UTF-8 is replaced lossily.
+    pub cmdline: String,
+    /// The process's cgroup path as chosen by [`select_cgroup_path`] (in practice the cgroup
+    /// v2 path on unified systems); empty if `/proc/<pid>/cgroup` lists none.
+    pub cgroup: String,
+    /// The container `cgroup` names, if any.
+    pub container: Option<ContainerRef>,
+    /// The inode number of the process's network namespace (`/proc/<pid>/ns/net`), which
+    /// identifies the namespace; `None` if we may not look at it (not running as root) or the
+    /// main thread has already exited while other threads still run.
+    pub netns: Option<u64>,
+    /// The process's start time in clock ticks since boot (field 22 of `/proc/<pid>/stat`);
+    /// with `pid` it identifies the process even after its pid is recycled.
+    pub start_time_ticks: u64,
+}
+
+/// A procfs mount: the root directory under which `<pid>/…` is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Procfs {
+    /// The directory procfs is mounted on (`/proc`, or a fake tree in tests).
+    root: PathBuf,
+}
+
+impl Default for Procfs {
+    /// Procfs at `/proc`.
+    fn default() -> Self {
+        Self::new("/proc")
+    }
+}
+
+impl Procfs {
+    /// Procfs mounted at `proc_root`.
+    pub fn new(proc_root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: proc_root.into(),
+        }
+    }
+
+    /// Everything about process `pid`. A thread id is accepted too: the thread's process is
+    /// described (`pid` in the result is then the thread group id).
+    ///
+    /// Fails with [`Error::Gone`] if the process does not exist, exits while being read, or is
+    /// replaced by another process with the same pid while being read.
+    pub fn process(&self, pid: u32) -> Result<ProcessInfo> {
+        let tgid = self.tgid_of(pid)?;
+        let gone = |e: Error| match e {
+            Error::Gone { .. } => Error::Gone { pid },
+            e => e,
+        };
+        let start_time_ticks = self.start_time(tgid).map_err(gone)?;
+
+        let comm = self.read_string(tgid, "comm").map_err(gone)?;
+        let comm = comm.strip_suffix('\n').unwrap_or(&comm).to_owned();
+        let cmdline = format_cmdline(&self.read(tgid, "cmdline").map_err(gone)?);
+        let cgroups = self.read_string(tgid, "cgroup").map_err(gone)?;
+        let cgroup = select_cgroup_path(&cgroups).unwrap_or_default().to_owned();
+        let container = container::container_id_from_cgroup(&cgroup);
+
+        let netns_path = self.pid_path(tgid, "ns/net");
+        let netns = match std::fs::metadata(&netns_path) {
+            Ok(meta) => Some(meta.ino()),
+            // Not permitted, or the main thread has exited (its namespaces are gone even while
+            // other threads run); if the whole process is gone the check below says so.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound
+                ) || e.raw_os_error() == Some(libc::ESRCH) =>
+            {
+                None
+            }
+            Err(e) => return Err(io_error(tgid, netns_path, e)),
+        };
+
+        // Everything above was read from whatever process had the pid at the time: make sure
+        // it is still the one whose start time we read first.
+        if !self.is_alive(tgid, start_time_ticks) {
+            return Err(Error::Gone { pid });
+        }
+
+        Ok(ProcessInfo {
+            pid: tgid,
+            comm,
+            cmdline,
+            cgroup,
+            container,
+            netns,
+            start_time_ticks,
+        })
+    }
+
+    /// The process (thread group) id of thread `tid`: the `Tgid:` line of
+    /// `/proc/<tid>/status`. For a process id it is the id itself. Thread directories are not
+    /// listed in `/proc` but can be opened there by id.
+    pub fn tgid_of(&self, tid: u32) -> Result<u32> {
+        let status = self.read_string(tid, "status")?;
+        parse_status_tgid(&status).ok_or_else(|| Error::Malformed {
+            path: self.pid_path(tid, "status"),
+            problem: "no valid Tgid: line",
+        })
+    }
+
+    /// Whether process `pid` exists and is the process that started at `start_time_ticks`
+    /// (not a later process that was given the recycled pid). Zombies count as existing.
+    pub fn is_alive(&self, pid: u32, start_time_ticks: u64) -> bool {
+        matches!(self.start_time(pid), Ok(t) if t == start_time_ticks)
+    }
+
+    /// For each socket inode in `inodes` held open by some process, every process (tgid)
+    /// holding it, in `/proc` order and without duplicates. Inodes no process holds are absent
+    /// from the map.
+    ///
+    /// Scans the `fd` directory of every process listed in `/proc` (not `/proc/<pid>/task/*`:
+    /// threads share their process's descriptors). Processes and descriptors that vanish or
+    /// may not be read are skipped silently. Every process is scanned even after each inode
+    /// has been found, since several processes can share a socket (after `fork`, or by
+    /// descriptor passing).
+    pub fn socket_owners(&self, inodes: &HashSet<u64>) -> HashMap<u64, Vec<u32>> {
+        let mut owners: HashMap<u64, Vec<u32>> = HashMap::new();
+        if inodes.is_empty() {
+            return owners;
+        }
+        let root = match CString::new(self.root.as_os_str().as_bytes()) {
+            Ok(root) => root,
+            Err(_) => {
+                tracing::warn!(root = %self.root.display(), "procfs root contains a NUL byte");
+                return owners;
+            }
+        };
+        let Some(mut proc_dir) = Dir::open(&root) else {
+            tracing::warn!(
+                root = %self.root.display(),
+                error = %io::Error::last_os_error(),
+                "cannot list procfs root"
+            );
+            return owners;
+        };
+        // "<pid>/fd\0", built in place for each process: no allocation per process or per fd.
+        let mut fd_path = [0u8; 32];
+        let mut link = [0u8; 64];
+        while let Some(name) = proc_dir.next_name() {
+            let name = name.to_bytes();
+            let Some(pid) = parse_pid(name) else { continue };
+            let len = name.len();
+            fd_path[..len].copy_from_slice(name);
+            fd_path[len..len + 4].copy_from_slice(b"/fd\0");
+            let Ok(fd_path) = CStr::from_bytes_with_nul(&fd_path[..len + 4]) else {
+                continue;
+            };
+            let Some(mut fd_dir) = Dir::open_at(&proc_dir, fd_path) else {
+                continue;
+            };
+            let fd_dir_fd = fd_dir.fd();
+            while let Some(fd_name) = fd_dir.next_name() {
+                // SAFETY: `fd_dir_fd` is the open directory `fd_dir` being read, `fd_name` is a
+                // NUL-terminated name in it, and `link` is writable for `link.len()` bytes.
+                let n = unsafe {
+                    libc::readlinkat(fd_dir_fd, fd_name.as_ptr(), link.as_mut_ptr().cast(), link.len())
+                };
+                // Negative: the fd was closed meanwhile (or `.`/`..`); full: longer than any
+                // socket link, so possibly truncated.
+                let Ok(n) = usize::try_from(n) else { continue };
+                if n >= link.len() {
+                    continue;
+                }
+                let Some(inode) = parse_socket_link(&link[..n]) else {
+                    continue;
+                };
+                if inodes.contains(&inode) {
+                    let pids = owners.entry(inode).or_default();
+                    if pids.last() != Some(&pid) {
+                        pids.push(pid);
+                    }
+                }
+            }
+        }
+        owners
+    }
+
+    /// The start time (field 22 of `/proc/<pid>/stat`) of process `pid`.
+    fn start_time(&self, pid: u32) -> Result<u64> {
+        let stat = self.read_string(pid, "stat")?;
+        parse_stat_start_time(&stat).ok_or_else(|| Error::Malformed {
+            path: self.pid_path(pid, "stat"),
+            problem: "no valid start time (field 22)",
+        })
+    }
+
+    /// `<root>/<pid>/<file>`.
+    fn pid_path(&self, pid: u32, file: &str) -> PathBuf {
+        let mut path = self.root.join(pid.to_string());
+        path.push(file);
+        path
+    }
+
+    /// The bytes of `<root>/<pid>/<file>`.
+    fn read(&self, pid: u32, file: &str) -> Result<Vec<u8>> {
+        let path = self.pid_path(pid, file);
+        std::fs::read(&path).map_err(|e| io_error(pid, path, e))
+    }
+
+    /// The text of `<root>/<pid>/<file>`, invalid UTF-8 replaced lossily.
+    fn read_string(&self, pid: u32, file: &str) -> Result<String> {
+        let bytes = self.read(pid, file)?;
+        Ok(match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+}
+
+/// Maps an I/O error on a file of process `pid` to [`Error::Gone`] when it means the process
+/// does not exist (`ENOENT`, or `ESRCH` for a process exiting while being read).
+fn io_error(pid: u32, path: PathBuf, source: io::Error) -> Error {
+    if source.kind() == io::ErrorKind::NotFound || source.raw_os_error() == Some(libc::ESRCH) {
+        Error::Gone { pid }
+    } else {
+        Error::Read { pid, path, source }
+    }
+}
+
+/// The start time in clock ticks, field 22 of a `/proc/<pid>/stat` line. The command name
+/// (field 2) is in parentheses and may itself contain spaces and parentheses, so fields are
+/// counted from the last `)`.
+pub fn parse_stat_start_time(stat: &str) -> Option<u64> {
+    let (_, after_comm) = stat.rsplit_once(')')?;
+    // Field 3 (state) is the first after the command name, so field 22 is the 20th.
+    after_comm.split_ascii_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// The thread group id from the `Tgid:` line of a `/proc/<tid>/status` file.
+pub fn parse_status_tgid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A `/proc/<pid>/cmdline` (arguments each followed by a NUL) as one line: arguments joined by
+/// single spaces, trailing NULs dropped (processes that rewrite their title often pad with
+/// them), invalid UTF-8 replaced lossily. Empty input (kernel threads) gives an empty string.
+pub fn format_cmdline(raw: &[u8]) -> String {
+    let end = raw.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let joined: Vec<u8> = raw[..end]
+        .iter()
+        .map(|&b| if b == 0 { b' ' } else { b })
+        .collect();
+    match String::from_utf8(joined) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }
+}
+
+/// The cgroup path to attribute a process by, from the lines (`<hierarchy>:<controllers>:<path>`)
+/// of its `/proc/<pid>/cgroup`, or `None` if there is no line.
+///
+/// Candidates, in order of preference: the unified (cgroup v2) line `0::<path>`, then the v1
+/// lines of the `name=systemd`, `pids` and `cpu` controllers. On a pure v2 system only the
+/// first exists. On hybrid and v1 systems the `0::` line exists too but may not be where
+/// containers are placed (it is `/` when the v2 hierarchy is unused, and older runc left
+/// cgroupfs-driver containers in the runtime's service there), so the first candidate that
+/// names a container is taken; failing that, the first that is not the root `/`; failing that,
+/// the first.
+pub fn select_cgroup_path(cgroups: &str) -> Option<&str> {
+    let mut candidates: [Option<&str>; 4] = [None; 4];
+    for line in cgroups.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(hierarchy), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let slot = if hierarchy == "0" && controllers.is_empty() {
+            0
+        } else if controllers.split(',').any(|c| c == "name=systemd") {
+            1
+        } else if controllers.split(',').any(|c| c == "pids") {
+            2
+        } else if controllers.split(',').any(|c| c == "cpu") {
+            3
+        } else {
+            continue;
+        };
+        candidates[slot].get_or_insert(path);
+    }
+    let present = || candidates.iter().flatten().copied();
+    present()
+        .find(|path| container::container_id_from_cgroup(path).is_some())
+        .or_else(|| present().find(|&path| path != "/"))
+        .or_else(|| present().next())
+}
+
+/// The inode of a socket descriptor's link target `socket:[<inode>]`, or `None` for any other
+/// target (files, pipes, anonymous inodes).
+pub fn parse_socket_link(target: &[u8]) -> Option<u64> {
+    let digits = target.strip_prefix(b"socket:[")?.strip_suffix(b"]")?;
+    if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    digits
+        .iter()
+        .try_fold(0u64, |n, &d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+}
+
+/// The pid a `/proc` entry name denotes, if it is all digits (`self`, `sys`, … are not).
+fn parse_pid(name: &[u8]) -> Option<u32> {
+    if name.is_empty() || name.len() > 10 || !name.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    name.iter()
+        .try_fold(0u32, |n, &d| n.checked_mul(10)?.checked_add(u32::from(d - b'0')))
+}
+
+/// An open directory stream (`opendir`), read without allocating per entry.
+struct Dir(NonNull<libc::DIR>);
+
+impl Dir {
+    /// Opens the directory at `path`; `None` on failure (`errno` tells why).
+    fn open(path: &CStr) -> Option<Self> {
+        // SAFETY: `path` is a valid NUL-terminated string.
+        let dir = unsafe { libc::opendir(path.as_ptr()) };
+        NonNull::new(dir).map(Self)
+    }
+
+    /// Opens the directory at `path` relative to the directory `parent`; `None` on failure.
+    fn open_at(parent: &Dir, path: &CStr) -> Option<Self> {
+        // SAFETY: `parent.fd()` is an open directory, `path` a valid NUL-terminated string.
+        let fd = unsafe {
+            libc::openat(
+                parent.fd(),
+                path.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` is an open directory descriptor we own; on success the stream takes
+        // ownership of it.
+        let dir = unsafe { libc::fdopendir(fd) };
+        match NonNull::new(dir) {
+            Some(dir) => Some(Self(dir)),
+            None => {
+                // SAFETY: `fdopendir` failed, so `fd` is still ours to close.
+                unsafe { libc::close(fd) };
+                None
+            }
+        }
+    }
+
+    /// The file descriptor of the open directory, valid as long as `self`.
+    fn fd(&self) -> libc::c_int {
+        // SAFETY: `self.0` is an open directory stream.
+        unsafe { libc::dirfd(self.0.as_ptr()) }
+    }
+
+    /// The name of the next entry (`.` and `..` skipped), or `None` at the end or on a read
+    /// error. The name is valid until the next call.
+    fn next_name(&mut self) -> Option<&CStr> {
+        loop {
+            // SAFETY: `self.0` is an open directory stream, read by this thread only (we hold
+            // `&mut self`).
+            let entry = unsafe { libc::readdir(self.0.as_ptr()) };
+            if entry.is_null() {
+                return None;
+            }
+            // SAFETY: a non-null entry from `readdir` holds a NUL-terminated `d_name` that stays
+            // valid until the next `readdir`/`closedir` on this stream, which the `&mut self`
+            // borrow of the returned name rules out.
+            let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) };
+            if name.to_bytes() != b"." && name.to_bytes() != b".." {
+                return Some(name);
+            }
+        }
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` is an open directory stream, closed only here.
+        unsafe { libc::closedir(self.0.as_ptr()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::symlink;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    const UID_: &str = "5f3c2b1a_9d8e_4c7b_a6f5_e4d3c2b1a098";
+
+    /// A fake procfs tree in a fresh temporary directory, removed on drop.
+    struct FakeProc {
+        root: PathBuf,
+    }
+
+    impl FakeProc {
+        fn new() -> Self {
+            static COUNTER: AtomicU32 = AtomicU32::new(0);
+            let root = std::env::temp_dir().join(format!(
+                "lifeline-process-test-{}-{}",
+                std::process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = fs::remove_dir_all(&root);
+            fs::create_dir_all(&root).expect("create fake proc root");
+            Self { root }
+        }
+
+        fn procfs(&self) -> Procfs {
+            Procfs::new(&self.root)
+        }
+
+        /// Writes `<root>/<pid>/<file>`.
+        fn file(&self, pid: u32, file: &str, contents: impl AsRef<[u8]>) {
+            let path = self.root.join(pid.to_string()).join(file);
+            fs::create_dir_all(path.parent().expect("parent")).expect("create dir");
+            fs::write(path, contents).expect("write fake proc file");
+        }
+
+        /// A process with the given comm, cmdline, start time and cgroup file; `tgid` in its
+        /// status (differs from `pid` for a thread).
+        fn process(&self, pid: u32, tgid: u32, comm: &str, cmdline: &[u8], start: u64, cgroup: &str) {
+            self.file(
+                pid,
+                "stat",
+                format!(
+                    "{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 {start} 12345678 456 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0\n"
+                ),
+            );
+            self.file(pid, "comm", format!("{comm}\n"));
+            self.file(pid, "cmdline", cmdline);
+            self.file(pid, "cgroup", cgroup);
+            self.file(
+                pid,
+                "status",
+                format!("Name:\t{comm}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid}\nNgid:\t0\nPid:\t{pid}\nPPid:\t1\n"),
+            );
+            self.file(pid, "ns/net", "");
+        }
+
+        /// Creates `<root>/<pid>/fd/<fd>` -> `target`.
+        fn fd(&self, pid: u32, fd: u32, target: &str) {
+            let dir = self.root.join(pid.to_string()).join("fd");
+            fs::create_dir_all(&dir).expect("create fd dir");
+            symlink(target, dir.join(fd.to_string())).expect("create fd symlink");
+        }
+    }
+
+    impl Drop for FakeProc {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+
+    #[test]
+    fn stat_start_time() {
+        let cases: &[(&str, Option<u64>)] = &[
+            ("1 (systemd) S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 42 1 2 3", Some(42)),
+            (
+                "77 (my (weird) proc) ) R 1 77 77 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 987654 12345678 456\n",
+                Some(987654),
+            ),
+            ("9 (a b c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 7777777777", Some(7777777777)),
+            // Too few fields, no parenthesis, junk in the field.
+            ("1 (x) S 0 1 1", None),
+            ("1 x S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 42", None),
+            ("1 (x) S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 4x2", None),
+            ("", None),
+        ];
+        for &(stat, want) in cases {
+            assert_eq!(parse_stat_start_time(stat), want, "stat {stat:?}");
+        }
+    }
+
+    #[test]
+    fn status_tgid() {
+        assert_eq!(
+            parse_status_tgid("Name:\tx\nUmask:\t0022\nState:\tS\nTgid:\t1234\nNgid:\t0\nPid:\t1240\n"),
+            Some(1234)
+        );
+        assert_eq!(parse_status_tgid("Name:\tx\nPid:\t1\n"), None);
+        assert_eq!(parse_status_tgid("Tgid:\tabc\n"), None);
+    }
+
+    #[test]
+    fn cmdline() {
+        let cases: &[(&[u8], &str)] = &[
+            (
+                b"/usr/bin/kubelet\0--v=2\0--config=/var/lib/kubelet/config.yaml\0",
+                "/usr/bin/kubelet --v=2 --config=/var/lib/kubelet/config.yaml",
+            ),
+            (b"", ""),
+            (b"\0", ""),
+            (
+                b"nginx: master process /usr/sbin/nginx\0\0\0\0\0\0",
+                "nginx: master process /usr/sbin/nginx",
+            ),
+            (b"a\0\0b\0", "a  b"),
+            (b"no-trailing-nul", "no-trailing-nul"),
+            (b"bad\xffutf8\0x\0", "bad\u{fffd}utf8 x"),
+        ];
+        for &(raw, want) in cases {
+            assert_eq!(format_cmdline(raw), want, "cmdline {raw:?}");
+        }
+    }
+
+    #[test]
+    fn cgroup_selection() {
+        let pod = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope"
+        );
+        let v1_pod = format!("/kubepods/burstable/pod5f3c2b1a-9d8e-4c7b-a6f5-e4d3c2b1a098/{CID}");
+        let cases: Vec<(String, Option<String>)> = vec![
+            // Pure v2.
+            (format!("0::{pod}\n"), Some(pod.clone())),
+            ("0::/user.slice/user-1000.slice/session-2.scope\n".into(), Some("/user.slice/user-1000.slice/session-2.scope".into())),
+            ("0::/\n".into(), Some("/".into())),
+            // Hybrid, systemd driver: the same path in v2 and v1.
+            (
+                format!("12:pids:{pod}\n11:cpu,cpuacct:{pod}\n1:name=systemd:{pod}\n0::{pod}\n"),
+                Some(pod.clone()),
+            ),
+            // Hybrid, cgroupfs driver with the container left in the runtime's service in v2.
+            (
+                format!("12:pids:{v1_pod}\n5:cpu,cpuacct:{v1_pod}\n1:name=systemd:{v1_pod}\n0::/system.slice/containerd.service\n"),
+                Some(v1_pod.clone()),
+            ),
+            // Legacy v1 with an unused v2 hierarchy: skip the root.
+            (
+                "12:pids:/system.slice/sshd.service\n4:cpu,cpuacct:/system.slice/sshd.service\n1:name=systemd:/system.slice/sshd.service\n0::/\n".into(),
+                Some("/system.slice/sshd.service".into()),
+            ),
+            // v1 without name=systemd: pids, then cpu.
+            (
+                "3:memory:/m\n2:cpu,cpuacct:/c\n1:pids:/p\n".into(),
+                Some("/p".into()),
+            ),
+            ("3:memory:/m\n2:cpu,cpuacct:/c\n".into(), Some("/c".into())),
+            ("3:memory:/m\n2:cpuset:/s\n".into(), None),
+            (String::new(), None),
+            ("garbage\n".into(), None),
+        ];
+        for (file, want) in cases {
+            assert_eq!(select_cgroup_path(&file), want.as_deref(), "cgroup file {file:?}");
+        }
+    }
+
+    #[test]
+    fn socket_links() {
+        assert_eq!(parse_socket_link(b"socket:[1234]"), Some(1234));
+        assert_eq!(
+            parse_socket_link(b"socket:[18446744073709551615]"),
+            Some(u64::MAX)
+        );
+        assert_eq!(parse_socket_link(b"socket:[18446744073709551616]"), None);
+        assert_eq!(parse_socket_link(b"socket:[]"), None);
+        assert_eq!(parse_socket_link(b"socket:[12a]"), None);
+        assert_eq!(parse_socket_link(b"socket:[12"), None);
+        assert_eq!(parse_socket_link(b"pipe:[1234]"), None);
+        assert_eq!(parse_socket_link(b"anon_inode:[eventfd]"), None);
+        assert_eq!(parse_socket_link(b"/dev/null"), None);
+    }
+
+    #[test]
+    fn fake_process() {
+        let fake = FakeProc::new();
+        let cgroup = format!(
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope\n"
+        );
+        fake.process(
+            100,
+            100,
+            "my (weird) proc",
+            b"/bin/app\0--flag\0value with space\0",
+            5555,
+            &cgroup,
+        );
+        // Thread 101 of process 100, named differently.
+        fake.process(
+            101,
+            100,
+            "worker",
+            b"/bin/app\0--flag\0value with space\0",
+            5556,
+            &cgroup,
+        );
+        // A kernel thread.
+        fake.process(2, 2, "kthreadd", b"", 3, "0::/\n");
+
+        let procfs = fake.procfs();
+        let info = procfs.process(100).expect("process 100");
+        assert_eq!(info.pid, 100);
+        assert_eq!(info.comm, "my (weird) proc");
+        assert_eq!(info.cmdline, "/bin/app --flag value with space");
+        assert_eq!(info.start_time_ticks, 5555);
+        assert_eq!(
+            info.cgroup,
+            format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope")
+        );
+        let container = info.container.as_ref().expect("container");
+        assert_eq!(container.runtime, container::Runtime::Containerd);
+        assert_eq!(container.id, CID);
+        assert!(info.netns.is_some());
+
+        // A thread id is resolved to its process.
+        assert_eq!(procfs.tgid_of(101).expect("tgid of 101"), 100);
+        assert_eq!(procfs.process(101).expect("process of thread 101"), info);
+
+        let kthread = procfs.process(2).expect("process 2");
+        assert_eq!(kthread.comm, "kthreadd");
+        assert_eq!(kthread.cmdline, "");
+        assert_eq!(kthread.cgroup, "/");
+        assert_eq!(kthread.container, None);
+
+        assert!(procfs.is_alive(100, 5555));
+        assert!(!procfs.is_alive(100, 5554));
+        assert!(!procfs.is_alive(999, 5555));
+
+        assert!(matches!(procfs.process(999), Err(Error::Gone { pid: 999 })));
+        assert!(matches!(procfs.tgid_of(999), Err(Error::Gone { pid: 999 })));
+
+        // Exists but malformed.
+        fake.file(300, "status", "Name:\tx\n");
+        assert!(matches!(
+            procfs.tgid_of(300),
+            Err(Error::Malformed { path, .. }) if path == fake.root.join("300/status")
+        ));
+        fake.file(301, "status", "Tgid:\t301\n");
+        fake.file(301, "stat", "301 (x) S 1\n");
+        assert!(matches!(procfs.process(301), Err(Error::Malformed { .. })));
+        // Exists but a file is missing: gone mid-read.
+        fake.file(302, "status", "Tgid:\t302\n");
+        fake.file(
+            302,
+            "stat",
+            "302 (x) S 1 302 302 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 9 1 2\n",
+        );
+        assert!(matches!(procfs.process(302), Err(Error::Gone { pid: 302 })));
+        // No network namespace link (main thread exited, other threads alive).
+        fake.process(304, 304, "leader-gone", b"", 8, "0::/\n");
+        fs::remove_file(fake.root.join("304/ns/net")).expect("remove ns/net");
+        assert_eq!(procfs.process(304).expect("process 304").netns, None);
+        // An unreadable file that is not "not found": a directory where a file should be.
+        fake.file(303, "status", "Tgid:\t303\n");
+        fake.file(303, "stat/x", "");
+        assert!(matches!(
+            procfs.process(303),
+            Err(Error::Read { pid: 303, path, .. }) if path == fake.root.join("303/stat")
+        ));
+    }
+
+    #[test]
+    fn fake_socket_owners() {
+        let fake = FakeProc::new();
+        fake.fd(100, 0, "/dev/null");
+        fake.fd(100, 3, "socket:[1234]");
+        fake.fd(100, 4, "socket:[5678]");
+        fake.fd(100, 5, "pipe:[1234]");
+        // The same socket twice in one process (dup).
+        fake.fd(100, 6, "socket:[1234]");
+        // Shared with another process (fork).
+        fake.fd(200, 7, "socket:[1234]");
+        fake.fd(200, 8, "anon_inode:[eventfd]");
+        // Unwanted socket only.
+        fake.fd(300, 3, "socket:[9999]");
+        // Malformed links.
+        fake.fd(300, 4, "socket:[12x]");
+        fake.fd(300, 5, "socket:[");
+        // A process without an fd directory, and one whose fd is a file, not a directory.
+        fake.file(400, "stat", "");
+        fake.file(500, "fd", "");
+        // Non-pid entries, including one with a socket-looking fd tree.
+        fake.file(0, "ignored", "");
+        fs::create_dir_all(fake.root.join("sys/fd")).expect("mkdir");
+        symlink("socket:[1234]", fake.root.join("sys/fd/3")).expect("symlink");
+        symlink("100", fake.root.join("self")).expect("symlink");
+        // Threads are not scanned.
+        fs::create_dir_all(fake.root.join("100/task/101/fd")).expect("mkdir");
+        symlink("socket:[5678]", fake.root.join("100/task/101/fd/9")).expect("symlink");
+
+        let wanted: HashSet<u64> = [1234, 5678, 4242].into();
+        let mut owners = fake.procfs().socket_owners(&wanted);
+        for pids in owners.values_mut() {
+            pids.sort_unstable();
+        }
+        let want: HashMap<u64, Vec<u32>> = [(1234, vec![100, 200]), (5678, vec![100])].into();
+        assert_eq!(owners, want);
+
+        assert!(fake.procfs().socket_owners(&HashSet::new()).is_empty());
+        assert!(Procfs::new(fake.root.join("missing"))
+            .socket_owners(&wanted)
+            .is_empty());
+    }
+
+    /// The test binary's process name: its file name truncated to 15 bytes.
+    fn own_comm() -> String {
+        let exe = std::env::current_exe().expect("current exe");
+        let name = exe.file_name().expect("exe file name").as_bytes();
+        String::from_utf8_lossy(&name[..name.len().min(15)]).into_owned()
+    }
+
+    #[test]
+    fn real_self() {
+        let procfs = Procfs::default();
+        let pid = std::process::id();
+        let info = procfs.process(pid).expect("own process");
+        assert_eq!(info.pid, pid);
+        assert_eq!(info.comm, own_comm());
+        assert!(!info.cmdline.is_empty());
+        assert!(info.cgroup.starts_with('/'), "cgroup {:?}", info.cgroup);
+        let netns = fs::metadata("/proc/self/ns/net").expect("own netns").ino();
+        assert_eq!(info.netns, Some(netns));
+        assert!(info.start_time_ticks > 0);
+        assert!(procfs.is_alive(pid, info.start_time_ticks));
+        assert!(!procfs.is_alive(pid, info.start_time_ticks + 1));
+    }
+
+    #[test]
+    fn real_thread() {
+        let procfs = Procfs::default();
+        let pid = std::process::id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("lifeline-thread".into())
+            .spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+                tx.send(u32::try_from(tid).expect("tid fits u32"))
+                    .expect("send tid");
+                std::thread::park();
+            })
+            .expect("spawn thread");
+        let tid = rx.recv().expect("receive tid");
+        assert_ne!(tid, pid);
+        assert_eq!(procfs.tgid_of(tid).expect("tgid of own thread"), pid);
+        let info = procfs.process(tid).expect("process of own thread");
+        assert_eq!(info.pid, pid);
+        assert_eq!(info.comm, own_comm());
+        thread.thread().unpark();
+        thread.join().expect("join thread");
+    }
+
+    #[test]
+    fn real_socket_owner() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind listener");
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        let target = fs::read_link(format!("/proc/self/fd/{fd}")).expect("readlink own fd");
+        let inode = parse_socket_link(target.as_os_str().as_bytes()).expect("socket link");
+        let owners = Procfs::default().socket_owners(&[inode].into());
+        assert_eq!(owners.get(&inode), Some(&vec![std::process::id()]));
+    }
+}

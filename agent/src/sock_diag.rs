@@ -1,0 +1,862 @@
+//! Client for the kernel's `NETLINK_SOCK_DIAG` inet_diag interface: dump, look up
+//! and destroy TCP sockets of one network namespace. Layouts follow
+//! `include/uapi/linux/{netlink,sock_diag,inet_diag,tcp}.h`; netlink headers are
+//! host-endian, ports and addresses network-endian.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::{Mutex, PoisonError};
+
+use crate::netns;
+
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const SOCK_DESTROY: u16 = 21;
+/// Attribute carrying `struct tcp_info`; requested with bit `INET_DIAG_INFO - 1` of `idiag_ext`.
+const INET_DIAG_INFO: u16 = 2;
+/// `[INET_DIAG_NOCOOKIE; 2]`: match a socket whatever its cookie.
+const NO_COOKIE: u64 = !0;
+
+const NLMSG_HDRLEN: usize = 16;
+/// `struct inet_diag_req_v2`.
+const REQ_LEN: usize = 56;
+/// `struct inet_diag_msg`; attributes follow it.
+const DIAG_MSG_LEN: usize = 72;
+/// Large enough for the biggest dump datagram the kernel builds (it sizes them
+/// after the reader's buffer, capped at 32 KiB).
+const RECV_BUF_LEN: usize = 32 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("creating a NETLINK_SOCK_DIAG socket")]
+    Socket(#[source] io::Error),
+    #[error("creating a NETLINK_SOCK_DIAG socket in another netns")]
+    Netns(#[from] netns::Error),
+    #[error("sending the sock_diag {op} request")]
+    Send { op: &'static str, source: io::Error },
+    #[error("receiving the sock_diag {op} reply")]
+    Recv { op: &'static str, source: io::Error },
+    #[error("sock_diag {op} reply datagram of {len} bytes exceeds the {RECV_BUF_LEN}-byte buffer")]
+    Truncated { op: &'static str, len: usize },
+    #[error("kernel failed sock_diag {op} with errno {errno} ({})", io::Error::from_raw_os_error(*errno))]
+    Kernel { op: &'static str, errno: i32 },
+    #[error("malformed {what} in a sock_diag reply")]
+    Malformed { what: &'static str },
+    #[error("unsupported address family {0} in sock_diag")]
+    Family(u16),
+    #[error("sock_diag needs one address family for both ends, got {local} and {remote}")]
+    FamilyMismatch { local: SocketAddr, remote: SocketAddr },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One TCP socket as reported by inet_diag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpSocketInfo {
+    /// `libc::AF_INET` or `libc::AF_INET6`.
+    pub family: u16,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// Kernel `TCP_*` state number (`lifeline_common::tcp_state`).
+    pub state: u8,
+    /// Socket inode, as in `/proc/<pid>/fd/N -> socket:[inode]`; 0 for
+    /// time-wait and request sockets, which have no file.
+    pub inode: u64,
+    pub uid: u32,
+    /// Kernel socket cookie (stable for the socket's lifetime, unique per boot).
+    pub cookie: u64,
+    /// Absent for sockets without full TCP state (time-wait, request sockets).
+    pub tcp: Option<TcpInfo>,
+}
+
+/// Selected `struct tcp_info` fields. An older kernel may send a shorter
+/// struct: fields beyond the length it returned read as 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpInfo {
+    /// Payload bytes received and acknowledged (`tcpi_bytes_received`).
+    pub bytes_received: u64,
+    /// Payload bytes acknowledged by the peer (`tcpi_bytes_acked`; the kernel
+    /// also counts the SYN, so a fresh client reports 1).
+    pub bytes_acked: u64,
+    /// Milliseconds since the last data was received.
+    pub last_data_recv_ms: u32,
+    /// Segments received carrying data.
+    pub data_segs_in: u32,
+    /// All segments received.
+    pub segs_in: u32,
+    /// Retransmitted segments over the connection's lifetime.
+    pub total_retrans: u32,
+    /// Consecutive unrecovered RTO timeouts right now.
+    pub retransmits: u8,
+    /// Smoothed round-trip time in microseconds.
+    pub rtt_us: u32,
+    /// Segments sent and not yet acknowledged.
+    pub unacked: u32,
+    /// Unanswered zero-window or keepalive probes.
+    pub probes: u8,
+    /// Current RTO backoff exponent.
+    pub backoff: u8,
+}
+
+/// A `NETLINK_SOCK_DIAG` socket. It answers about the network namespace it was
+/// created in. Requests are serialised, so it may be shared between threads.
+#[derive(Debug)]
+pub struct DiagSocket {
+    fd: OwnedFd,
+    /// Reusable receive buffer and last sequence number; the lock keeps
+    /// concurrent requests from interleaving their replies.
+    io: Mutex<Io>,
+}
+
+#[derive(Debug)]
+struct Io {
+    buf: Vec<u8>,
+    seq: u32,
+}
+
+/// The fields of a request that vary between operations.
+struct Request {
+    kind: u16,
+    flags: u16,
+    family: u16,
+    ext: u8,
+    states: u32,
+    /// `(local, remote)` of the one socket addressed; `None` in dumps.
+    sockets: Option<(SocketAddr, SocketAddr)>,
+    /// Cookie the addressed socket must have, or [`NO_COOKIE`].
+    cookie: u64,
+}
+
+impl DiagSocket {
+    /// Opens a socket in the calling thread's network namespace.
+    pub fn open() -> Result<Self> {
+        // SAFETY: plain syscall without pointers; the result is checked below.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                libc::NETLINK_SOCK_DIAG,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::Socket(io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let io = Mutex::new(Io {
+            buf: vec![0; RECV_BUF_LEN],
+            seq: 0,
+        });
+        Ok(DiagSocket { fd, io })
+    }
+
+    /// Opens a socket inside the network namespace that `ns_path` refers to.
+    pub fn open_in(ns_path: &Path) -> Result<Self> {
+        netns::run_in_netns(ns_path, Self::open)?
+    }
+
+    /// All TCP sockets of `family` (`AF_INET`/`AF_INET6`) whose state bit is set
+    /// in `states` (`1 << TCP_*`), with `tcp_info` where the kernel has it.
+    pub fn dump(&self, family: u16, states: u32) -> Result<Vec<TcpSocketInfo>> {
+        if family != libc::AF_INET as u16 && family != libc::AF_INET6 as u16 {
+            return Err(Error::Family(family));
+        }
+        let request = Request {
+            kind: SOCK_DIAG_BY_FAMILY,
+            flags: (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16,
+            family,
+            ext: 1 << (INET_DIAG_INFO - 1),
+            states,
+            sockets: None,
+            cookie: NO_COOKIE,
+        };
+        let mut found = Vec::new();
+        self.transact("dump", &request, |msg| {
+            found.push(parse_diag_msg(msg)?);
+            Ok(())
+        })?;
+        Ok(found)
+    }
+
+    /// The one TCP socket with exactly these addresses, or `None` if there is none.
+    /// (The kernel falls back to a listener bound to `local` when no connection
+    /// matches; such an answer is discarded here.)
+    pub fn lookup(&self, local: SocketAddr, remote: SocketAddr) -> Result<Option<TcpSocketInfo>> {
+        let ext = 1 << (INET_DIAG_INFO - 1);
+        let request = Request::exact(SOCK_DIAG_BY_FAMILY, ext, local, remote, NO_COOKIE)?;
+        let mut found = None;
+        if_exists(self.transact("lookup", &request, |msg| {
+            found = Some(parse_diag_msg(msg)?);
+            Ok(())
+        }))?;
+        Ok(found.filter(|info| info.local == local && info.remote == remote))
+    }
+
+    /// Aborts the TCP socket with exactly these addresses (its owner then gets
+    /// `ECONNABORTED`, the peer a RST). `Ok(false)` if there is no such socket.
+    /// The socket is first looked up and then destroyed by cookie, so that the
+    /// kernel's listener fallback can never abort a listening socket instead.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "used by the reset remediation (issue 4)")
+    )]
+    pub fn destroy(&self, local: SocketAddr, remote: SocketAddr) -> Result<bool> {
+        let Some(target) = self.lookup(local, remote)? else {
+            return Ok(false);
+        };
+        let mut request = Request::exact(SOCK_DESTROY, 0, local, remote, target.cookie)?;
+        request.flags |= libc::NLM_F_ACK as u16;
+        if_exists(self.transact("destroy", &request, |_| Ok(())))
+    }
+
+    /// Sends `request` and feeds every reply payload to `on_msg` until the
+    /// reply ends: `NLMSG_DONE`, `NLMSG_ERROR` (an ack if errno is 0), or a
+    /// message that is not part of a multi-part reply. On an error from
+    /// `on_msg` the reply is still drained, then the first error is returned.
+    fn transact(
+        &self,
+        op: &'static str,
+        request: &Request,
+        mut on_msg: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let mut io = self.io.lock().unwrap_or_else(PoisonError::into_inner);
+        let Io { buf, seq } = &mut *io;
+        *seq = seq.wrapping_add(1);
+        self.send(op, &request.encode(*seq))?;
+        let mut outcome = Ok(());
+        loop {
+            let len = self.recv(op, buf)?;
+            let mut rest = &buf[..len];
+            while !rest.is_empty() {
+                let (header, payload, next) = split_nlmsg(rest)?;
+                rest = next;
+                if header.seq != *seq {
+                    continue; // left over from an earlier, abandoned request
+                }
+                let errno = match header.kind as i32 {
+                    libc::NLMSG_DONE | libc::NLMSG_ERROR => read_i32(payload, 0).wrapping_neg(),
+                    kind if kind < libc::NLMSG_MIN_TYPE => continue, // NOOP, OVERRUN
+                    _ => {
+                        let result = on_msg(payload);
+                        outcome = outcome.and(result);
+                        if header.flags & libc::NLM_F_MULTI as u16 != 0 {
+                            continue;
+                        }
+                        0
+                    }
+                };
+                return outcome.and(match errno {
+                    0 => Ok(()),
+                    errno => Err(Error::Kernel { op, errno }),
+                });
+            }
+        }
+    }
+
+    fn send(&self, op: &'static str, msg: &[u8]) -> Result<()> {
+        let kernel = netlink_addr();
+        loop {
+            // SAFETY: `msg` and `kernel` are valid for the lengths passed.
+            let sent = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    msg.as_ptr().cast(),
+                    msg.len(),
+                    0,
+                    (&raw const kernel).cast(),
+                    size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+                )
+            };
+            match sent {
+                n if n >= 0 => return Ok(()),
+                _ => {
+                    retry_on_eintr(io::Error::last_os_error()).map_err(|source| Error::Send { op, source })?
+                }
+            }
+        }
+    }
+
+    /// Receives one datagram from the kernel into `buf`; returns its length.
+    /// Datagrams from other netlink ports are dropped.
+    fn recv(&self, op: &'static str, buf: &mut [u8]) -> Result<usize> {
+        loop {
+            let mut from = netlink_addr();
+            let mut from_len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+            // SAFETY: `buf`, `from` and `from_len` are valid for writes of the sizes passed.
+            let got = unsafe {
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_TRUNC,
+                    (&raw mut from).cast(),
+                    &mut from_len,
+                )
+            };
+            match usize::try_from(got) {
+                Ok(len) if len > buf.len() => return Err(Error::Truncated { op, len }),
+                Ok(len) if from.nl_pid == 0 => return Ok(len),
+                Ok(_) => continue,
+                Err(_) => {
+                    retry_on_eintr(io::Error::last_os_error()).map_err(|source| Error::Recv { op, source })?
+                }
+            }
+        }
+    }
+}
+
+impl Request {
+    /// A request addressing the one socket `local` ↔ `remote` (with `cookie`).
+    fn exact(kind: u16, ext: u8, local: SocketAddr, remote: SocketAddr, cookie: u64) -> Result<Self> {
+        if local.is_ipv4() != remote.is_ipv4() {
+            return Err(Error::FamilyMismatch { local, remote });
+        }
+        Ok(Request {
+            kind,
+            flags: libc::NLM_F_REQUEST as u16,
+            family: family_of(&local),
+            ext,
+            states: !0,
+            sockets: Some((local, remote)),
+            cookie,
+        })
+    }
+
+    /// `struct nlmsghdr` followed by `struct inet_diag_req_v2`.
+    fn encode(&self, seq: u32) -> [u8; NLMSG_HDRLEN + REQ_LEN] {
+        let mut msg = [0u8; NLMSG_HDRLEN + REQ_LEN];
+        msg[0..4].copy_from_slice(&((NLMSG_HDRLEN + REQ_LEN) as u32).to_ne_bytes());
+        msg[4..6].copy_from_slice(&self.kind.to_ne_bytes());
+        msg[6..8].copy_from_slice(&self.flags.to_ne_bytes());
+        msg[8..12].copy_from_slice(&seq.to_ne_bytes());
+        let req = &mut msg[NLMSG_HDRLEN..];
+        req[0] = self.family as u8;
+        req[1] = libc::IPPROTO_TCP as u8;
+        req[2] = self.ext;
+        req[4..8].copy_from_slice(&self.states.to_ne_bytes());
+        let id = &mut req[8..]; // struct inet_diag_sockid
+        if let Some((local, remote)) = self.sockets {
+            id[0..2].copy_from_slice(&local.port().to_be_bytes());
+            id[2..4].copy_from_slice(&remote.port().to_be_bytes());
+            id[4..20].copy_from_slice(&ip_to_bytes(local.ip()));
+            id[20..36].copy_from_slice(&ip_to_bytes(remote.ip()));
+        }
+        id[40..44].copy_from_slice(&(self.cookie as u32).to_ne_bytes());
+        id[44..48].copy_from_slice(&((self.cookie >> 32) as u32).to_ne_bytes());
+        msg
+    }
+}
+
+/// Parses the payload of one `SOCK_DIAG_BY_FAMILY` reply: `struct inet_diag_msg`
+/// followed by attributes, of which `INET_DIAG_INFO` (`struct tcp_info`) is used.
+pub fn parse_diag_msg(msg: &[u8]) -> Result<TcpSocketInfo> {
+    if msg.len() < DIAG_MSG_LEN {
+        return Err(Error::Malformed {
+            what: "inet_diag_msg (too short)",
+        });
+    }
+    let family = u16::from(msg[0]);
+    let ip_at = |offset: usize| -> Result<IpAddr> {
+        match i32::from(family) {
+            libc::AF_INET => Ok(Ipv4Addr::from(field::<4>(msg, offset)).into()),
+            libc::AF_INET6 => Ok(Ipv6Addr::from(field::<16>(msg, offset)).into()),
+            _ => Err(Error::Family(family)),
+        }
+    };
+    let local = SocketAddr::new(ip_at(8)?, u16::from_be_bytes(field(msg, 4)));
+    let remote = SocketAddr::new(ip_at(24)?, u16::from_be_bytes(field(msg, 6)));
+    let cookie = u64::from(read_u32(msg, 44)) | (u64::from(read_u32(msg, 48)) << 32);
+
+    let mut tcp = None;
+    let mut attrs = &msg[DIAG_MSG_LEN..];
+    while attrs.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes(field(attrs, 0)));
+        let kind = u16::from_ne_bytes(field(attrs, 2));
+        if len < 4 || len > attrs.len() {
+            return Err(Error::Malformed {
+                what: "rtattr length",
+            });
+        }
+        if kind == INET_DIAG_INFO {
+            tcp = Some(TcpInfo::parse(&attrs[4..len]));
+        }
+        attrs = attrs.get(align4(len)..).unwrap_or_default();
+    }
+    Ok(TcpSocketInfo {
+        family,
+        local,
+        remote,
+        state: msg[1],
+        inode: u64::from(read_u32(msg, 68)),
+        uid: read_u32(msg, 64),
+        cookie,
+        tcp,
+    })
+}
+
+impl TcpInfo {
+    /// Reads the fields from `struct tcp_info` bytes at their uapi offsets;
+    /// fields past the end of `raw` (older kernels) are 0.
+    pub fn parse(raw: &[u8]) -> Self {
+        let u64_at = |offset| u64::from_ne_bytes(field(raw, offset));
+        TcpInfo {
+            retransmits: raw.get(2).copied().unwrap_or(0),
+            probes: raw.get(3).copied().unwrap_or(0),
+            backoff: raw.get(4).copied().unwrap_or(0),
+            unacked: read_u32(raw, 24),
+            last_data_recv_ms: read_u32(raw, 52),
+            rtt_us: read_u32(raw, 68),
+            total_retrans: read_u32(raw, 100),
+            bytes_acked: u64_at(120),
+            bytes_received: u64_at(128),
+            segs_in: read_u32(raw, 140),
+            data_segs_in: read_u32(raw, 152),
+        }
+    }
+}
+
+/// Maps the kernel's "no such socket" (`ENOENT`, or `ESTALE` when the socket
+/// with those addresses has another cookie) to `Ok(false)`.
+fn if_exists(result: Result<()>) -> Result<bool> {
+    match result {
+        Ok(()) => Ok(true),
+        Err(Error::Kernel {
+            errno: libc::ENOENT | libc::ESTALE,
+            ..
+        }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Header fields of one netlink message that the reply loop needs.
+struct NlHeader {
+    kind: u16,
+    flags: u16,
+    seq: u32,
+}
+
+/// Splits the first netlink message off `buf`: its header, its payload and the
+/// rest of the buffer after alignment padding.
+fn split_nlmsg(buf: &[u8]) -> Result<(NlHeader, &[u8], &[u8])> {
+    let len = read_u32(buf, 0) as usize;
+    if buf.len() < NLMSG_HDRLEN || len < NLMSG_HDRLEN || len > buf.len() {
+        return Err(Error::Malformed {
+            what: "nlmsghdr length",
+        });
+    }
+    let header = NlHeader {
+        kind: u16::from_ne_bytes(field(buf, 4)),
+        flags: u16::from_ne_bytes(field(buf, 6)),
+        seq: read_u32(buf, 8),
+    };
+    Ok((
+        header,
+        &buf[NLMSG_HDRLEN..len],
+        buf.get(align4(len)..).unwrap_or_default(),
+    ))
+}
+
+/// `N` bytes of `buf` at `offset`, or zeros if `buf` ends before.
+fn field<const N: usize>(buf: &[u8], offset: usize) -> [u8; N] {
+    buf.get(offset..offset + N)
+        .and_then(|b| b.try_into().ok())
+        .unwrap_or([0; N])
+}
+
+fn read_u32(buf: &[u8], offset: usize) -> u32 {
+    u32::from_ne_bytes(field(buf, offset))
+}
+
+fn read_i32(buf: &[u8], offset: usize) -> i32 {
+    i32::from_ne_bytes(field(buf, offset))
+}
+
+fn align4(len: usize) -> usize {
+    (len + 3) & !3
+}
+
+/// The 16-byte `idiag_src`/`idiag_dst` form: IPv4 in the first 4 bytes.
+fn ip_to_bytes(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut bytes = [0; 16];
+            bytes[..4].copy_from_slice(&v4.octets());
+            bytes
+        }
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+fn family_of(addr: &SocketAddr) -> u16 {
+    if addr.is_ipv4() {
+        libc::AF_INET as u16
+    } else {
+        libc::AF_INET6 as u16
+    }
+}
+
+/// The kernel's netlink address (port 0).
+fn netlink_addr() -> libc::sockaddr_nl {
+    // SAFETY: sockaddr_nl is plain integers, for which all-zero is valid.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    addr
+}
+
+/// `Ok` (retry) for `EINTR`, the error otherwise.
+fn retry_on_eintr(error: io::Error) -> io::Result<()> {
+    match error.kind() {
+        io::ErrorKind::Interrupted => Ok(()),
+        _ => Err(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netns::{run_in_netns, TestNetns};
+    use lifeline_common::tcp_state;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::unix::fs::MetadataExt;
+
+    const AF_INET: u16 = libc::AF_INET as u16;
+    const AF_INET6: u16 = libc::AF_INET6 as u16;
+    const ESTABLISHED: u32 = 1 << tcp_state::ESTABLISHED;
+
+    /// A hand-built `inet_diag_msg` followed by a MEMINFO attribute (ignored)
+    /// and an `INET_DIAG_INFO` attribute holding `tcp_info` bytes.
+    fn diag_msg(local: SocketAddr, remote: SocketAddr, tcp_info: &[u8]) -> Vec<u8> {
+        let mut msg = vec![0u8; DIAG_MSG_LEN];
+        msg[0] = family_of(&local) as u8;
+        msg[1] = tcp_state::ESTABLISHED as u8;
+        msg[4..6].copy_from_slice(&local.port().to_be_bytes());
+        msg[6..8].copy_from_slice(&remote.port().to_be_bytes());
+        msg[8..24].copy_from_slice(&ip_to_bytes(local.ip()));
+        msg[24..40].copy_from_slice(&ip_to_bytes(remote.ip()));
+        msg[44..48].copy_from_slice(&0x1122_3344u32.to_ne_bytes());
+        msg[48..52].copy_from_slice(&0x5566_7788u32.to_ne_bytes());
+        msg[64..68].copy_from_slice(&1000u32.to_ne_bytes());
+        msg[68..72].copy_from_slice(&424242u32.to_ne_bytes());
+        for (kind, body) in [(1u16, &[9u8; 16][..]), (INET_DIAG_INFO, tcp_info)] {
+            msg.extend_from_slice(&(4 + body.len() as u16).to_ne_bytes());
+            msg.extend_from_slice(&kind.to_ne_bytes());
+            msg.extend_from_slice(body);
+            msg.resize(align4(msg.len()), 0);
+        }
+        msg
+    }
+
+    /// A `struct tcp_info` of `len` bytes with recognisable values in the used fields.
+    fn tcp_info(len: usize) -> Vec<u8> {
+        let mut raw = vec![0u8; 232];
+        raw[2..5].copy_from_slice(&[3, 4, 5]);
+        for (offset, value) in [(24, 6u32), (52, 7), (68, 8), (100, 9), (140, 10), (152, 11)] {
+            raw[offset..offset + 4].copy_from_slice(&value.to_ne_bytes());
+        }
+        raw[120..128].copy_from_slice(&(1u64 << 40).to_ne_bytes());
+        raw[128..136].copy_from_slice(&((1u64 << 41) + 1).to_ne_bytes());
+        raw.truncate(len);
+        raw
+    }
+
+    #[test]
+    fn parses_ipv4_message_with_tcp_info() {
+        let local: SocketAddr = "10.0.0.1:40000".parse().expect("addr");
+        let remote: SocketAddr = "10.96.0.1:443".parse().expect("addr");
+        let info = parse_diag_msg(&diag_msg(local, remote, &tcp_info(232))).expect("parse");
+        let expected_tcp = TcpInfo {
+            retransmits: 3,
+            probes: 4,
+            backoff: 5,
+            unacked: 6,
+            last_data_recv_ms: 7,
+            rtt_us: 8,
+            total_retrans: 9,
+            segs_in: 10,
+            data_segs_in: 11,
+            bytes_acked: 1 << 40,
+            bytes_received: (1 << 41) + 1,
+        };
+        let expected = TcpSocketInfo {
+            family: AF_INET,
+            local,
+            remote,
+            state: tcp_state::ESTABLISHED as u8,
+            inode: 424242,
+            uid: 1000,
+            cookie: 0x5566_7788_1122_3344,
+            tcp: Some(expected_tcp),
+        };
+        assert_eq!(info, expected);
+    }
+
+    #[test]
+    fn parses_ipv6_message_with_short_tcp_info() {
+        let local: SocketAddr = "[fd00::1]:40000".parse().expect("addr");
+        let remote: SocketAddr = "[fd00::2]:6443".parse().expect("addr");
+        // 104 bytes: tcp_info as of Linux 2.6, up to tcpi_total_retrans.
+        let info = parse_diag_msg(&diag_msg(local, remote, &tcp_info(104))).expect("parse");
+        assert_eq!((info.family, info.local, info.remote), (AF_INET6, local, remote));
+        let tcp = info.tcp.expect("tcp_info present");
+        assert_eq!((tcp.rtt_us, tcp.total_retrans), (8, 9));
+        assert_eq!(
+            (tcp.bytes_acked, tcp.bytes_received, tcp.segs_in, tcp.data_segs_in),
+            (0, 0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_messages() {
+        let local: SocketAddr = "10.0.0.1:1".parse().expect("addr");
+        let mut msg = diag_msg(local, local, &tcp_info(232));
+        assert!(
+            parse_diag_msg(&msg[..DIAG_MSG_LEN - 1]).is_err(),
+            "short inet_diag_msg"
+        );
+        msg[DIAG_MSG_LEN..DIAG_MSG_LEN + 2].copy_from_slice(&2u16.to_ne_bytes());
+        assert!(parse_diag_msg(&msg).is_err(), "rtattr shorter than its header");
+        msg[0] = libc::AF_UNIX as u8;
+        assert!(matches!(parse_diag_msg(&msg), Err(Error::Family(_))));
+    }
+
+    #[test]
+    fn splits_a_buffer_of_several_messages() {
+        let mut buf = Vec::new();
+        for (seq, payload_len) in [(7u32, 5usize), (8, 0)] {
+            buf.extend_from_slice(&((NLMSG_HDRLEN + payload_len) as u32).to_ne_bytes());
+            buf.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+            buf.extend_from_slice(&(libc::NLM_F_MULTI as u16).to_ne_bytes());
+            buf.extend_from_slice(&seq.to_ne_bytes());
+            buf.extend_from_slice(&0u32.to_ne_bytes());
+            buf.extend(std::iter::repeat_n(0xab, payload_len));
+            buf.resize(align4(buf.len()), 0);
+        }
+        let (first, payload, rest) = split_nlmsg(&buf).expect("first");
+        assert_eq!(
+            (first.seq, first.kind, payload.len()),
+            (7, SOCK_DIAG_BY_FAMILY, 5)
+        );
+        let (second, payload, rest) = split_nlmsg(rest).expect("second");
+        assert_eq!((second.seq, payload.len(), rest.len()), (8, 0, 0));
+        assert!(
+            split_nlmsg(&buf[..NLMSG_HDRLEN + 2]).is_err(),
+            "length beyond buffer"
+        );
+    }
+
+    #[test]
+    fn encodes_exact_request() {
+        let local: SocketAddr = "10.0.0.1:40000".parse().expect("addr");
+        let remote: SocketAddr = "10.96.0.1:443".parse().expect("addr");
+        let req = Request::exact(SOCK_DESTROY, 0, local, remote, 0x1_0000_0002).expect("request");
+        let msg = req.encode(77);
+        assert_eq!(read_u32(&msg, 0) as usize, msg.len());
+        assert_eq!(
+            (u16::from_ne_bytes(field(&msg, 4)), read_u32(&msg, 8)),
+            (SOCK_DESTROY, 77)
+        );
+        let id = &msg[NLMSG_HDRLEN + 8..];
+        assert_eq!(field::<4>(id, 0), [0x9c, 0x40, 0x01, 0xbb], "ports big-endian");
+        assert_eq!(
+            (field::<4>(id, 4), field::<4>(id, 20)),
+            ([10, 0, 0, 1], [10, 96, 0, 1])
+        );
+        assert_eq!(
+            (read_u32(id, 40), read_u32(id, 44)),
+            (2, 1),
+            "cookie low word first"
+        );
+        let v6: SocketAddr = "[::1]:1".parse().expect("addr");
+        assert!(matches!(
+            Request::exact(SOCK_DESTROY, 0, local, v6, NO_COOKIE),
+            Err(Error::FamilyMismatch { .. })
+        ));
+    }
+
+    /// A listener, a client connected to it and the accepted server side.
+    struct Conn {
+        listener: TcpListener,
+        client: TcpStream,
+        server: TcpStream,
+    }
+
+    fn connect_in(ns: &TestNetns, ip: IpAddr) -> Conn {
+        run_in_netns(&ns.path, || {
+            let listener = TcpListener::bind((ip, 0)).expect("bind listener in test netns");
+            let addr = listener.local_addr().expect("listener address");
+            let client = TcpStream::connect(addr).expect("connect client in test netns");
+            let (server, _) = listener.accept().expect("accept in test netns");
+            Conn {
+                listener,
+                client,
+                server,
+            }
+        })
+        .expect("enter test netns")
+    }
+
+    /// The inode from the `/proc/self/fd/N -> socket:[inode]` link.
+    fn socket_inode(socket: &impl AsRawFd) -> u64 {
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", socket.as_raw_fd())).expect("read fd link");
+        let link = link.to_str().expect("utf-8 fd link");
+        link.strip_prefix("socket:[")
+            .and_then(|rest| rest.strip_suffix(']'))
+            .and_then(|ino| ino.parse().ok())
+            .unwrap_or_else(|| panic!("fd link {link:?} is not socket:[N]"))
+    }
+
+    fn dump_lookup_destroy(ip: IpAddr) {
+        let ns = TestNetns::new();
+        let mut conn = connect_in(&ns, ip);
+        let (local, remote) = (
+            conn.client.local_addr().expect("local"),
+            conn.client.peer_addr().expect("peer"),
+        );
+        let sent = [0x5a; 3000];
+        conn.server.write_all(&sent).expect("server write");
+        let mut got = [0; 3000];
+        conn.client.read_exact(&mut got).expect("client read");
+
+        let diag = DiagSocket::open_in(&ns.path).expect("open sock_diag in test netns");
+        let family = family_of(&local);
+        let established = diag.dump(family, ESTABLISHED).expect("dump established");
+        assert_eq!(
+            established.len(),
+            2,
+            "client and server side only: {established:#?}"
+        );
+        let client: Vec<_> = established.iter().filter(|s| s.local == local).collect();
+        let [client] = client[..] else {
+            panic!("client {local} not dumped exactly once: {established:#?}")
+        };
+        let uid = std::fs::metadata("/proc/self").expect("stat /proc/self").uid();
+        assert_eq!(
+            (client.family, client.remote, client.state, client.uid),
+            (family, remote, tcp_state::ESTABLISHED as u8, uid)
+        );
+        assert_eq!(client.inode, socket_inode(&conn.client), "inode of client socket");
+        let tcp = client.tcp.expect("tcp_info for an established socket");
+        assert_eq!(
+            tcp.bytes_received,
+            sent.len() as u64,
+            "bytes received by client: {tcp:?}"
+        );
+        assert!(
+            tcp.data_segs_in >= 1 && tcp.segs_in >= tcp.data_segs_in,
+            "{tcp:?}"
+        );
+
+        let listeners = diag.dump(family, 1 << tcp_state::LISTEN).expect("dump listeners");
+        let listen_addr = conn.listener.local_addr().expect("listener address");
+        assert_eq!(
+            listeners.iter().map(|s| s.local).collect::<Vec<_>>(),
+            [listen_addr]
+        );
+
+        let looked_up = diag
+            .lookup(local, remote)
+            .expect("lookup")
+            .expect("client found by lookup");
+        assert_eq!((looked_up.inode, looked_up.cookie), (client.inode, client.cookie));
+        assert_eq!(looked_up.tcp.map(|t| t.bytes_received), Some(sent.len() as u64));
+        let nowhere = SocketAddr::new(remote.ip(), 1);
+        assert_eq!(
+            diag.lookup(local, nowhere).expect("lookup of unknown 4-tuple"),
+            None
+        );
+        // The kernel would answer this with the listener; it must not count as found.
+        assert_eq!(
+            diag.lookup(listen_addr, nowhere)
+                .expect("lookup next to listener"),
+            None
+        );
+        assert!(!diag
+            .destroy(listen_addr, nowhere)
+            .expect("destroy next to listener"));
+        assert_eq!(
+            diag.dump(family, 1 << tcp_state::LISTEN)
+                .expect("dump listeners")
+                .len(),
+            1
+        );
+
+        assert!(
+            diag.destroy(local, remote).expect("destroy client"),
+            "client socket destroyed"
+        );
+        let err = conn
+            .client
+            .read(&mut got)
+            .expect_err("read after destroy must fail");
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+            ),
+            "read after destroy: {err}"
+        );
+        assert_eq!(diag.lookup(local, remote).expect("lookup after destroy"), None);
+        assert!(
+            !diag.destroy(local, remote).expect("second destroy"),
+            "nothing left to destroy"
+        );
+    }
+
+    #[test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    fn ipv4_dump_lookup_destroy() {
+        dump_lookup_destroy(Ipv4Addr::LOCALHOST.into());
+    }
+
+    #[test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    fn ipv6_dump_lookup_destroy() {
+        dump_lookup_destroy(Ipv6Addr::LOCALHOST.into());
+    }
+
+    #[test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    fn host_netns_does_not_see_test_netns_sockets() {
+        let ns = TestNetns::new();
+        let conn = connect_in(&ns, Ipv4Addr::LOCALHOST.into());
+        let (local, remote) = (
+            conn.client.local_addr().expect("local"),
+            conn.client.peer_addr().expect("peer"),
+        );
+        let inode = socket_inode(&conn.client);
+        let inside = DiagSocket::open_in(&ns.path).expect("open sock_diag in test netns");
+        assert!(inside
+            .lookup(local, remote)
+            .expect("lookup in test netns")
+            .is_some());
+        let host = DiagSocket::open().expect("open sock_diag in host netns");
+        let dumped = host.dump(AF_INET, !0).expect("dump host netns");
+        assert!(
+            dumped.iter().all(|s| s.inode != inode),
+            "host dump shows test netns socket {inode}"
+        );
+        let found = host.lookup(local, remote).expect("lookup in host netns");
+        assert!(
+            found.is_none_or(|s| s.inode != inode),
+            "host lookup finds test netns socket"
+        );
+    }
+
+    #[test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    fn dump_spans_many_datagrams() {
+        let ns = TestNetns::new();
+        let conns: Vec<_> = (0..150)
+            .map(|_| connect_in(&ns, Ipv6Addr::LOCALHOST.into()))
+            .collect();
+        let diag = DiagSocket::open_in(&ns.path).expect("open sock_diag in test netns");
+        let dumped = diag.dump(AF_INET6, ESTABLISHED).expect("dump");
+        assert_eq!(dumped.len(), 2 * conns.len(), "both ends of every connection");
+        let mut cookies: Vec<_> = dumped.iter().map(|s| s.cookie).collect();
+        cookies.sort_unstable();
+        cookies.dedup();
+        assert_eq!(cookies.len(), dumped.len(), "each socket dumped once");
+    }
+}

@@ -1,0 +1,159 @@
+//! Types shared by lifeline's kernel programs (`lifeline-ebpf`) and the userspace agent.
+//!
+//! Every type is `#[repr(C)]` with explicit padding fields and no `bool`, so the kernel and
+//! userspace agree on the layout byte for byte. The `user` feature adds `aya::Pod` impls.
+#![no_std]
+
+/// Longest task name the kernel keeps (`TASK_COMM_LEN`).
+pub const COMM_LEN: usize = 16;
+
+/// Maximum number of endpoint prefixes userspace may install in [`EndpointKey`] form.
+pub const MAX_ENDPOINTS: u32 = 4096;
+
+/// Address family values as the kernel reports them.
+pub const AF_INET: u16 = 2;
+pub const AF_INET6: u16 = 10;
+
+/// Bits of an [`EndpointKey`] before the address: the destination port.
+pub const ENDPOINT_PORT_BITS: u32 = 16;
+
+/// Data half of the `ENDPOINTS` longest-prefix-match key: the destination port (big endian)
+/// followed by the destination address as IPv6 (IPv4 as `::ffff:a.b.c.d`). The prefix length
+/// covers the port (16 bits, always exact) plus the address prefix, so one trie holds IPv4 and
+/// IPv6 hosts and CIDRs, and an IPv4 endpoint also matches a dual-stack socket that connects to
+/// its IPv4-mapped address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointKey {
+    pub port_be: [u8; 2],
+    pub addr: [u8; 16],
+}
+
+/// What the kernel saw happen to a watched socket.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A TCP state transition (`sock/inet_sock_set_state`).
+    StateChange = 1,
+    /// A segment was retransmitted (`tcp/tcp_retransmit_skb`).
+    Retransmit = 2,
+}
+
+/// Index of counters in the `COUNTERS` array map.
+pub mod counter {
+    /// Events dropped because the ring buffer was full.
+    pub const LOST: u32 = 0;
+    /// Events submitted (all kinds).
+    pub const SENT: u32 = 1;
+    pub const LEN: u32 = 2;
+}
+
+/// One event from the kernel, sent through the `EVENTS` ring buffer.
+///
+/// `tgid`/`pid`/`comm` are those of the task on the CPU. They name the socket's owner only for
+/// transitions that run in process context (CLOSE→SYN_SENT on `connect()`, ESTABLISHED→FIN_WAIT1
+/// or →CLOSE on `close()`); packet-driven ones run in softirq, where they name a bystander.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SockEvent {
+    /// Kernel time of the event (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+    pub timestamp_ns: u64,
+    /// Kernel address of the `struct sock`: stable for the socket's lifetime.
+    pub sk: u64,
+    /// Inode number of the socket's network namespace.
+    pub netns: u32,
+    /// [`EventKind`] as u32.
+    pub kind: u32,
+    pub tgid: u32,
+    pub pid: u32,
+    /// Old and new TCP state (kernel `TCP_*` numbers); for a retransmit, both are the state.
+    pub old_state: u32,
+    pub new_state: u32,
+    pub family: u16,
+    /// Host byte order.
+    pub sport: u16,
+    /// Host byte order.
+    pub dport: u16,
+    /// 1 when `tgid`/`comm` were taken in process context that owns the socket (see above).
+    pub in_process_context: u16,
+    /// Source and destination address; IPv4 in the first 4 bytes.
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Kernel structure offsets the programs need, found at start-up from the running kernel's
+/// BTF and tracepoint `format` files (aya's Rust eBPF has no CO-RE relocations). Set as the
+/// global `OFFSETS` before load.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    /// `struct sock_common.skc_net` (a `possible_net_t`, whose first field is `struct net *`).
+    pub sock_common_skc_net: u32,
+    /// `struct net.ns` + `struct ns_common.inum`.
+    pub net_ns_inum: u32,
+    /// Fields of `sock/inet_sock_set_state`.
+    pub set_state: SetStateOffsets,
+    /// Fields of `tcp/tcp_retransmit_skb`.
+    pub retransmit: RetransmitOffsets,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetStateOffsets {
+    pub skaddr: u32,
+    pub oldstate: u32,
+    pub newstate: u32,
+    pub sport: u32,
+    pub dport: u32,
+    pub family: u32,
+    pub protocol: u32,
+    pub saddr: u32,
+    pub daddr: u32,
+    pub saddr_v6: u32,
+    pub daddr_v6: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetransmitOffsets {
+    pub skaddr: u32,
+    pub state: u32,
+    pub sport: u32,
+    pub dport: u32,
+    pub family: u32,
+    pub saddr: u32,
+    pub daddr: u32,
+    pub saddr_v6: u32,
+    pub daddr_v6: u32,
+    pub _pad: u32,
+}
+
+/// TCP state numbers (include/net/tcp_states.h).
+pub mod tcp_state {
+    pub const ESTABLISHED: u32 = 1;
+    pub const SYN_SENT: u32 = 2;
+    pub const SYN_RECV: u32 = 3;
+    pub const FIN_WAIT1: u32 = 4;
+    pub const FIN_WAIT2: u32 = 5;
+    pub const TIME_WAIT: u32 = 6;
+    pub const CLOSE: u32 = 7;
+    pub const CLOSE_WAIT: u32 = 8;
+    pub const LAST_ACK: u32 = 9;
+    pub const LISTEN: u32 = 10;
+    pub const CLOSING: u32 = 11;
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are repr(C), contain only integers and byte arrays, and have no
+    // implicit padding (checked by the size assertions below).
+    unsafe impl aya::Pod for super::EndpointKey {}
+    unsafe impl aya::Pod for super::SockEvent {}
+    unsafe impl aya::Pod for super::KernelOffsets {}
+}
+
+const _: () = assert!(core::mem::size_of::<EndpointKey>() == 18);
+const _: () = assert!(core::mem::size_of::<SockEvent>() == 8 + 8 + 4 * 6 + 2 * 4 + 16 * 3);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 8 + 48 + 40);

@@ -1,0 +1,103 @@
+//! `ll-client`: a test TCP client driven over stdin/stdout by the integration harness.
+//!
+//! ```text
+//! ll-client [--wait-go] [--connect ADDR]...
+//! ```
+//!
+//! Connects to every `--connect` address in order (the same address may repeat), printing
+//! `connected LOCAL PEER` (or `failed ADDR ERROR`) for each, then `ready`. With `--wait-go` it
+//! first prints `waiting` and connects only after reading a `go` line, so the harness can move
+//! it into a cgroup before it opens any socket. Every connection is held open and whatever
+//! arrives on it is read and discarded.
+//!
+//! Commands on stdin, one per line, each answered on stdout:
+//! - `connect ADDR` → `connected LOCAL PEER` | `failed ADDR ERROR`
+//! - `close LOCAL_PORT` → `closed LOCAL` | `error ...`
+//! - `exit` (or end of stdin) → exits 0.
+//!
+//! Connections are dialled from a thread named `ll-dialer` and read by threads named
+//! `ll-reader`, so an agent that reports a thread's name instead of the process's is caught.
+use std::io::{BufRead, Read};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::thread;
+use std::time::Duration;
+
+fn main() {
+    let mut wait_go = false;
+    let mut initial = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--wait-go" => wait_go = true,
+            "--connect" => initial.push(args.next().expect("--connect needs ADDR")),
+            other => panic!("ll-client: unknown argument {other}"),
+        }
+    }
+
+    let mut lines = std::io::stdin().lock().lines();
+    if wait_go {
+        println!("waiting");
+        match lines.next() {
+            Some(Ok(line)) if line.trim() == "go" => {}
+            other => panic!("ll-client: expected `go`, got {other:?}"),
+        }
+    }
+    let mut conns: Vec<(SocketAddr, TcpStream)> = Vec::new();
+    for addr in &initial {
+        connect(addr, &mut conns);
+    }
+    println!("ready");
+
+    for line in lines {
+        let line = line.expect("read stdin");
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next()) {
+            (Some("connect"), Some(addr)) => connect(addr, &mut conns),
+            (Some("close"), Some(port)) => {
+                let port: u16 = port.parse().expect("close LOCAL_PORT");
+                match conns.iter().position(|(local, _)| local.port() == port) {
+                    Some(i) => {
+                        let (local, stream) = conns.remove(i);
+                        // Shutting down both halves wakes the reader thread, which then drops
+                        // its clone; dropping ours closes the descriptor.
+                        let _ = stream.shutdown(Shutdown::Both);
+                        drop(stream);
+                        println!("closed {local}");
+                    }
+                    None => println!("error no connection with local port {port}"),
+                }
+            }
+            (Some("exit"), _) => break,
+            _ => println!("error unknown command {line:?}"),
+        }
+    }
+}
+
+fn connect(addr: &str, conns: &mut Vec<(SocketAddr, TcpStream)>) {
+    let target: SocketAddr = match addr.parse() {
+        Ok(a) => a,
+        Err(e) => return println!("failed {addr} {e}"),
+    };
+    let dialled = thread::Builder::new()
+        .name("ll-dialer".into())
+        .spawn(move || TcpStream::connect_timeout(&target, Duration::from_secs(5)))
+        .expect("spawn dialer")
+        .join()
+        .expect("dialer panicked");
+    let stream = match dialled {
+        Ok(s) => s,
+        Err(e) => return println!("failed {addr} {e}"),
+    };
+    let local = stream.local_addr().expect("local_addr");
+    let peer = stream.peer_addr().expect("peer_addr");
+    let mut reader = stream.try_clone().expect("clone stream");
+    thread::Builder::new()
+        .name("ll-reader".into())
+        .spawn(move || {
+            let mut buf = [0u8; 16 * 1024];
+            while matches!(reader.read(&mut buf), Ok(n) if n > 0) {}
+        })
+        .expect("spawn reader");
+    conns.push((local, stream));
+    println!("connected {local} {peer}");
+}

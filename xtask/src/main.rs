@@ -1,0 +1,168 @@
+//! Project tasks: `cargo xtask setup | test | demo`.
+//!
+//! - `setup`: makes a fresh machine of this kind ready (idempotent): apt packages the suites
+//!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
+//! - `test`: the whole test command of the README and CI: format and lint checks, unit tests
+//!   (root ones included), then the root integration suites with the real eBPF programs.
+//! - `demo`: setup, build, a small self-contained topology (an "apiserver" in a network
+//!   namespace and client processes), and the agent showing its table until Ctrl-C.
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use clap::{Parser, Subcommand};
+
+mod demo;
+mod setup;
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install every prerequisite (idempotent; run as root).
+    Setup,
+    /// fmt + clippy + unit tests + root integration suites (as root).
+    Test {
+        /// Skip the fmt and clippy checks.
+        #[arg(long)]
+        no_lint: bool,
+        /// Only run suites whose name contains this.
+        #[arg(long)]
+        suite: Option<String>,
+    },
+    /// Set up, build, and run the agent against a self-contained demo topology.
+    Demo {
+        /// Skip `setup`.
+        #[arg(long)]
+        no_setup: bool,
+        /// Stop after this many seconds (default: until Ctrl-C).
+        #[arg(long)]
+        seconds: Option<u64>,
+    },
+}
+
+/// A task step that failed, with what it was.
+#[derive(Debug)]
+pub struct Failed(pub String);
+
+pub type Result<T = ()> = std::result::Result<T, Failed>;
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace")
+        .to_path_buf()
+}
+
+/// Runs a command to completion; fails naming it when it exits non-zero.
+pub fn run(cmd: &mut Command) -> Result {
+    eprintln!("+ {}", show(cmd));
+    let status = cmd.status().map_err(|e| Failed(format!("{}: {e}", show(cmd))))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Failed(format!("{} exited with {status}", show(cmd))))
+    }
+}
+
+pub fn show(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace());
+    cmd
+}
+
+fn require_root(what: &str) -> Result {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Failed(format!(
+            "{what} needs root (eBPF, network namespaces, cgroups)"
+        )));
+    }
+    Ok(())
+}
+
+/// The integration suites, in the order they run.
+const SUITES: [&str; 1] = ["foundation"];
+
+fn test(no_lint: bool, suite: Option<&str>) -> Result {
+    require_root("the test suite")?;
+    if !no_lint {
+        run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+        run(cargo().args([
+            "clippy",
+            "--workspace",
+            "--exclude",
+            "lifeline-ebpf",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))?;
+        run(cargo()
+            .env("RUSTC_BOOTSTRAP", "1")
+            .current_dir(workspace().join("ebpf"))
+            .args([
+                "clippy",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+                "--",
+                "-D",
+                "warnings",
+            ]))?;
+    }
+    // Unit tests, root-only ones (marked #[ignore]) included: this runs as root.
+    run(cargo().args([
+        "test",
+        "-p",
+        "lifeline",
+        "-p",
+        "lifeline-common",
+        "--",
+        "--include-ignored",
+    ]))?;
+    run(cargo().args(["build", "-p", "lifeline", "-p", "lifeline-integration", "--bins"]))?;
+    for name in SUITES.iter().filter(|n| suite.is_none_or(|s| n.contains(s))) {
+        run(cargo().args([
+            "test",
+            "-p",
+            "lifeline-integration",
+            "--test",
+            name,
+            "--",
+            "--test-threads=2",
+        ]))?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().task {
+        Task::Setup => setup::setup(),
+        Task::Test { no_lint, suite } => test(no_lint, suite.as_deref()),
+        Task::Demo { no_setup, seconds } => demo::demo(no_setup, seconds),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failed(what)) => {
+            eprintln!("xtask: {what}");
+            ExitCode::FAILURE
+        }
+    }
+}

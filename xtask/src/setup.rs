@@ -1,0 +1,117 @@
+//! `cargo xtask setup`: everything a fresh machine of this kind needs, idempotently.
+use std::{fs, os::unix::fs::symlink, path::Path, process::Command};
+
+use crate::{cargo, run, Failed, Result};
+
+/// Debian packages the suites and the demo use.
+const APT_PACKAGES: [&str; 9] = [
+    "iproute2",
+    "iptables",
+    "nftables",
+    "bpftool",
+    "haproxy",
+    "prometheus",
+    "prometheus-alertmanager",
+    "python3-kubernetes",
+    "procps",
+];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Where bpf-linker finds rustc's LLVM. It keeps an rpath to this directory: it must stay.
+const LLVM_PREFIX: &str = "/opt/lifeline-llvm";
+
+pub fn setup() -> Result {
+    crate::require_root("setup")?;
+    apt()?;
+    run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
+    bpf_linker()?;
+    tracefs()?;
+    eprintln!("setup: done");
+    Ok(())
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+}
+
+fn apt() -> Result {
+    let missing: Vec<&str> = APT_PACKAGES.into_iter().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing))
+}
+
+/// bpf-linker built against the LLVM that ships inside the installed rustc (Debian has no
+/// LLVM of the same major version): a prefix directory with `lib/libLLVM.so` pointing at it.
+fn bpf_linker() -> Result {
+    let sysroot = output(Command::new("rustc").args(["--print", "sysroot"]))?;
+    let libdir = Path::new(sysroot.trim()).join("lib");
+    let llvm = fs::read_dir(&libdir)
+        .map_err(|e| Failed(format!("{}: {e}", libdir.display())))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libLLVM.so."))
+        })
+        .ok_or_else(|| Failed(format!("no libLLVM.so.* in {}", libdir.display())))?;
+    let prefix_lib = Path::new(LLVM_PREFIX).join("lib");
+    fs::create_dir_all(&prefix_lib).map_err(|e| Failed(format!("{}: {e}", prefix_lib.display())))?;
+    for name in [
+        "libLLVM.so".to_owned(),
+        llvm.file_name().expect("file").to_string_lossy().into_owned(),
+    ] {
+        let link = prefix_lib.join(&name);
+        let _ = fs::remove_file(&link);
+        symlink(&llvm, &link).map_err(|e| Failed(format!("{}: {e}", link.display())))?;
+    }
+    let current = Command::new("bpf-linker").arg("--version").output();
+    if current
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION))
+    {
+        return Ok(());
+    }
+    let llvm_major = llvm
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("libLLVM.so."))
+        .and_then(|v| v.split('.').next())
+        .ok_or_else(|| Failed(format!("cannot read the LLVM version from {}", llvm.display())))?
+        .to_owned();
+    run(cargo().env("LLVM_PREFIX", LLVM_PREFIX).args([
+        "install",
+        "bpf-linker",
+        "--version",
+        BPF_LINKER_VERSION,
+        "--no-default-features",
+        "--features",
+        &format!("llvm-{llvm_major}"),
+        "--locked",
+        "--force",
+    ]))
+}
+
+fn tracefs() -> Result {
+    if Path::new("/sys/kernel/tracing/events/sock").exists() {
+        return Ok(());
+    }
+    run(Command::new("mount").args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"]))
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .map_err(|e| Failed(format!("{}: {e}", crate::show(cmd))))?;
+    if !out.status.success() {
+        return Err(Failed(format!("{} exited with {}", crate::show(cmd), out.status)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
