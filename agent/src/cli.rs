@@ -1,10 +1,10 @@
 //! The command line (SPEC.md). Bad values are rejected by clap with a message naming them and
 //! exit code 2.
-use std::{net::SocketAddr, path::PathBuf};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::endpoint::Endpoint;
+use crate::{config::ThresholdsFile, endpoint::Endpoint};
 
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -23,7 +23,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the agent in the foreground until SIGTERM/SIGINT (SIGHUP re-reads --config).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show what a running agent sees: one row per client connection.
     Status(StatusArgs),
     /// Kernel and privilege preflight; exit 1 if the agent cannot run here.
@@ -65,6 +65,48 @@ pub struct RunArgs {
     /// Send alerts to this Alertmanager (repeatable).
     #[arg(long, value_name = "URL")]
     pub alertmanager: Vec<String>,
+    #[command(flatten)]
+    pub thresholds: ThresholdArgs,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 15s or 2m: {e}"))
+}
+
+/// Thresholds (SPEC.md); each overrides the config file's value.
+#[derive(Debug, Args, Default)]
+pub struct ThresholdArgs {
+    /// No connection for this long after losing one: disconnected [default: 15s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub disconnect_grace: Option<Duration>,
+    /// No inbound payload for this long: stale [default: 90s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub stale_after: Option<Duration>,
+    /// Retransmitting without ACK progress for this long: blackholed [default: 20s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub blackhole_after: Option<Duration>,
+    /// This many failed connects within --connect-window: unreachable [default: 3].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub connect_failures: Option<u32>,
+    /// [default: 60s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub connect_window: Option<Duration>,
+    /// A process is judged once it held a connection this long [default: 10s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub min_client_age: Option<Duration>,
+}
+
+impl ThresholdArgs {
+    pub fn as_file(&self) -> ThresholdsFile {
+        ThresholdsFile {
+            disconnect_grace: self.disconnect_grace,
+            stale_after: self.stale_after,
+            blackhole_after: self.blackhole_after,
+            connect_failures: self.connect_failures,
+            connect_window: self.connect_window,
+            min_client_age: self.min_client_age,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -91,6 +133,28 @@ mod tests {
         let err = Cli::try_parse_from(["lifeline", "run", "--endpoint", "nonsense:port"]).unwrap_err();
         assert_eq!(err.exit_code(), 2);
         assert!(err.to_string().contains("nonsense:port"), "{err}");
+    }
+
+    #[test]
+    fn threshold_flags_parse_durations_and_reject_nonsense() {
+        let cli = Cli::try_parse_from([
+            "lifeline",
+            "run",
+            "--stale-after",
+            "2m",
+            "--connect-failures",
+            "5",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("run")
+        };
+        assert_eq!(args.thresholds.stale_after, Some(Duration::from_secs(120)));
+        assert_eq!(args.thresholds.as_file().connect_failures, Some(5));
+        let err = Cli::try_parse_from(["lifeline", "run", "--stale-after", "soon"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("soon"), "{err}");
+        assert!(Cli::try_parse_from(["lifeline", "run", "--connect-failures", "0"]).is_err());
     }
 
     #[test]

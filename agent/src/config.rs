@@ -69,7 +69,9 @@ pub struct ThresholdsFile {
     pub min_client_age: Option<Duration>,
 }
 
-/// Processes that are clients besides auto-detection.
+/// Processes that are clients besides auto-detection: patterns matched against the process
+/// name (`comm`) or its command line; `*` matches any run of characters, and a pattern without
+/// `*` must match the whole value.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Select {
@@ -77,6 +79,32 @@ pub struct Select {
     pub comm: Vec<String>,
     #[serde(default)]
     pub cmdline: Vec<String>,
+}
+
+impl Select {
+    pub fn matches(&self, comm: &str, cmdline: &str) -> bool {
+        self.comm.iter().any(|p| glob(p, comm)) || self.cmdline.iter().any(|p| glob(p, cmdline))
+    }
+}
+
+/// `*`-only glob: `kube-*`, `*operator*`, `exact`.
+pub fn glob(pattern: &str, value: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = value.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -220,9 +248,17 @@ impl ConfigFile {
         Ok(out)
     }
 
-    pub fn thresholds(&self) -> Thresholds {
+    /// Thresholds in force: `overrides` (flags) over the file over the defaults.
+    pub fn thresholds(&self, overrides: &ThresholdsFile) -> Thresholds {
         let d = Thresholds::default();
-        let t = &self.thresholds;
+        let t = ThresholdsFile {
+            disconnect_grace: overrides.disconnect_grace.or(self.thresholds.disconnect_grace),
+            stale_after: overrides.stale_after.or(self.thresholds.stale_after),
+            blackhole_after: overrides.blackhole_after.or(self.thresholds.blackhole_after),
+            connect_failures: overrides.connect_failures.or(self.thresholds.connect_failures),
+            connect_window: overrides.connect_window.or(self.thresholds.connect_window),
+            min_client_age: overrides.min_client_age.or(self.thresholds.min_client_age),
+        };
         Thresholds {
             disconnect_grace: t.disconnect_grace.unwrap_or(d.disconnect_grace),
             stale_after: t.stale_after.unwrap_or(d.stale_after),
@@ -292,13 +328,45 @@ remediation:
 "#,
         )
         .expect("SPEC example parses");
-        assert_eq!(file.thresholds(), Thresholds::default());
+        assert_eq!(file.thresholds(&ThresholdsFile::default()), Thresholds::default());
+        let flags = ThresholdsFile {
+            stale_after: Some(Duration::from_secs(7)),
+            ..Default::default()
+        };
+        assert_eq!(
+            file.thresholds(&flags).stale_after,
+            Duration::from_secs(7),
+            "flags override the file"
+        );
+        assert!(file.select.matches("kube-controller", ""));
+        assert!(
+            !file.select.matches("kube-controller-manager", ""),
+            "no * means the whole name"
+        );
         assert_eq!(file.endpoint_list(Path::new("x")).unwrap().len(), 3);
         assert_eq!(file.remediation.cooldown, Duration::from_secs(600));
         assert_eq!(
             file.receivers[1].webhook.as_ref().unwrap().timeout,
             Some(Duration::from_secs(5))
         );
+    }
+
+    #[test]
+    fn globs_match_like_shell_stars() {
+        for (p, v, want) in [
+            ("kube-*", "kube-controller", true),
+            ("kube-*", "kubelet", false),
+            ("*operator*", "my-operator-x", true),
+            ("*op", "shop", true),
+            ("a*b*c", "a1b2c", true),
+            ("a*b*c", "a1c2b", false),
+            ("ab*ba", "aba", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("*", "", true),
+        ] {
+            assert_eq!(glob(p, v), want, "{p} ~ {v}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::{collections::HashMap, time::Instant};
 use lifeline_common::tcp_state;
 
 use crate::{
+    config::Select,
     health::{
         assess_outage, ConnectionFacts, HealthEngine, Observation, Outage, Thresholds, Transition, Verdict,
     },
@@ -25,6 +26,7 @@ pub struct ClientTransition {
 
 pub struct Judge {
     engine: HealthEngine<ClientKey>,
+    select: Select,
     verdicts: HashMap<ClientKey, Verdict>,
     outage: Option<Outage>,
 }
@@ -38,9 +40,10 @@ pub struct Findings {
 }
 
 impl Judge {
-    pub fn new(thresholds: Thresholds) -> Self {
+    pub fn new(thresholds: Thresholds, select: Select) -> Self {
         Self {
             engine: HealthEngine::new(thresholds),
+            select,
             verdicts: HashMap::new(),
             outage: None,
         }
@@ -50,8 +53,9 @@ impl Judge {
         self.engine.thresholds()
     }
 
-    pub fn set_thresholds(&mut self, thresholds: Thresholds) {
+    pub fn reconfigure(&mut self, thresholds: Thresholds, select: Select) {
         self.engine.set_thresholds(thresholds);
+        self.select = select;
     }
 
     pub fn verdicts(&self) -> &HashMap<ClientKey, Verdict> {
@@ -64,7 +68,8 @@ impl Judge {
         let mut seen = HashMap::new();
         for record in table.processes() {
             let key = (record.info.pid, record.info.start_time_ticks);
-            let obs = observe(table, record);
+            let selected = self.select.matches(&record.info.comm, &record.info.cmdline);
+            let obs = observe(table, record, selected);
             let (verdict, transition) = self.engine.evaluate(&key, &obs, now);
             if let Some(transition) = transition {
                 let endpoint = obs
@@ -99,7 +104,7 @@ impl Judge {
 }
 
 /// What the engine needs to know about one process.
-pub fn observe(table: &ConnectionTable, record: &ProcessRecord) -> Observation {
+pub fn observe(table: &ConnectionTable, record: &ProcessRecord, selected: bool) -> Observation {
     let established = table
         .connections_of(record.info.pid)
         .filter(|c| c.tcp_state == tcp_state::ESTABLISHED)
@@ -110,7 +115,7 @@ pub fn observe(table: &ConnectionTable, record: &ProcessRecord) -> Observation {
         })
         .collect();
     Observation {
-        selected: false,
+        selected,
         connected_since: record.connected_since,
         connection_lost_at: record.connection_lost_at,
         established,

@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+mod alerts;
 mod api;
 mod check;
 mod cli;
@@ -54,7 +55,7 @@ fn main() -> ExitCode {
         .expect("building the tokio runtime");
     runtime.block_on(async {
         match cli.command {
-            cli::Command::Run(args) => match run::run(args).await {
+            cli::Command::Run(args) => match run::run(*args).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     tracing::error!("{}", chain(&err));

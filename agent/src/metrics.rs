@@ -35,7 +35,6 @@ pub struct Metrics {
     pub client_retransmits: IntCounterVec,
     #[expect(dead_code, reason = "counted by remediation (issue 4)")]
     pub remediations: IntCounterVec,
-    #[expect(dead_code, reason = "counted by alert delivery (issue 3)")]
     pub alerts_sent: IntCounterVec,
     pub ebpf_events: IntCounterVec,
     pub ebpf_events_lost: IntCounter,

@@ -19,10 +19,12 @@ use aya::maps::{MapData, RingBuf};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
+    alerts::{self, Alerter},
     api::{self, ApiState},
     cli::RunArgs,
-    config::{self, ConfigFile},
+    config::{self, ConfigFile, ThresholdsFile},
     endpoint::{Endpoint, EndpointSet, Source},
+    health::{State, Thresholds},
     judge::Judge,
     kernel::{
         events::{self, MonotonicClock},
@@ -59,6 +61,8 @@ pub enum Error {
     #[error(transparent)]
     Metrics(#[from] metrics::Error),
     #[error(transparent)]
+    Alerts(#[from] alerts::Error),
+    #[error(transparent)]
     Api(#[from] api::Error),
     #[error("installing the {0} signal handler: {1}")]
     Signal(&'static str, std::io::Error),
@@ -70,7 +74,7 @@ impl Error {
     /// Usage errors (bad config, no endpoints) exit 2 like bad flags; the rest exit 1.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Config(_) | Error::Kubeconfig(_) | Error::NoEndpoints(_) => 2,
+            Error::Config(_) | Error::Kubeconfig(_) | Error::NoEndpoints(_) | Error::Alerts(_) => 2,
             _ => 1,
         }
     }
@@ -82,6 +86,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 struct Settings {
     config_path: Option<PathBuf>,
     flag_endpoints: Vec<Endpoint>,
+    flag_thresholds: ThresholdsFile,
     file: ConfigFile,
     kubeconfig: Option<PathBuf>,
 }
@@ -95,6 +100,7 @@ impl Settings {
         Ok(Self {
             config_path: args.config.clone(),
             flag_endpoints: args.endpoints.iter().flat_map(|e| e.0.iter().copied()).collect(),
+            flag_thresholds: args.thresholds.as_file(),
             file,
             kubeconfig: args.kubeconfig.clone(),
         })
@@ -117,6 +123,10 @@ impl Settings {
         Ok(set)
     }
 
+    fn thresholds(&self) -> Thresholds {
+        self.file.thresholds(&self.flag_thresholds)
+    }
+
     /// Re-reads the config file (SIGHUP); flags stay as they were.
     fn reload(&self) -> Result<Self> {
         let file = match &self.config_path {
@@ -133,6 +143,7 @@ impl Settings {
         Self {
             config_path: self.config_path.clone(),
             flag_endpoints: self.flag_endpoints.clone(),
+            flag_thresholds: self.flag_thresholds.clone(),
             file: ConfigFile::default(),
             kubeconfig: self.kubeconfig.clone(),
         }
@@ -165,36 +176,39 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
 
     let table: SharedTable = Arc::new(Mutex::new(ConnectionTable::new(endpoints)));
-    let judge = Arc::new(Mutex::new(Judge::new(settings.file.thresholds())));
+    let judge = Arc::new(Mutex::new(Judge::new(
+        settings.thresholds(),
+        settings.file.select.clone(),
+    )));
     let ready = Arc::new(AtomicBool::new(false));
     let procfs = Procfs::default();
 
     let pump = tokio::spawn(pump_events(ring, table.clone(), metrics.clone(), procfs.clone()));
 
+    let dispatcher = alerts::Dispatcher::start(
+        &settings.file.receivers,
+        &args.webhook,
+        &args.alertmanager,
+        &metrics.alerts_sent,
+        alerts::Options::default(),
+    )?;
+    let alerter = Alerter::new(alerts::node_name(args.node_name.as_deref()), dispatcher.clone());
+
     let (commands, command_rx) = mpsc::channel();
-    let sampler_thread = {
-        let (table, judge, metrics, probes, ready) = (
-            table.clone(),
-            judge.clone(),
-            metrics.clone(),
-            probes.clone(),
-            ready.clone(),
-        );
-        std::thread::Builder::new()
-            .name("sampler".into())
-            .spawn(move || {
-                sample_loop(
-                    command_rx,
-                    Sampler::new(procfs),
-                    table,
-                    judge,
-                    metrics,
-                    probes,
-                    ready,
-                )
-            })
-            .expect("spawning the sampler thread")
+    let sample_loop = SampleLoop {
+        commands: command_rx,
+        sampler: Sampler::new(procfs),
+        table: table.clone(),
+        judge: judge.clone(),
+        alerter,
+        metrics: metrics.clone(),
+        probes: probes.clone(),
+        ready: ready.clone(),
     };
+    let sampler_thread = std::thread::Builder::new()
+        .name("sampler".into())
+        .spawn(move || sample_loop.run())
+        .expect("spawning the sampler thread");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let state = ApiState {
@@ -232,6 +246,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     pump.abort();
     let _ = tokio::time::timeout(GRACE, server).await;
     let _ = tokio::task::spawn_blocking(move || sampler_thread.join()).await;
+    dispatcher.shutdown(GRACE).await;
     drop(probes);
     tracing::info!("programs detached; bye");
     Ok(())
@@ -250,7 +265,7 @@ fn reload(
     judge
         .lock()
         .expect("judge lock")
-        .set_thresholds(new.file.thresholds());
+        .reconfigure(new.thresholds(), new.file.select.clone());
     table
         .lock()
         .expect("table lock")
@@ -316,33 +331,49 @@ fn client_labels(info: &ProcessInfo) -> [String; 4] {
     [String::new(), String::new(), String::new(), info.comm.clone()]
 }
 
-/// The sampler thread: first scan (then ready), then once per TICK: sample, judge, export.
-fn sample_loop(
+/// What the sampler thread works on.
+struct SampleLoop {
     commands: mpsc::Receiver<Command>,
-    mut sampler: Sampler,
+    sampler: Sampler,
     table: SharedTable,
     judge: Arc<Mutex<Judge>>,
+    alerter: Alerter,
     metrics: Arc<Metrics>,
     probes: Arc<Mutex<Probes>>,
     ready: Arc<AtomicBool>,
-) {
-    let found = sampler.scan(&table);
-    tracing::info!(found, "start-up scan done");
-    ready.store(true, Ordering::Release);
-    let mut lost_seen = 0;
-    loop {
-        match commands.recv_timeout(TICK) {
-            Ok(Command::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
-            Ok(Command::Rescan) => {
-                let found = sampler.scan(&table);
-                tracing::info!(found, "rescan after config change done");
+}
+
+impl SampleLoop {
+    /// First scan (then ready), then once per TICK: sample, judge, act (log, alert, export).
+    fn run(mut self) {
+        let found = self.sampler.scan(&self.table);
+        tracing::info!(found, "start-up scan done");
+        self.ready.store(true, Ordering::Release);
+        let mut lost_seen = 0;
+        loop {
+            match self.commands.recv_timeout(TICK) {
+                Ok(Command::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                Ok(Command::Rescan) => {
+                    let found = self.sampler.scan(&self.table);
+                    tracing::info!(found, "rescan after config change done");
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            self.sampler.sample(&self.table);
+            let clients = self.judge_and_alert(Instant::now());
+            self.metrics.update_clients(&clients);
+            if let Ok(counters) = self.probes.lock().expect("probes lock").counters() {
+                self.metrics
+                    .ebpf_events_lost
+                    .inc_by(counters.lost.saturating_sub(lost_seen));
+                lost_seen = counters.lost;
+            }
         }
-        sampler.sample(&table);
-        let now = Instant::now();
-        let mut judge = judge.lock().expect("judge lock");
-        let table = table.lock().expect("table lock");
+    }
+
+    fn judge_and_alert(&mut self, now: Instant) -> Vec<views::ClientView> {
+        let mut judge = self.judge.lock().expect("judge lock");
+        let table = self.table.lock().expect("table lock");
         let findings = judge.tick(&table, now);
         match &findings.outage_change {
             Some(Some(o)) => tracing::error!(
@@ -360,19 +391,11 @@ fn sample_loop(
                 from = %tr.from, to = %tr.to, detection_ms = tr.detection.as_millis() as u64,
                 "{}", tr.reason
             );
-            if tr.to != crate::health::State::Healthy {
-                metrics.detection.observe(tr.detection.as_secs_f64());
+            if tr.to != State::Healthy {
+                self.metrics.detection.observe(tr.detection.as_secs_f64());
             }
         }
-        let clients = views::clients(&table, judge.verdicts(), judge.thresholds().connect_window, now);
-        drop(table);
-        drop(judge);
-        metrics.update_clients(&clients);
-        if let Ok(counters) = probes.lock().expect("probes lock").counters() {
-            metrics
-                .ebpf_events_lost
-                .inc_by(counters.lost.saturating_sub(lost_seen));
-            lost_seen = counters.lost;
-        }
+        self.alerter.tick(&table, judge.verdicts(), now);
+        views::clients(&table, judge.verdicts(), judge.thresholds().connect_window, now)
     }
 }

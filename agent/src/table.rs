@@ -520,3 +520,374 @@ fn update_inbound(conn: &mut Connection, tcp: &TcpInfo, now: Instant) {
     }
     conn.bytes_acked = tcp.bytes_acked;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::events::{Change, KernelEvent};
+
+    const NETNS: u64 = 4026531840;
+
+    fn endpoints(list: &[&str]) -> EndpointSet {
+        let mut set = EndpointSet::default();
+        for e in list {
+            for ep in Endpoint::parse_all(e).unwrap() {
+                set.insert(ep, crate::endpoint::Source::Flag);
+            }
+        }
+        set
+    }
+
+    fn process(pid: u32, start: u64) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            comm: format!("proc-{pid}"),
+            cmdline: String::new(),
+            cgroup: "/".into(),
+            container: None,
+            netns: Some(NETNS),
+            start_time_ticks: start,
+        }
+    }
+
+    struct Events {
+        t0: Instant,
+    }
+
+    impl Events {
+        fn at(&self, ms: u64) -> Instant {
+            self.t0 + Duration::from_millis(ms)
+        }
+
+        fn ev(&self, ms: u64, sk: u64, local: &str, change: Change, tgid: Option<u32>) -> KernelEvent {
+            KernelEvent {
+                at: self.at(ms),
+                sk,
+                netns: NETNS,
+                change,
+                local: local.parse().unwrap(),
+                remote: "10.0.0.1:6443".parse().unwrap(),
+                owner_tgid: tgid,
+                thread_comm: "worker".into(),
+            }
+        }
+
+        /// connect() (sport not yet chosen), then ESTABLISHED from softirq with the real port.
+        fn connect(&self, table: &mut ConnectionTable, ms: u64, sk: u64, port: u16, pid: u32) {
+            let syn = self.ev(
+                ms,
+                sk,
+                "10.0.0.2:0",
+                state(tcp_state::CLOSE, tcp_state::SYN_SENT),
+                Some(pid),
+            );
+            table.apply_event(&syn, Some(process(pid, 1)));
+            let est = self.ev(
+                ms + 1,
+                sk,
+                &format!("10.0.0.2:{port}"),
+                state(tcp_state::SYN_SENT, tcp_state::ESTABLISHED),
+                Some(999),
+            );
+            table.apply_event(&est, None);
+        }
+    }
+
+    fn state(old: u32, new: u32) -> Change {
+        Change::State { old, new }
+    }
+
+    fn setup() -> (ConnectionTable, Events) {
+        (
+            ConnectionTable::new(endpoints(&["10.0.0.1:6443"])),
+            Events { t0: Instant::now() },
+        )
+    }
+
+    fn tuple(port: u16) -> Tuple {
+        Tuple {
+            netns: NETNS,
+            local: format!("10.0.0.2:{port}").parse().unwrap(),
+            remote: "10.0.0.1:6443".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn connect_then_establish_is_one_connection_owned_by_the_connecting_process() {
+        let (mut table, e) = setup();
+        e.connect(&mut table, 0, 0xa, 40000, 7);
+        let conns: Vec<&Connection> = table.connections().collect();
+        assert_eq!(conns.len(), 1);
+        assert_eq!(
+            conns[0].tuple,
+            tuple(40000),
+            "the port from the softirq event fills the tuple"
+        );
+        assert_eq!(
+            conns[0].owner,
+            Some(7),
+            "the softirq event's bystander (999) is not the owner"
+        );
+        assert_eq!(conns[0].tcp_state, tcp_state::ESTABLISHED);
+        assert!(conns[0].established_at.is_some());
+        assert_eq!(table.process(7).unwrap().connected_since, Some(e.at(1)));
+    }
+
+    #[test]
+    fn scanned_connection_and_later_events_do_not_duplicate() {
+        let (mut table, e) = setup();
+        assert!(table.insert_scanned(tuple(40000), 77, tcp_state::ESTABLISHED, e.at(0)));
+        assert!(
+            !table.insert_scanned(tuple(40000), 77, tcp_state::ESTABLISHED, e.at(0)),
+            "rescan"
+        );
+        // A retransmit on a scanned socket is matched by its tuple.
+        let retrans = e.ev(5, 0xb, "10.0.0.2:40000", Change::Retransmit { state: 1 }, None);
+        assert!(matches!(
+            table.apply_event(&retrans, None),
+            Some(Applied::Retransmit { pid: None, .. })
+        ));
+        let close_wait = e.ev(
+            6,
+            0xb,
+            "10.0.0.2:40000",
+            state(tcp_state::ESTABLISHED, tcp_state::CLOSE_WAIT),
+            None,
+        );
+        table.apply_event(&close_wait, None);
+        assert_eq!(
+            table.connections().count(),
+            1,
+            "the event found the scanned entry by tuple"
+        );
+        assert_eq!(table.connections().next().unwrap().sk, Some(0xb));
+        let retrans = e.ev(7, 0xb, "10.0.0.2:40000", Change::Retransmit { state: 8 }, None);
+        assert!(matches!(
+            table.apply_event(&retrans, None),
+            Some(Applied::Retransmit { .. })
+        ));
+        assert_eq!(table.connections().next().unwrap().retransmits, 2);
+        // The owner comes from the inode, later.
+        assert_eq!(table.ownerless(), vec![(tuple(40000), Some(77))]);
+        table.set_owner(&tuple(40000), process(8, 1), e.at(8));
+        assert!(table.ownerless().is_empty());
+    }
+
+    #[test]
+    fn closing_forgets_the_connection_and_marks_the_process_disconnected() {
+        let (mut table, e) = setup();
+        e.connect(&mut table, 0, 0xa, 40000, 7);
+        e.connect(&mut table, 10, 0xb, 40001, 7);
+        let fin = e.ev(
+            20,
+            0xa,
+            "10.0.0.2:40000",
+            state(tcp_state::ESTABLISHED, tcp_state::FIN_WAIT1),
+            Some(7),
+        );
+        table.apply_event(&fin, None);
+        assert_eq!(table.connections().count(), 1);
+        assert_eq!(
+            table.process(7).unwrap().connection_lost_at,
+            None,
+            "still has one"
+        );
+        let peer_closed = e.ev(
+            30,
+            0xb,
+            "10.0.0.2:40001",
+            state(tcp_state::ESTABLISHED, tcp_state::CLOSE_WAIT),
+            None,
+        );
+        table.apply_event(&peer_closed, None);
+        let p = table.process(7).unwrap();
+        assert_eq!(
+            p.connection_lost_at,
+            Some(e.at(30)),
+            "CLOSE_WAIT is not connected"
+        );
+        assert_eq!(p.connected_since, None);
+        assert_eq!(
+            table.connections().count(),
+            1,
+            "listed until the process closes it"
+        );
+        let close = e.ev(
+            40,
+            0xb,
+            "10.0.0.2:40001",
+            state(tcp_state::CLOSE_WAIT, tcp_state::LAST_ACK),
+            Some(7),
+        );
+        table.apply_event(&close, None);
+        assert_eq!(table.connections().count(), 0);
+    }
+
+    #[test]
+    fn failed_connects_are_recorded_as_refused_or_timeout() {
+        let (mut table, e) = setup();
+        let syn = e.ev(
+            0,
+            0xa,
+            "10.0.0.2:0",
+            state(tcp_state::CLOSE, tcp_state::SYN_SENT),
+            Some(7),
+        );
+        table.apply_event(&syn, Some(process(7, 1)));
+        let rst = e.ev(
+            1,
+            0xa,
+            "10.0.0.2:40000",
+            state(tcp_state::SYN_SENT, tcp_state::CLOSE),
+            None,
+        );
+        let applied = table.apply_event(&rst, None);
+        let endpoint = Endpoint::parse_all("10.0.0.1:6443").unwrap()[0];
+        assert_eq!(
+            applied,
+            Some(Applied::ConnectFailed {
+                pid: 7,
+                endpoint,
+                reason: FailureReason::Refused
+            })
+        );
+        let syn = e.ev(
+            2,
+            0xb,
+            "10.0.0.2:0",
+            state(tcp_state::CLOSE, tcp_state::SYN_SENT),
+            Some(7),
+        );
+        table.apply_event(&syn, Some(process(7, 1)));
+        table.apply_event(
+            &e.ev(1000, 0xb, "10.0.0.2:40001", Change::Retransmit { state: 2 }, None),
+            None,
+        );
+        let gave_up = e.ev(
+            3000,
+            0xb,
+            "10.0.0.2:40001",
+            state(tcp_state::SYN_SENT, tcp_state::CLOSE),
+            None,
+        );
+        let applied = table.apply_event(&gave_up, None);
+        assert_eq!(
+            applied,
+            Some(Applied::ConnectFailed {
+                pid: 7,
+                endpoint,
+                reason: FailureReason::Timeout
+            })
+        );
+        let p = table.process(7).unwrap();
+        assert_eq!(p.connect_failures.len(), 2);
+        assert_eq!(p.connected_since, None);
+        assert_eq!(table.connections().count(), 0);
+    }
+
+    #[test]
+    fn events_for_other_destinations_are_ignored_and_removed_endpoints_drop_connections() {
+        let (mut table, e) = setup();
+        let mut other = e.ev(
+            0,
+            0xc,
+            "10.0.0.2:0",
+            state(tcp_state::CLOSE, tcp_state::SYN_SENT),
+            Some(7),
+        );
+        other.remote = "10.0.0.9:6443".parse().unwrap();
+        assert_eq!(table.apply_event(&other, Some(process(7, 1))), None);
+        assert_eq!(table.connections().count(), 0);
+        e.connect(&mut table, 0, 0xa, 40000, 7);
+        table.set_endpoints(endpoints(&["10.0.0.0/8:6443"]), e.at(5));
+        assert_eq!(
+            table.connections().next().unwrap().endpoint.to_string(),
+            "10.0.0.0/8:6443",
+            "re-matched"
+        );
+        table.set_endpoints(endpoints(&["10.0.0.1:443"]), e.at(6));
+        assert_eq!(table.connections().count(), 0);
+    }
+
+    #[test]
+    fn samples_track_payload_but_not_keepalives_and_gone_sockets_go() {
+        let (mut table, e) = setup();
+        e.connect(&mut table, 0, 0xa, 40000, 7);
+        let info = |bytes, segs, acked, last_recv_ms| TcpInfo {
+            bytes_received: bytes,
+            data_segs_in: segs,
+            bytes_acked: acked,
+            last_data_recv_ms: last_recv_ms,
+            ..TcpInfo::default()
+        };
+        let found = |tcp| Sample::Found {
+            inode: 5,
+            tcp_state: tcp_state::ESTABLISHED,
+            tcp: Some(tcp),
+        };
+        table.apply_sample(&tuple(40000), found(info(2000, 3, 100, 0)), e.at(1000));
+        let c = table.connections().next().unwrap().clone();
+        assert_eq!((c.bytes_received, c.inode), (2000, Some(5)));
+        assert_eq!(c.last_payload, Some(e.at(1000)));
+        // Two 38-byte PING acks: bytes grow, payload age does not reset.
+        table.apply_sample(&tuple(40000), found(info(2076, 5, 100, 0)), e.at(2000));
+        let c = table.connections().next().unwrap().clone();
+        assert_eq!(c.last_receive, Some(e.at(2000)));
+        assert_eq!(
+            c.last_payload,
+            Some(e.at(1000)),
+            "keepalive-sized reads are not payload"
+        );
+        // A 600-byte watch event is.
+        table.apply_sample(&tuple(40000), found(info(2676, 6, 100, 500)), e.at(3000));
+        assert_eq!(table.connections().next().unwrap().last_payload, Some(e.at(2500)));
+        // Retransmits with no ack progress stall; progress clears it.
+        table.apply_event(
+            &e.ev(3100, 0xa, "10.0.0.2:40000", Change::Retransmit { state: 1 }, None),
+            None,
+        );
+        table.apply_sample(
+            &tuple(40000),
+            found(TcpInfo {
+                unacked: 2,
+                ..info(2676, 6, 100, 0)
+            }),
+            e.at(4000),
+        );
+        assert_eq!(
+            table.connections().next().unwrap().stalled_since,
+            Some(e.at(3100))
+        );
+        table.apply_sample(
+            &tuple(40000),
+            found(TcpInfo {
+                unacked: 1,
+                ..info(2676, 6, 180, 0)
+            }),
+            e.at(5000),
+        );
+        assert_eq!(table.connections().next().unwrap().stalled_since, None);
+        table.apply_sample(&tuple(40000), Sample::Gone, e.at(6000));
+        assert_eq!(table.connections().count(), 0);
+        assert_eq!(table.process(7).unwrap().connection_lost_at, Some(e.at(6000)));
+    }
+
+    #[test]
+    fn a_recycled_pid_is_a_new_process_and_exits_are_forgotten() {
+        let (mut table, e) = setup();
+        e.connect(&mut table, 0, 0xa, 40000, 7);
+        table.forget_process(7, e.at(10));
+        assert!(table.process(7).is_none());
+        assert_eq!(table.connections().count(), 0);
+        let syn = e.ev(
+            20,
+            0xb,
+            "10.0.0.2:0",
+            state(tcp_state::CLOSE, tcp_state::SYN_SENT),
+            Some(7),
+        );
+        table.apply_event(&syn, Some(process(7, 2)));
+        assert_eq!(table.process(7).unwrap().info.start_time_ticks, 2);
+        assert_eq!(table.process(7).unwrap().first_seen, e.at(20));
+    }
+}

@@ -1,0 +1,32 @@
+//! Alerts (SPEC.md "Alerts"): which alerts fire ([`AlertBook`], pure policy fed once per tick
+//! with a fake-able `now`) and their delivery to Alertmanager and webhook receivers
+//! ([`Dispatcher`], one tokio task and bounded queue per receiver). [`Alerter`] joins the two
+//! for the run loop:
+//!
+//! ```text
+//! // start-up (inside the runtime):
+//! let dispatcher = alerts::Dispatcher::start(&file.receivers, &args.webhook, &args.alertmanager,
+//!                                            &metrics.alerts_sent, alerts::Options::default())?;
+//! let alerter = alerts::Alerter::new(alerts::node_name(args.node_name.as_deref()), dispatcher.clone());
+//! // each tick, after judge.tick(&table, now), with the judge and table locked:
+//! alerter.tick(&table, judge.verdicts(), now);
+//! // shutdown:
+//! dispatcher.shutdown(GRACE).await;
+//! ```
+//!
+//! Only `http://` receivers work for now; an `https://` URL is refused at start-up.
+
+mod book;
+mod dispatch;
+mod input;
+mod queue;
+mod wire;
+
+#[cfg(test)]
+mod real_alertmanager;
+#[cfg(test)]
+mod sink;
+
+pub use book::{Alert, AlertBook, ClientInput, ClientLabels, Labels, Status, DEFAULT_SETTLE};
+pub use dispatch::{Dispatcher, Error, Options};
+pub use input::{node_name, Alerter};
