@@ -416,3 +416,58 @@ fn exactly_the_endpoint_clients_across_namespaces() {
     assert_eq!(find_pid(&clients, in_a.pid()).unwrap()["netns"], net.a.inode());
     agent.hold_table(secs(2.0), &want);
 }
+
+/// 12. `/metrics` carries the SPEC names, labels clients by namespace/pod/container/comm and
+///     never by pid, and drops a client's series once its process exits.
+#[test]
+fn metrics_carry_spec_names_without_pid() {
+    init!();
+    let server = loopback_server();
+    let agent = Agent::start(&[server.addr.to_string()]);
+    let client = Client::spawn(None, &[server.addr]);
+    agent.wait_table(secs(1.0), &expected(&[&client]));
+    let metrics = wait_until(secs(3.0), "client series in /metrics", || {
+        let (status, body) = agent.get("/metrics");
+        assert_eq!(status, 200);
+        if body.contains(r#"comm="ll-client""#) && body.contains("lifeline_client_connections{") {
+            Ok(body)
+        } else {
+            Err(body)
+        }
+    });
+    for family in [
+        "lifeline_build_info{",
+        "lifeline_client_state{",
+        "lifeline_client_connections{",
+        "lifeline_ebpf_events_total{kind=\"state_change\"}",
+        "lifeline_ebpf_events_lost_total ",
+        "lifeline_detection_seconds_bucket{",
+    ] {
+        assert!(metrics.contains(family), "{family} missing from:\n{metrics}");
+    }
+    let state_line =
+        r#"lifeline_client_state{comm="ll-client",container="",namespace="",pod="",state="healthy"} 1"#;
+    assert!(
+        metrics.contains(state_line),
+        "{state_line} missing from:\n{metrics}"
+    );
+    let connections = format!(
+        r#"lifeline_client_connections{{comm="ll-client",container="",endpoint="{}",namespace="",pod=""}} 1"#,
+        server.addr
+    );
+    assert!(
+        metrics.contains(&connections),
+        "{connections} missing from:\n{metrics}"
+    );
+    assert!(!metrics.contains("pid="), "no pid label:\n{metrics}");
+
+    client.exit();
+    wait_until(secs(3.0), "client series removed", || {
+        let (_, body) = agent.get("/metrics");
+        if body.contains(r#"comm="ll-client""#) {
+            Err(body)
+        } else {
+            Ok(())
+        }
+    });
+}

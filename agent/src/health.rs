@@ -170,7 +170,7 @@ impl<K: std::hash::Hash + Eq + Clone> HealthEngine<K> {
         if !is_client {
             let reason = match held {
                 Some(h) => format!(
-                    "connected for {}s; judged once it has held a connection for {}s",
+                    "connected for {}s; not judged yet (a process is judged once it has held a connection for {}s)",
                     h.as_secs(),
                     t.min_client_age.as_secs()
                 ),
@@ -276,7 +276,13 @@ fn judge(
         );
         return Some((State::Healthy, reason, now));
     }
-    if recent_failures.len() >= t.connect_failures as usize {
+    // A client that just lost its connection gets the disconnect grace to re-dial: failed
+    // attempts inside it (an apiserver restarting, a client library's quick retries) are not
+    // yet unreachability.
+    let lost_within_grace = obs
+        .connection_lost_at
+        .is_some_and(|lost| now.saturating_duration_since(lost) < t.disconnect_grace);
+    if recent_failures.len() >= t.connect_failures as usize && !lost_within_grace {
         let (_, endpoint) = recent_failures.last().expect("at least connect_failures >= 1");
         let reason = format!(
             "{} failed connects to {} in the last {}s and no established connection",
@@ -285,7 +291,10 @@ fn judge(
             secs(t.connect_window)
         );
         let nth = recent_failures[t.connect_failures.max(1) as usize - 1].0;
-        return Some((State::Unreachable, reason, nth));
+        let evidence = obs
+            .connection_lost_at
+            .map_or(nth, |lost| nth.max(lost + t.disconnect_grace));
+        return Some((State::Unreachable, reason, evidence));
     }
     match obs.connection_lost_at {
         Some(lost) if now.saturating_duration_since(lost) >= t.disconnect_grace => {
@@ -357,7 +366,7 @@ mod tests {
         let (mut e, c) = setup();
         let (v, t) = e.evaluate(&1, &connected(&c, 0, 0), c.at(5));
         assert_eq!((v.state, v.is_client, t), (State::Healthy, false, None));
-        assert!(v.reason.contains("judged once"), "{}", v.reason);
+        assert!(v.reason.contains("not judged yet"), "{}", v.reason);
         // A short-lived tool that disconnects before min_client_age never alerts.
         let gone = Observation {
             connection_lost_at: Some(c.at(6)),
@@ -467,6 +476,36 @@ mod tests {
         let (v, t) = e.evaluate(&1, &obs, c.at(70));
         assert_eq!((v.state, v.is_client), (State::Healthy, true));
         assert_eq!(t.map(|t| t.from), Some(State::Unreachable));
+    }
+
+    #[test]
+    fn a_client_that_lost_its_connection_gets_the_grace_before_failures_count() {
+        let (mut e, c) = setup();
+        e.evaluate(&1, &connected(&c, 0, 0), c.at(20));
+        // The apiserver restarts at 30 s; the client library retries three times at once.
+        let mut obs = Observation {
+            connection_lost_at: Some(c.at(30)),
+            ..Default::default()
+        };
+        obs.failures = [30u64, 30, 31]
+            .iter()
+            .map(|s| (c.at(*s), "10.0.0.1:6443".to_owned()))
+            .collect();
+        let (v, t) = e.evaluate(&1, &obs, c.at(32));
+        assert_eq!(
+            (v.state, t),
+            (State::Healthy, None),
+            "inside disconnect_grace: re-dialing"
+        );
+        // Still failing when the grace is over: unreachable (it is trying), not disconnected.
+        obs.failures.push((c.at(44), "10.0.0.1:6443".to_owned()));
+        let (v, t) = e.evaluate(&1, &obs, c.at(46));
+        assert_eq!(v.state, State::Unreachable);
+        assert_eq!(
+            t.unwrap().detection,
+            Duration::from_secs(1),
+            "evidence: lost + grace = 45 s"
+        );
     }
 
     #[test]

@@ -24,6 +24,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// The fake kube-apiserver (`ll-apiserver`) and the real clients run against it.
+pub mod kube_fixture;
+pub mod scenario;
+pub use kube_fixture::*;
+
 /// How long a test waits for a helper program to answer a command.
 const PROC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the agent gets to become ready.

@@ -97,7 +97,7 @@ fn require_root(what: &str) -> Result {
 }
 
 /// The integration suites, in the order they run.
-const SUITES: [&str; 1] = ["foundation"];
+const SUITES: [&str; 3] = ["foundation", "fixture", "scenarios"];
 
 fn test(no_lint: bool, suite: Option<&str>) -> Result {
     require_root("the test suite")?;

@@ -25,6 +25,7 @@ pub fn setup() -> Result {
     apt()?;
     run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
     bpf_linker()?;
+    kubectl_1_20()?;
     tracefs()?;
     eprintln!("setup: done");
     Ok(())
@@ -97,6 +98,39 @@ fn bpf_linker() -> Result {
         "--locked",
         "--force",
     ]))
+}
+
+/// Where Debian's kubectl 1.20 (`kubernetes-client`, the client-go of the seeds' era) is
+/// unpacked: the package conflicts with the machine's kubectl 1.32, so it is extracted, not
+/// installed.
+pub const KUBECTL_1_20_ROOT: &str = "/opt/lifeline-kubectl-1.20";
+
+fn kubectl_1_20() -> Result {
+    let kubectl = Path::new(KUBECTL_1_20_ROOT).join("usr/bin/kubectl");
+    if kubectl.exists() {
+        return Ok(());
+    }
+    let dir = std::env::temp_dir().join(format!("lifeline-kubectl-{}", std::process::id()));
+    fs::create_dir_all(&dir).map_err(|e| Failed(format!("{}: {e}", dir.display())))?;
+    let download = || {
+        run(Command::new("apt-get")
+            .current_dir(&dir)
+            .args(["download", "kubernetes-client"]))
+    };
+    if download().is_err() {
+        // The package lists may be missing on a machine where every apt package was present.
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        download()?;
+    }
+    let deb = fs::read_dir(&dir)
+        .map_err(|e| Failed(format!("{}: {e}", dir.display())))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or_else(|| Failed("apt-get download kubernetes-client left no .deb".into()))?;
+    run(Command::new("dpkg").arg("-x").arg(&deb).arg(KUBECTL_1_20_ROOT))?;
+    let _ = fs::remove_dir_all(&dir);
+    Ok(())
 }
 
 fn tracefs() -> Result {

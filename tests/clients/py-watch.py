@@ -1,0 +1,47 @@
+#!/usr/bin/python3
+"""A python3-kubernetes watch loop: the healthy re-dialing Python client.
+
+Run it with /usr/bin/python3 (Debian's python3-kubernetes is installed for that interpreter):
+
+    /usr/bin/python3 py-watch.py --kubeconfig PATH [--namespace NS] [--timeout-seconds N]
+
+Forever: watch.Watch().stream(CoreV1Api().list_namespaced_pod, NS, timeout_seconds=N) and print
+one line per event on stdout, `<TYPE> <name> <resourceVersion>`, then `WATCH_END` when the server
+ends the watch (it is started again at once). On any exception it prints `ERROR <type>: <text>`
+on stderr, sleeps 1 s and dials again.
+"""
+import argparse
+import sys
+import time
+
+from kubernetes import client, config, watch
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--namespace", default="default")
+    parser.add_argument("--timeout-seconds", type=int, default=60)
+    args = parser.parse_args()
+
+    config.load_kube_config(config_file=args.kubeconfig)
+    v1 = client.CoreV1Api()
+    while True:
+        try:
+            stream = watch.Watch().stream(
+                v1.list_namespaced_pod, args.namespace, timeout_seconds=args.timeout_seconds
+            )
+            for event in stream:
+                meta = event["object"].metadata
+                print(event["type"], meta.name, meta.resource_version, flush=True)
+            print("WATCH_END", flush=True)
+        except Exception as e:  # noqa: BLE001 - any failure means: dial again
+            print(f"ERROR {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            time.sleep(1)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        pass
