@@ -82,7 +82,8 @@ impl Judge {
                             .connections_of(record.info.pid)
                             .next()
                             .map(|c| c.endpoint.to_string())
-                    });
+                    })
+                    .or_else(|| record.last_endpoint.map(|e| e.to_string()));
                 transitions.push(ClientTransition {
                     process: record.info.clone(),
                     transition,

@@ -98,6 +98,9 @@ pub struct ProcessRecord {
     pub connected_since: Option<Instant>,
     /// When its last established connection went away (None: it never had one, or has one).
     pub connection_lost_at: Option<Instant>,
+    /// The endpoint of its most recent established connection (kept after it is lost, so a
+    /// disconnected client still says which apiserver it lost).
+    pub last_endpoint: Option<Endpoint>,
     pub connect_failures: VecDeque<ConnectFailure>,
 }
 
@@ -412,6 +415,7 @@ impl ConnectionTable {
             first_seen: now,
             connected_since: None,
             connection_lost_at: None,
+            last_endpoint: None,
             connect_failures: VecDeque::new(),
         });
         if record.info.start_time_ticks != info.start_time_ticks {
@@ -421,6 +425,7 @@ impl ConnectionTable {
                 first_seen: now,
                 connected_since: None,
                 connection_lost_at: None,
+                last_endpoint: None,
                 connect_failures: VecDeque::new(),
             };
         }
@@ -432,13 +437,13 @@ impl ConnectionTable {
     }
 
     fn note_established(&mut self, id: ConnId, at: Instant) {
-        let Some(pid) = self.conns.get(&id).and_then(|c| c.owner) else {
+        let Some(conn) = self.conns.get(&id) else { return };
+        let Some(p) = conn.owner.and_then(|pid| self.processes.get_mut(&pid)) else {
             return;
         };
-        if let Some(p) = self.processes.get_mut(&pid) {
-            p.connected_since.get_or_insert(at);
-            p.connection_lost_at = None;
-        }
+        p.connected_since.get_or_insert(at);
+        p.connection_lost_at = None;
+        p.last_endpoint = Some(conn.endpoint);
     }
 
     /// After a connection of `pid` went away or left ESTABLISHED: if it holds no established
@@ -474,6 +479,7 @@ impl ConnectionTable {
                 first_seen: ev.at,
                 connected_since: None,
                 connection_lost_at: None,
+                last_endpoint: None,
                 connect_failures: VecDeque::new(),
             }),
         };

@@ -1,13 +1,18 @@
 //! `cargo xtask demo`: a self-contained look at the agent, no cluster needed.
 //!
-//! Topology: an "apiserver" (`ll-server` on 10.251.0.1:6443) in network namespace
-//! `lldemo-api`, two client processes in `lldemo-clients` (10.251.0.2, over a veth pair), and
-//! one client on the host's loopback to a second endpoint 127.0.0.1:16443. The "apiserver"
-//! sends a watch-event-sized burst every 5 s. The agent watches both endpoints; its table is
-//! printed every 5 s. Kill the apiserver process by hand (`pkill -f 'll-server --listen
-//! 10.251'`) to see the clients lose it.
+//! Topology: the test fixture `ll-apiserver` (a fake kube-apiserver that behaves like the real
+//! one on the wire) at 10.251.0.1:6443 in network namespace `lldemo-api`, and three real clients
+//! in `lldemo-clients` (10.251.0.2, over a veth pair): the `kube` crate's watcher and a
+//! python3-kubernetes watch, which re-dial, and `ll-stuck`, which never dials again after losing
+//! its connection (the x/net/http2 bug of seeds 000/004). The agent runs with the SPEC defaults
+//! and logs every state change and alert; its table is printed every 5 s.
+//!
+//! Kill the apiserver by hand (`pkill -KILL ll-apiserver`): the demo restarts it 3 s later, as
+//! a rolling restart would, and within `disconnect_grace` + 2 s (17 s) `ll-stuck` is
+//! `disconnected` and alerted while the others stay healthy.
 use std::{
-    io::Write,
+    fs,
+    path::Path,
     process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
@@ -17,9 +22,9 @@ use crate::{cargo, run, workspace, Failed, Result};
 
 const API_NS: &str = "lldemo-api";
 const CLIENT_NS: &str = "lldemo-clients";
-const API_ADDR: &str = "10.251.0.1:6443";
-const LOCAL_ADDR: &str = "127.0.0.1:16443";
+const API_IP: &str = "10.251.0.1";
 const LISTEN: &str = "127.0.0.1:9477";
+const DIR: &str = "/tmp/lifeline-demo";
 
 /// Everything the demo started; dropped (killed and removed) on exit.
 struct Topology {
@@ -43,9 +48,39 @@ fn ip(args: &[&str]) -> Result {
 }
 
 fn spawn(cmd: &mut Command) -> Result<Child> {
-    cmd.stdin(Stdio::piped()).stdout(Stdio::null());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     cmd.spawn()
         .map_err(|e| Failed(format!("{}: {e}", crate::show(cmd))))
+}
+
+fn in_ns(ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns]).arg(program);
+    cmd
+}
+
+fn start_apiserver(bin: &Path) -> Result<Child> {
+    spawn(in_ns(API_NS, bin.join("ll-apiserver")).args([
+        "--listen",
+        &format!("{API_IP}:6443"),
+        "--cert-dir",
+        &format!("{DIR}/certs"),
+        "--san",
+        API_IP,
+    ]))
+}
+
+fn kubeconfig() -> Result<String> {
+    let path = format!("{DIR}/kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: demo\n  cluster:\n    server: https://{API_IP}:6443\n    \
+certificate-authority: {DIR}/certs/ca.pem\nusers:\n- name: demo\n  user:\n    token: demo\ncontexts:\n- name: demo\n  \
+context:\n    cluster: demo\n    user: demo\ncurrent-context: demo\n"
+    );
+    fs::write(&path, text).map_err(|e| Failed(format!("{path}: {e}")))?;
+    Ok(path)
 }
 
 pub fn demo(no_setup: bool, seconds: Option<u64>) -> Result {
@@ -61,6 +96,7 @@ pub fn demo(no_setup: bool, seconds: Option<u64>) -> Result {
             .stderr(Stdio::null())
             .status();
     }
+    fs::create_dir_all(format!("{DIR}/certs")).map_err(|e| Failed(format!("{DIR}: {e}")))?;
     let mut topo = Topology { children: Vec::new() };
     ip(&["netns", "add", API_NS])?;
     ip(&["netns", "add", CLIENT_NS])?;
@@ -68,56 +104,59 @@ pub fn demo(no_setup: bool, seconds: Option<u64>) -> Result {
         "link", "add", "lldemo0", "netns", API_NS, "type", "veth", "peer", "name", "lldemo1", "netns",
         CLIENT_NS,
     ])?;
-    ip(&["-n", API_NS, "addr", "add", "10.251.0.1/24", "dev", "lldemo0"])?;
+    ip(&[
+        "-n",
+        API_NS,
+        "addr",
+        "add",
+        &format!("{API_IP}/24"),
+        "dev",
+        "lldemo0",
+    ])?;
     ip(&["-n", CLIENT_NS, "addr", "add", "10.251.0.2/24", "dev", "lldemo1"])?;
     for (ns, dev) in [(API_NS, "lldemo0"), (CLIENT_NS, "lldemo1")] {
         ip(&["-n", ns, "link", "set", dev, "up"])?;
         ip(&["-n", ns, "link", "set", "lo", "up"])?;
     }
-    let server = |ns: Option<&str>, addr: &str| {
-        let mut cmd = match ns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(bin.join("ll-server"));
-                c
-            }
-            None => Command::new(bin.join("ll-server")),
-        };
-        spawn(cmd.args(["--listen", addr]))
-    };
-    topo.children.push(server(Some(API_NS), API_ADDR)?);
-    topo.children.push(server(None, LOCAL_ADDR)?);
-    thread::sleep(Duration::from_millis(300));
-    for connects in [vec![API_ADDR], vec![API_ADDR, API_ADDR]] {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", CLIENT_NS]).arg(bin.join("ll-client"));
-        for c in connects {
-            cmd.args(["--connect", c]);
-        }
-        topo.children.push(spawn(&mut cmd)?);
-    }
+    topo.children.push(start_apiserver(&bin)?);
+    thread::sleep(Duration::from_secs(1));
+    let kubeconfig = kubeconfig()?;
+    let py_watch = workspace().join("tests/clients/py-watch.py");
     topo.children.push(spawn(
-        Command::new(bin.join("ll-client")).args(["--connect", LOCAL_ADDR]),
+        in_ns(CLIENT_NS, bin.join("ll-kube-watch")).args(["--kubeconfig", &kubeconfig]),
+    )?);
+    topo.children.push(spawn(
+        in_ns(CLIENT_NS, "/usr/bin/python3")
+            .arg(&py_watch)
+            .args(["--kubeconfig", &kubeconfig]),
+    )?);
+    topo.children.push(spawn(
+        in_ns(CLIENT_NS, bin.join("ll-stuck")).args(["--kubeconfig", &kubeconfig]),
     )?);
 
+    // The agent logs to this terminal: state changes and alerts show up as they happen.
     let mut agent = Command::new(bin.join("lifeline"));
     agent.args([
         "run",
         "--endpoint",
-        API_ADDR,
-        "--endpoint",
-        LOCAL_ADDR,
+        &format!("{API_IP}:6443"),
         "--listen",
         LISTEN,
+        "--node-name",
+        "demo",
     ]);
-    topo.children.push(spawn(&mut agent)?);
-    eprintln!("demo: agent on http://{LISTEN}; table every 5 s; Ctrl-C to stop");
+    topo.children
+        .push(agent.spawn().map_err(|e| Failed(format!("lifeline run: {e}")))?);
+    eprintln!(
+        "demo: agent on http://{LISTEN}; table every 5 s; `pkill -KILL ll-apiserver` to restart the apiserver; Ctrl-C to stop"
+    );
     let started = Instant::now();
     loop {
         thread::sleep(Duration::from_secs(5));
-        // The "apiserver" sends a watch event to every client.
-        if let Some(stdin) = topo.children[0].stdin.as_mut() {
-            let _ = writeln!(stdin, "send 400");
+        if let Ok(Some(status)) = topo.children[0].try_wait() {
+            eprintln!("demo: the apiserver exited ({status}); restarting it in 3 s, like a rolling restart");
+            thread::sleep(Duration::from_secs(3));
+            topo.children[0] = start_apiserver(&bin)?;
         }
         let _ = Command::new(bin.join("lifeline"))
             .args(["status", "--server", &format!("http://{LISTEN}")])
