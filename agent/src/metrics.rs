@@ -288,3 +288,86 @@ fn severity(state: State) -> u8 {
         State::Disconnected => 4,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `lifeline_*` name the families of this registry expose (histograms add suffixes).
+    fn exported_names(metrics: &Metrics) -> HashSet<String> {
+        let mut names = HashSet::new();
+        for family in metrics.registry.gather() {
+            let name = family.name().to_owned();
+            for suffix in ["", "_bucket", "_sum", "_count"] {
+                names.insert(format!("{name}{suffix}"));
+            }
+        }
+        names
+    }
+
+    fn referenced_names(text: &str) -> HashSet<String> {
+        let mut names = HashSet::new();
+        let mut rest = text;
+        while let Some(i) = rest.find("lifeline_") {
+            let tail = &rest[i..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            names.insert(tail[..end].to_owned());
+            rest = &tail[end..];
+        }
+        names
+    }
+
+    /// The dashboard and the Prometheus rules in deploy/ only use metrics the agent exports.
+    #[test]
+    fn deploy_artifacts_reference_only_exported_metrics() {
+        let metrics = Metrics::new("test", "test").expect("registry");
+        // Labelled families appear in gather() only once they have a series.
+        metrics
+            .client_state
+            .with_label_values(&["", "", "", "x", "healthy"])
+            .set(1);
+        metrics
+            .client_connections
+            .with_label_values(&["", "", "", "x", "e"])
+            .set(1);
+        metrics
+            .client_last_receive_age
+            .with_label_values(&["", "", "", "x"])
+            .set(1.0);
+        metrics.count_connect_failure(&Default::default(), "e", "refused");
+        metrics.count_retransmit(&Default::default(), "e");
+        metrics.remediations.with_label_values(&["reset", "done"]).inc();
+        metrics.alerts_sent.with_label_values(&["r", "ok"]).inc();
+        metrics.ebpf_events.with_label_values(&["state_change"]).inc();
+        let exported = exported_names(&metrics);
+        let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/");
+        for file in ["dashboard.json", "prometheus-rules.yaml"] {
+            let text = std::fs::read_to_string(format!("{deploy}{file}")).expect("deploy file");
+            let referenced = referenced_names(&text);
+            assert!(!referenced.is_empty(), "{file} references no lifeline metric");
+            let unknown: Vec<&String> = referenced.iter().filter(|n| !exported.contains(*n)).collect();
+            assert!(
+                unknown.is_empty(),
+                "{file} references metrics the agent does not export: {unknown:?}"
+            );
+        }
+        // And the SPEC names are all there.
+        for name in [
+            "lifeline_client_state",
+            "lifeline_client_connections",
+            "lifeline_client_last_receive_age_seconds",
+            "lifeline_client_connect_failures_total",
+            "lifeline_client_retransmits_total",
+            "lifeline_remediations_total",
+            "lifeline_alerts_sent_total",
+            "lifeline_ebpf_events_total",
+            "lifeline_ebpf_events_lost_total",
+            "lifeline_detection_seconds",
+            "lifeline_build_info",
+        ] {
+            assert!(exported.contains(name), "{name} not exported");
+        }
+    }
+}

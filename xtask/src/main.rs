@@ -127,6 +127,14 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
                 "warnings",
             ]))?;
     }
+    // The Prometheus rules shipped in deploy/, checked and unit-tested by the real promtool.
+    let deploy = workspace().join("deploy");
+    run(Command::new("promtool")
+        .current_dir(&deploy)
+        .args(["check", "rules", "prometheus-rules.yaml"]))?;
+    run(Command::new("promtool")
+        .current_dir(&deploy)
+        .args(["test", "rules", "prometheus-rules.test.yaml"]))?;
     // Unit tests, root-only ones (marked #[ignore]) included: this runs as root.
     run(cargo().args([
         "test",
