@@ -4,10 +4,16 @@
 //! chunked watch streams, bookmarks, the server-side watch timeout, a graceful SIGTERM) and that
 //! the clients behave as the scenarios need (re-dialing after a restart, or never dialing again).
 //!
+//! The second half checks what the agent's Kubernetes features need from a cluster, against
+//! either API generation (`--generation new|old`): discovery, the `kubernetes` Service with its
+//! EndpointSlice and Endpoints (followed live), this node's pods by field selector, the
+//! eviction subresource with PodDisruptionBudget refusals (also through `kubectl drain`), and
+//! Events through core v1 and events.k8s.io.
+//!
 //! Needs no root: `cargo test -p lifeline-integration --test fixture -- --test-threads=2`.
 use std::collections::BTreeSet;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{mpsc, Arc};
@@ -15,12 +21,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lifeline_integration::{
-    bin, client_script, tcp_sockets_of, write_kubeconfig, ApiServer, OutLine, TempDir, Watched, KUBECTL_1_20,
-    KUBECTL_1_32, SYSTEM_PYTHON,
+    bin, client_script, tcp_sockets_of, write_kubeconfig, ApiServer, ApiServerOptions, Generation, NetNs,
+    OutLine, TempDir, Watched, KUBECTL_1_20, KUBECTL_1_32, SYSTEM_PYTHON,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const WATCH: &str = "/api/v1/namespaces/default/pods?watch=1&allowWatchBookmarks=true";
 
@@ -56,6 +62,26 @@ impl Fixture {
 
     fn addr(&self) -> SocketAddr {
         self.server.addr()
+    }
+
+    /// Starts `ll-apiserver` as [`Fixture::start`] does, with `options`.
+    fn with(options: &ApiServerOptions) -> Fixture {
+        let dir = TempDir::new();
+        let args = options.args(&dir.path().join("input"));
+        let server = ApiServer::start(
+            bin!("ll-apiserver"),
+            "127.0.0.1:0".parse().unwrap(),
+            &dir.path().join("certs"),
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        let kubeconfig = dir.path().join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &server.url(), &server.ca_pem());
+        Fixture {
+            dir,
+            server,
+            args,
+            kubeconfig,
+        }
     }
 
     /// SIGKILL, then the same server again on the same address and cert dir.
@@ -325,7 +351,8 @@ fn get_json(fx: &Fixture, path: &str) -> Value {
 
 #[test]
 fn kubectl_1_32_and_1_20_get_pods() {
-    let fx = Fixture::start(&["--name", "fixture-a"]);
+    // A 1.20 apiserver on the wire, as the scenarios' clients know it.
+    let fx = Fixture::start(&["--name", "fixture-a", "--server-version", "v1.20.2"]);
     for kubectl in [KUBECTL_1_32, KUBECTL_1_20] {
         let out = fx.kubectl(kubectl, &["get", "pods"]);
         let stdout = text(&out.stdout);
@@ -484,7 +511,14 @@ fn raw_watch_gets_modified_events_and_bookmarks() {
 
 #[test]
 fn watch_semantics_over_http1() {
-    let fx = Fixture::start(&["--event-interval", "200ms", "--bookmark-interval", "1s"]);
+    let fx = Fixture::start(&[
+        "--event-interval",
+        "200ms",
+        "--bookmark-interval",
+        "1s",
+        "--server-version",
+        "v1.20.2",
+    ]);
     let ca = fx.server.ca_pem();
 
     // Discovery, as the clients read it.
@@ -617,7 +651,8 @@ fn watch_semantics_over_http1() {
 
 #[test]
 fn http2_is_negotiated_through_alpn() {
-    let fx = Fixture::start(&[]);
+    // A 1.20 server: the kubectl dispatcher then runs its default client, kubectl 1.32.
+    let fx = Fixture::start(&["--server-version", "v1.20.2"]);
     let ca = fx.server.ca_pem();
     let alpn = |offer: &[&str]| alpn_of(&tls_connect(fx.addr(), &ca, offer).expect("TLS connect"));
     assert_eq!(alpn(&["h2", "http/1.1"]).as_deref(), Some("h2"));
@@ -1127,4 +1162,968 @@ fn sigterm_refuses_new_connections_and_drains_watches() {
     let log = fx.log_text();
     assert!(log.contains("SIGTERM: listener closed"), "{log}");
     assert!(log.contains("every connection closed"), "{log}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// (h) the cluster objects the agent's Kubernetes features use, in both API generations
+
+const GENERATIONS: [Generation; 2] = [Generation::New, Generation::Old];
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// A pod for `--pods`.
+fn test_pod(ns: &str, name: &str, node: &str, app: &str, n: u32) -> Value {
+    json!({
+        "metadata": {
+            "namespace": ns,
+            "name": name,
+            "uid": format!("00000000-0000-4000-8000-{n:012x}"),
+            "labels": {"app": app},
+            "annotations": {"lifeline.test/owner": "fixture"},
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9"}]},
+        "status": {
+            "phase": "Running",
+            "podIP": format!("10.244.1.{n}"),
+            "containerStatuses": [{
+                "name": "main",
+                "ready": true,
+                "restartCount": 0,
+                "containerID": format!("containerd://{:064x}", 0x00c0_ffee_0000_u64 + u64::from(n)),
+            }],
+        },
+    })
+}
+
+/// A PodDisruptionBudget for `--pdbs` selecting `app=APP`.
+fn test_pdb(name: &str, app: &str, allowed: i64, healthy: i64) -> Value {
+    json!({
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
+        "status": {
+            "disruptionsAllowed": allowed,
+            "currentHealthy": healthy,
+            "desiredHealthy": 1,
+            "expectedPods": healthy,
+        },
+    })
+}
+
+/// The cluster of these tests: pods on node-a and node-b in three namespaces, one pod that a
+/// PDB allowing nothing guards, two pods a PDB allowing one disruption guards.
+fn cluster(generation: Generation) -> ApiServerOptions {
+    ApiServerOptions {
+        generation,
+        pods: vec![
+            test_pod("kube-system", "lifeline-agent-a", "node-a", "lifeline", 1),
+            test_pod("team-x", "client-1", "node-a", "client", 2),
+            test_pod("team-x", "client-2", "node-b", "client", 3),
+            test_pod("default", "free-1", "node-a", "free", 4),
+            test_pod("default", "guarded-1", "node-a", "guarded", 5),
+            test_pod("default", "budget-1", "node-b", "budget", 6),
+            test_pod("default", "budget-2", "node-b", "budget", 7),
+        ],
+        pdbs: vec![
+            test_pdb("guarded-pdb", "guarded", 0, 1),
+            test_pdb("budget-pdb", "budget", 1, 2),
+        ],
+        endpoint_ips: vec![ip("127.0.0.1"), ip("127.0.0.2")],
+        ..Default::default()
+    }
+}
+
+/// Runs kubectl, which must succeed; returns its stdout.
+fn kubectl_ok(fx: &Fixture, kubectl: &str, args: &[&str]) -> String {
+    let out = fx.kubectl(kubectl, args);
+    assert!(
+        out.status.success(),
+        "{kubectl} {args:?}: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// The rows of kubectl's table output (header left out), split at whitespace.
+fn rows(stdout: &str) -> Vec<Vec<String>> {
+    stdout
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+/// Every `(group/)version` a server's discovery lists.
+fn served_group_versions(fx: &Fixture) -> BTreeSet<String> {
+    let mut gvs = BTreeSet::from(["v1".to_string()]);
+    for group in get_json(fx, "/apis")["groups"].as_array().unwrap() {
+        for v in group["versions"].as_array().unwrap() {
+            gvs.insert(v["groupVersion"].as_str().unwrap().to_string());
+        }
+    }
+    gvs
+}
+
+#[test]
+fn discovery_matches_the_generation() {
+    for generation in GENERATIONS {
+        let fx = Fixture::with(&ApiServerOptions::new(generation));
+        let v = generation.group_version();
+        let other = if v == "v1" { "v1beta1" } else { "v1" };
+        assert_eq!(get_json(&fx, "/version")["gitVersion"], generation.git_version());
+        let expected: BTreeSet<String> = ["v1".to_string()]
+            .into_iter()
+            .chain(["discovery.k8s.io", "events.k8s.io", "policy"].map(|g| format!("{g}/{v}")))
+            .collect();
+        assert_eq!(served_group_versions(&fx), expected, "{generation:?}");
+        for (group, kinds) in [
+            ("discovery.k8s.io", vec!["endpointslices"]),
+            ("policy", vec!["poddisruptionbudgets"]),
+            ("events.k8s.io", vec!["events"]),
+        ] {
+            let g = get_json(&fx, &format!("/apis/{group}"));
+            assert_eq!(g["kind"], "APIGroup");
+            assert_eq!(g["preferredVersion"]["groupVersion"], format!("{group}/{v}"));
+            let list = get_json(&fx, &format!("/apis/{group}/{v}"));
+            assert_eq!(list["groupVersion"], format!("{group}/{v}"));
+            let names: Vec<&str> = list["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(names, kinds);
+            // The other version of the group is not served: a 404 as from a real server.
+            let mut resp = H1::get(fx.addr(), &fx.server.ca_pem(), &format!("/apis/{group}/{other}"));
+            assert_eq!(resp.status, 404, "/apis/{group}/{other} on {generation:?}");
+            assert_eq!(
+                serde_json::from_str::<Value>(&resp.body()).unwrap()["reason"],
+                "NotFound"
+            );
+            let path = format!("/apis/{group}/{other}/namespaces/default/{}", kinds[0]);
+            let (code, _) = fx.server.request("GET", &path, None);
+            assert_eq!(code, 404, "{path} on {generation:?}");
+        }
+        let core = get_json(&fx, "/api/v1");
+        let resources = core["resources"].as_array().unwrap();
+        let names: BTreeSet<&str> = resources.iter().map(|r| r["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            BTreeSet::from([
+                "endpoints",
+                "events",
+                "namespaces",
+                "nodes",
+                "pods",
+                "pods/eviction",
+                "services"
+            ])
+        );
+        let eviction = resources.iter().find(|r| r["name"] == "pods/eviction").unwrap();
+        assert_eq!(
+            (eviction["group"].as_str(), eviction["version"].as_str()),
+            (Some("policy"), Some(v))
+        );
+
+        // Both kubectls discover the same, and list it in api-resources.
+        for kubectl in [KUBECTL_1_32, KUBECTL_1_20] {
+            let listed: BTreeSet<String> = kubectl_ok(&fx, kubectl, &["api-versions"])
+                .lines()
+                .map(String::from)
+                .collect();
+            assert_eq!(listed, expected, "{kubectl} api-versions on {generation:?}");
+            let resources = kubectl_ok(&fx, kubectl, &["api-resources"]);
+            for r in ["endpointslices", "poddisruptionbudgets"] {
+                let row = resources
+                    .lines()
+                    .find(|l| l.starts_with(r))
+                    .unwrap_or_else(|| panic!("{kubectl} api-resources lacks {r}:\n{resources}"));
+                assert!(
+                    row.contains(&format!("/{v} ")) || !row.contains(&format!("/{other} ")),
+                    "{kubectl}: {row}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn kubectl_reads_the_cluster_in_both_generations() {
+    for generation in GENERATIONS {
+        let fx = Fixture::with(&cluster(generation));
+        let v = generation.group_version();
+        // One core Event to list back (a cluster-scoped object: namespace default).
+        let (code, body) = fx.server.request(
+            "POST",
+            "/api/v1/namespaces/default/events",
+            Some(&json!({
+                "metadata": {"generateName": "node-a."},
+                "involvedObject": {"kind": "Node", "name": "node-a", "apiVersion": "v1"},
+                "reason": "LifelineStarted",
+                "message": "lifeline watches node-a",
+                "type": "Normal",
+                "source": {"component": "lifeline", "host": "node-a"},
+                "firstTimestamp": "2024-05-01T12:00:00Z",
+                "lastTimestamp": "2024-05-01T12:00:00Z",
+                "count": 1,
+            })),
+        );
+        assert_eq!(code, 201, "{body}");
+        for kubectl in [KUBECTL_1_32, KUBECTL_1_20] {
+            let what = format!("{kubectl} on {generation:?}");
+            let slices = rows(&kubectl_ok(&fx, kubectl, &["get", "endpointslices"]));
+            assert_eq!(
+                slices,
+                [["kubernetes", "IPv4", "6443", "127.0.0.1,127.0.0.2"].map(String::from)]
+                    .map(|r| r.into_iter().chain([slices[0][4].clone()]).collect::<Vec<_>>()),
+                "{what}"
+            );
+            let slice: Value = serde_json::from_str(&kubectl_ok(
+                &fx,
+                kubectl,
+                &["get", "endpointslices", "kubernetes", "-o", "json"],
+            ))
+            .unwrap();
+            assert_eq!(slice["apiVersion"], format!("discovery.k8s.io/{v}"), "{what}");
+            assert_eq!(
+                slice["metadata"]["labels"]["kubernetes.io/service-name"],
+                "kubernetes"
+            );
+            assert_eq!(slice["endpoints"][1]["addresses"][0], "127.0.0.2");
+
+            let endpoints = rows(&kubectl_ok(&fx, kubectl, &["get", "endpoints", "kubernetes"]));
+            assert_eq!(
+                endpoints[0][..2],
+                ["kubernetes", "127.0.0.1:6443,127.0.0.2:6443"],
+                "{what}"
+            );
+            let svc = rows(&kubectl_ok(&fx, kubectl, &["get", "svc", "kubernetes"]));
+            assert_eq!(
+                svc[0][..5],
+                ["kubernetes", "ClusterIP", "10.96.0.1", "<none>", "443/TCP"],
+                "{what}"
+            );
+            let svc: Value = serde_json::from_str(&kubectl_ok(
+                &fx,
+                kubectl,
+                &["get", "svc", "kubernetes", "-o", "json"],
+            ))
+            .unwrap();
+            assert_eq!(svc["spec"]["ports"][0]["targetPort"], 6443);
+
+            // This node's pods, over every namespace.
+            let on_a = rows(&kubectl_ok(
+                &fx,
+                kubectl,
+                &["get", "pods", "-A", "--field-selector", "spec.nodeName=node-a"],
+            ));
+            let on_a: BTreeSet<(String, String)> =
+                on_a.iter().map(|r| (r[0].clone(), r[1].clone())).collect();
+            let expected: BTreeSet<(String, String)> = [
+                ("default", "free-1"),
+                ("default", "guarded-1"),
+                ("kube-system", "lifeline-agent-a"),
+                ("team-x", "client-1"),
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .into();
+            assert_eq!(on_a, expected, "{what}");
+            let clients = rows(&kubectl_ok(
+                &fx,
+                kubectl,
+                &["get", "pods", "-n", "team-x", "-l", "app=client", "-o", "wide"],
+            ));
+            assert_eq!(clients.len(), 2, "{what}: {clients:?}");
+            assert!(clients
+                .iter()
+                .any(|r| r[0] == "client-2" && r.contains(&"node-b".to_string())));
+            let pod: Value = serde_json::from_str(&kubectl_ok(
+                &fx,
+                kubectl,
+                &[
+                    "get",
+                    "pod",
+                    "-n",
+                    "kube-system",
+                    "lifeline-agent-a",
+                    "-o",
+                    "json",
+                ],
+            ))
+            .unwrap();
+            assert_eq!(
+                pod["status"]["containerStatuses"][0]["containerID"],
+                format!("containerd://{:064x}", 0x00c0_ffee_0000_u64 + 1)
+            );
+            assert_eq!(pod["metadata"]["uid"], "00000000-0000-4000-8000-000000000001");
+
+            let events = kubectl_ok(&fx, kubectl, &["get", "events"]);
+            assert!(
+                events.contains("LifelineStarted") && events.contains("node/node-a"),
+                "{what}:\n{events}"
+            );
+            let pdbs = rows(&kubectl_ok(&fx, kubectl, &["get", "pdb"]));
+            let guarded = pdbs
+                .iter()
+                .find(|r| r[0] == "guarded-pdb")
+                .expect("guarded-pdb row");
+            assert_eq!(guarded[1..4], ["1", "N/A", "0"], "{what}");
+            let node = rows(&kubectl_ok(&fx, kubectl, &["get", "node", "node-a"]));
+            assert_eq!(node[0][..2], ["node-a", "Ready"], "{what}");
+        }
+        // A field label the server does not support is a 400, as on a real one.
+        let (code, body) = fx
+            .server
+            .request("GET", "/api/v1/pods?fieldSelector=spec.nodeNam%3Dx", None);
+        assert_eq!(code, 400, "{body}");
+        assert_eq!(body["message"], "field label not supported: spec.nodeNam");
+    }
+}
+
+#[test]
+fn eviction_honours_pdbs_and_the_served_policy_version() {
+    for generation in GENERATIONS {
+        let fx = Fixture::with(&cluster(generation));
+        let s = &fx.server;
+        let served = format!("policy/{}", generation.group_version());
+        let what = format!("{generation:?}");
+        let mut watch = H1::get(
+            fx.addr(),
+            &s.ca_pem(),
+            "/api/v1/namespaces/default/pods?watch=1&labelSelector=app%20in%20(free%2Cbudget)",
+        );
+
+        // Allowed: 201 with a Success Status, and the pod is gone (a DELETED watch event).
+        let (code, status) = s.evict("default", "free-1", &served);
+        assert_eq!(code, 201, "{what}: {status}");
+        assert_eq!(
+            (status["kind"].as_str(), status["status"].as_str()),
+            (Some("Status"), Some("Success"))
+        );
+        let (code, gone) = s.request("GET", "/api/v1/namespaces/default/pods/free-1", None);
+        assert_eq!(code, 404, "{gone}");
+        assert_eq!(gone["message"], "pods \"free-1\" not found");
+        let deleted = watch.wait_event(Duration::from_secs(5), |k, o| {
+            k == "DELETED" && o["metadata"]["name"] == "free-1"
+        });
+        assert!(deleted.is_some(), "{what}: no DELETED event for the evicted pod");
+
+        // A PDB that allows nothing: 429 TooManyRequests with a DisruptionBudget cause.
+        let (code, status) = s.evict("default", "guarded-1", &served);
+        assert_eq!(code, 429, "{what}: {status}");
+        assert_eq!(status["reason"], "TooManyRequests");
+        assert_eq!(
+            status["message"],
+            "Cannot evict pod as it would violate the pod's disruption budget."
+        );
+        assert_eq!(status["details"]["causes"][0]["reason"], "DisruptionBudget");
+        assert_eq!(
+            status["details"]["causes"][0]["message"],
+            "The disruption budget guarded-pdb needs 1 healthy pods and has 1 currently"
+        );
+        assert_eq!(
+            s.get_json("/api/v1/namespaces/default/pods/guarded-1")["metadata"]["name"],
+            "guarded-1"
+        );
+
+        // A PDB that allows one: the first goes, the second is refused.
+        assert_eq!(s.evict("default", "budget-1", &served).0, 201, "{what}");
+        assert_eq!(s.evict("default", "budget-2", &served).0, 429, "{what}");
+        let pdb = s.get_json(&format!(
+            "/apis/{served}/namespaces/default/poddisruptionbudgets/budget-pdb"
+        ));
+        assert_eq!(pdb["apiVersion"], served.as_str());
+        assert_eq!(pdb["status"]["disruptionsAllowed"], 0);
+        assert!(pdb["status"]["disruptedPods"]["budget-1"].is_string(), "{pdb}");
+
+        // A missing pod, a name that does not match the URL.
+        let (code, status) = s.evict("default", "nope", &served);
+        assert_eq!(
+            (code, status["reason"].as_str()),
+            (404, Some("NotFound")),
+            "{status}"
+        );
+        let (code, status) = s.request(
+            "POST",
+            "/api/v1/namespaces/default/pods/guarded-1/eviction",
+            Some(&json!({"apiVersion": served, "kind": "Eviction", "metadata": {"name": "other"}})),
+        );
+        assert_eq!(code, 400, "{status}");
+        assert_eq!(
+            status["message"],
+            "name in URL does not match name in Eviction object"
+        );
+
+        // The other group-version: a 1.18 server has never heard of policy/v1 (400); a current
+        // one still accepts policy/v1beta1 on this subresource, as the real one does.
+        let team = "/api/v1/namespaces/team-x/pods";
+        let (code, status) = match generation {
+            Generation::Old => s.evict("team-x", "client-1", "policy/v1"),
+            Generation::New => s.evict("team-x", "client-1", "policy/v1beta1"),
+        };
+        match generation {
+            Generation::Old => {
+                assert_eq!(
+                    (code, status["reason"].as_str()),
+                    (400, Some("BadRequest")),
+                    "{status}"
+                );
+                assert!(
+                    status["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("no kind \"Eviction\" is registered for version \"policy/v1\""),
+                    "{status}"
+                );
+                s.get_json(&format!("{team}/client-1"));
+            }
+            Generation::New => assert_eq!(code, 201, "{status}"),
+        }
+
+        // DELETE works too, and is recorded apart from evictions.
+        let (code, pod) = s.request("DELETE", &format!("{team}/client-2"), None);
+        assert_eq!(
+            (code, pod["metadata"]["name"].as_str()),
+            (200, Some("client-2")),
+            "{pod}"
+        );
+        assert_eq!(s.request("DELETE", &format!("{team}/client-2"), None).0, 404);
+        let deletions: Vec<(String, u16)> = s.deletions().into_iter().map(|d| (d.outcome, d.code)).collect();
+        assert_eq!(
+            deletions,
+            [("deleted".to_string(), 200), ("not-found".to_string(), 404)]
+        );
+
+        let evictions = s.evictions();
+        let summary: Vec<(&str, &str, u16)> = evictions
+            .iter()
+            .map(|e| (e.name.as_str(), e.outcome.as_str(), e.code))
+            .collect();
+        let other = match generation {
+            Generation::Old => ("client-1", "rejected", 400),
+            Generation::New => ("client-1", "evicted", 201),
+        };
+        assert_eq!(
+            summary,
+            [
+                ("free-1", "evicted", 201),
+                ("guarded-1", "blocked", 429),
+                ("budget-1", "evicted", 201),
+                ("budget-2", "blocked", 429),
+                ("nope", "not-found", 404),
+                ("guarded-1", "rejected", 400),
+                other,
+            ],
+            "{what}"
+        );
+        assert_eq!(evictions[1].pdb.as_deref(), Some("guarded-pdb"));
+        assert!(evictions[..5].iter().all(|e| e.api_version == served));
+    }
+
+    // --strict-eviction: a current server that takes only policy/v1.
+    let fx = Fixture::with(&ApiServerOptions {
+        strict_eviction: true,
+        ..cluster(Generation::New)
+    });
+    let (code, status) = fx.server.evict("default", "free-1", "policy/v1beta1");
+    assert_eq!(code, 400, "{status}");
+    assert_eq!(
+        status["message"],
+        "the API version in the data (policy/v1beta1) does not match the expected API version (policy/v1)"
+    );
+    assert_eq!(fx.server.evict("default", "free-1", "policy/v1").0, 201);
+}
+
+#[test]
+fn kubectl_drain_evicts_through_discovery() {
+    // kubectl cordons the node (PATCH), lists its pods by field selector, evicts each with the
+    // group-version the pods/eviction discovery entry names, and waits for them to be gone.
+    for (generation, kubectl) in [
+        (Generation::New, KUBECTL_1_32),
+        (Generation::New, KUBECTL_1_20),
+        (Generation::Old, KUBECTL_1_32),
+        (Generation::Old, KUBECTL_1_20),
+    ] {
+        let fx = Fixture::with(&ApiServerOptions {
+            pods: vec![
+                test_pod("default", "drain-1", "node-d", "drain", 11),
+                test_pod("team-x", "drain-2", "node-d", "drain", 12),
+                test_pod("default", "stays", "node-e", "drain", 13),
+            ],
+            ..ApiServerOptions::new(generation)
+        });
+        let what = format!("{kubectl} on {generation:?}");
+        let out = kubectl_ok(
+            &fx,
+            kubectl,
+            &[
+                "drain",
+                "node-d",
+                "--force",
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=20s",
+            ],
+        );
+        // kubectl 1.20 ends with "node/node-d evicted", later ones with "drained".
+        assert!(
+            out.contains("evicting pod default/drain-1")
+                && (out.contains("node/node-d drained") || out.contains("node/node-d evicted")),
+            "{what}:\n{out}"
+        );
+        // kubectl 1.20 only asks discovery whether evictions are served, then always sends
+        // policy/v1beta1 (which a current apiserver still accepts); later ones send the
+        // group-version discovery names.
+        let sent = match kubectl {
+            KUBECTL_1_20 => "policy/v1beta1".to_string(),
+            _ => format!("policy/{}", generation.group_version()),
+        };
+        let mut evicted: Vec<(String, String, String, String)> = fx
+            .server
+            .evictions()
+            .into_iter()
+            .map(|e| (e.namespace, e.name, e.api_version, e.outcome))
+            .collect();
+        evicted.sort();
+        assert_eq!(
+            evicted,
+            [("default", "drain-1"), ("team-x", "drain-2")].map(|(ns, n)| (
+                ns.to_string(),
+                n.to_string(),
+                sent.clone(),
+                "evicted".to_string()
+            )),
+            "{what}"
+        );
+        assert_eq!(
+            fx.server.get_json("/api/v1/nodes/node-d")["spec"]["unschedulable"],
+            true
+        );
+        let left = fx
+            .server
+            .get_json("/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-d");
+        assert_eq!(left["items"].as_array().unwrap().len(), 0, "{what}");
+        fx.server.get_json("/api/v1/namespaces/default/pods/stays");
+    }
+}
+
+#[test]
+fn endpointslice_watch_follows_endpoint_changes() {
+    for generation in GENERATIONS {
+        let fx = Fixture::with(&ApiServerOptions {
+            endpoint_ips: vec![ip("127.0.0.1")],
+            ..ApiServerOptions::new(generation)
+        });
+        let v = generation.group_version();
+        let ca = fx.server.ca_pem();
+        let slices = format!(
+            "/apis/discovery.k8s.io/{v}/namespaces/default/endpointslices?watch=1\
+             &labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes"
+        );
+        let mut slice_watch = H1::get(fx.addr(), &ca, &slices);
+        let mut ep_watch = H1::get(
+            fx.addr(),
+            &ca,
+            "/api/v1/namespaces/default/endpoints?watch=1&fieldSelector=metadata.name%3Dkubernetes",
+        );
+        let addresses = |o: &Value| -> Vec<String> {
+            o["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|e| e["addresses"].as_array().unwrap().iter())
+                .map(|a| a.as_str().unwrap().to_string())
+                .collect()
+        };
+        let (_, first) = slice_watch
+            .wait_event(Duration::from_secs(5), |k, _| k == "ADDED")
+            .expect("ADDED for the slice");
+        assert_eq!(first["apiVersion"], format!("discovery.k8s.io/{v}"));
+        assert_eq!(addresses(&first), ["127.0.0.1"]);
+        ep_watch
+            .wait_event(Duration::from_secs(5), |k, _| k == "ADDED")
+            .expect("ADDED for the endpoints");
+
+        // A real client on a current server: the kube crate's watcher on discovery.k8s.io/v1.
+        let kube = (generation == Generation::New).then(|| kube_slice_watcher(&fx.kubeconfig));
+        if let Some(kube) = &kube {
+            let first = kube
+                .recv_timeout(Duration::from_secs(10))
+                .expect("kube watcher: first slice");
+            assert_eq!(first, ["127.0.0.1"]);
+        }
+
+        fx.server.set_endpoint_ips(&[ip("127.0.0.3"), ip("127.0.0.4")]);
+        let (_, changed) = slice_watch
+            .wait_event(Duration::from_secs(5), |k, _| k == "MODIFIED")
+            .expect("MODIFIED for the slice");
+        assert_eq!(addresses(&changed), ["127.0.0.3", "127.0.0.4"]);
+        assert_eq!(changed["apiVersion"], format!("discovery.k8s.io/{v}"));
+        assert!(rv_of(&changed) > rv_of(&first));
+        assert_eq!(changed["metadata"]["uid"], first["metadata"]["uid"]);
+        let (_, ep) = ep_watch
+            .wait_event(Duration::from_secs(5), |k, _| k == "MODIFIED")
+            .expect("MODIFIED for the endpoints");
+        assert_eq!(ep["subsets"][0]["addresses"][1]["ip"], "127.0.0.4");
+        if let Some(kube) = &kube {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let seen = kube.recv_timeout(left).expect("kube watcher follows the change");
+                if seen == ["127.0.0.3", "127.0.0.4"] {
+                    break;
+                }
+            }
+        }
+
+        // A watch that resumes from the first version replays the change; the list shows it.
+        let mut resumed = H1::get(
+            fx.addr(),
+            &ca,
+            &format!(
+                "/apis/discovery.k8s.io/{v}/namespaces/default/endpointslices?watch=1&resourceVersion={}",
+                rv_of(&first)
+            ),
+        );
+        let (kind, replayed) = resumed
+            .wait_event(Duration::from_secs(5), |_, _| true)
+            .expect("replayed event");
+        assert_eq!(
+            (kind.as_str(), addresses(&replayed)),
+            ("MODIFIED", addresses(&changed))
+        );
+        let list = get_json(&fx, &format!("/apis/discovery.k8s.io/{v}/endpointslices"));
+        assert_eq!(list["kind"], "EndpointSliceList");
+        assert_eq!(addresses(&list["items"][0]), ["127.0.0.3", "127.0.0.4"]);
+
+        // Emptied: the Endpoints lose their subsets, the slice its endpoints.
+        fx.server.set_endpoint_ips(&[]);
+        let (_, empty) = slice_watch
+            .wait_event(Duration::from_secs(5), |k, _| k == "MODIFIED")
+            .expect("MODIFIED (empty)");
+        assert!(addresses(&empty).is_empty(), "{empty}");
+        let (code, _) = fx
+            .server
+            .request("POST", "/fixture/endpoint-ips", Some(&json!(["10.0.0.1", "::1"])));
+        assert_eq!(code, 400, "mixed families are refused");
+    }
+}
+
+/// The kube crate's watcher on the `kubernetes` EndpointSlice (discovery.k8s.io/v1), in a thread:
+/// the addresses of every version of the slice it sees.
+fn kube_slice_watcher(kubeconfig: &Path) -> mpsc::Receiver<Vec<String>> {
+    use futures::StreamExt;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    use kube::runtime::{watcher, WatchStreamExt};
+    use kube::{Api, Client, Config};
+
+    let (tx, rx) = mpsc::channel();
+    let kubeconfig = kubeconfig.to_path_buf();
+    thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let kubeconfig = Kubeconfig::read_from(&kubeconfig).unwrap();
+            let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .unwrap();
+            let slices: Api<EndpointSlice> = Api::namespaced(Client::try_from(config).unwrap(), "default");
+            let config = watcher::Config::default().labels("kubernetes.io/service-name=kubernetes");
+            let mut stream = watcher::watcher(slices, config).applied_objects().boxed();
+            // Ends when the test drops the receiver (the next send fails) or the server goes.
+            while let Some(Ok(slice)) = tokio::time::timeout(Duration::from_secs(30), stream.next())
+                .await
+                .ok()
+                .flatten()
+            {
+                let addresses = slice.endpoints.iter().flat_map(|e| e.addresses.clone()).collect();
+                if tx.send(addresses).is_err() {
+                    break;
+                }
+            }
+        });
+    });
+    rx
+}
+
+/// An events.k8s.io Event (v1 and v1beta1 share this shape).
+fn new_style_event(api_version: &str, reason: &str) -> Value {
+    json!({
+        "apiVersion": api_version,
+        "kind": "Event",
+        "metadata": {"generateName": "web-0.", "namespace": "default"},
+        "eventTime": "2024-05-01T12:00:00.000000Z",
+        "reportingController": "lifeline.io/agent",
+        "reportingInstance": "lifeline-node-a",
+        "action": "Watching",
+        "reason": reason,
+        "type": "Warning",
+        "note": "the apiserver connection of web-0 is stuck",
+        "regarding": {"kind": "Pod", "namespace": "default", "name": "web-0", "apiVersion": "v1"},
+    })
+}
+
+#[test]
+fn events_are_stored_and_listed_back() {
+    for generation in GENERATIONS {
+        let fx = Fixture::with(&ApiServerOptions::new(generation));
+        let s = &fx.server;
+        let v = generation.group_version();
+        let gv = format!("events.k8s.io/{v}");
+        let what = format!("{generation:?}");
+        let mut core_watch = H1::get(
+            fx.addr(),
+            &s.ca_pem(),
+            "/api/v1/namespaces/default/events?watch=1",
+        );
+
+        // The group-version that is not served: 404.
+        let other = if v == "v1" { "v1beta1" } else { "v1" };
+        let (code, _) = s.request(
+            "POST",
+            &format!("/apis/events.k8s.io/{other}/namespaces/default/events"),
+            Some(&new_style_event(&format!("events.k8s.io/{other}"), "X")),
+        );
+        assert_eq!(code, 404, "{what}");
+
+        // Created through events.k8s.io, with a generated name.
+        let path = format!("/apis/{gv}/namespaces/default/events");
+        let (code, created) = s.request("POST", &path, Some(&new_style_event(&gv, "StuckConnection")));
+        assert_eq!(code, 201, "{what}: {created}");
+        let name = created["metadata"]["name"].as_str().unwrap().to_string();
+        assert!(
+            name.starts_with("web-0.") && name.len() == "web-0.".len() + 5,
+            "{name}"
+        );
+        assert_eq!(created["note"], "the apiserver connection of web-0 is stuck");
+
+        // One storage: core v1 shows it in its own shape, live and listed.
+        let (_, seen) = core_watch
+            .wait_event(Duration::from_secs(5), |k, _| k == "ADDED")
+            .expect("ADDED on the core events watch");
+        assert_eq!(seen["metadata"]["name"], name.as_str());
+        assert_eq!(seen["apiVersion"], "v1");
+        assert_eq!(seen["message"], "the apiserver connection of web-0 is stuck");
+        assert_eq!(seen["involvedObject"]["name"], "web-0");
+        assert_eq!(seen["reportingComponent"], "lifeline.io/agent");
+        let listed = s.get_json(&path);
+        assert_eq!(listed["kind"], "EventList");
+        assert_eq!(listed["items"][0]["regarding"]["name"], "web-0");
+        let core = s.get_json("/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3Dweb-0");
+        assert_eq!(core["items"].as_array().unwrap().len(), 1, "{core}");
+
+        // A series update, as client-go's and kube-rs' recorders send it.
+        let (code, patched) = s.request(
+            "PATCH",
+            &format!("{path}/{name}"),
+            Some(&json!({"series": {"count": 2, "lastObservedTime": "2024-05-01T12:01:00.000000Z"}})),
+        );
+        assert_eq!(code, 200, "{what}: {patched}");
+        assert_eq!(patched["series"]["count"], 2);
+        assert!(rv_of(&patched) > rv_of(&created));
+        let (_, modified) = core_watch
+            .wait_event(Duration::from_secs(5), |k, _| k == "MODIFIED")
+            .expect("MODIFIED on the core events watch");
+        assert_eq!(modified["series"]["count"], 2);
+
+        // core v1: a Node's event with the old-style fields, patched with a strategic merge patch.
+        let node = s.get_json("/api/v1/nodes/node-a");
+        assert_eq!(
+            (node["kind"].as_str(), node["metadata"]["name"].as_str()),
+            (Some("Node"), Some("node-a"))
+        );
+        let (code, core_event) = s.request(
+            "POST",
+            "/api/v1/namespaces/default/events",
+            Some(&json!({
+                "metadata": {"name": "node-a.lifeline.1"},
+                "involvedObject": {"kind": "Node", "name": "node-a", "uid": node["metadata"]["uid"]},
+                "reason": "AgentReady",
+                "message": "ready",
+                "type": "Normal",
+                "source": {"component": "lifeline"},
+                "count": 1,
+            })),
+        );
+        assert_eq!(code, 201, "{what}: {core_event}");
+        let (code, bumped) = s.request_raw(
+            "PATCH",
+            "/api/v1/namespaces/default/events/node-a.lifeline.1",
+            "application/strategic-merge-patch+json",
+            br#"{"count": 2, "lastTimestamp": "2024-05-01T12:02:00Z", "message": "ready again"}"#,
+        );
+        assert_eq!((code, bumped["count"].as_i64()), (200, Some(2)), "{bumped}");
+        let as_new = s.get_json(&format!("{path}/node-a.lifeline.1"));
+        assert_eq!(as_new["note"], "ready again");
+        assert_eq!(as_new["deprecatedCount"], 2);
+
+        // Validation as the real server's: events.k8s.io/v1 is strict, v1beta1 and core are not.
+        let mut no_time = new_style_event(&gv, "NoTime");
+        no_time.as_object_mut().unwrap().remove("eventTime");
+        let (code, status) = s.request("POST", &path, Some(&no_time));
+        match generation {
+            Generation::New => {
+                assert_eq!(
+                    (code, status["reason"].as_str()),
+                    (422, Some("Invalid")),
+                    "{status}"
+                );
+                assert_eq!(status["details"]["causes"][0]["field"], "eventTime");
+                let (code, status) = s.request(
+                    "PATCH",
+                    &format!("{path}/{name}"),
+                    Some(&json!({"note": "rewritten"})),
+                );
+                assert_eq!(
+                    code, 422,
+                    "the note of an events.k8s.io/v1 Event is immutable: {status}"
+                );
+            }
+            Generation::Old => assert_eq!(code, 201, "{status}"),
+        }
+
+        // kubectl lists them back (core v1, which it prefers).
+        for kubectl in [KUBECTL_1_32, KUBECTL_1_20] {
+            let out = kubectl_ok(&fx, kubectl, &["get", "events"]);
+            assert!(
+                out.contains("StuckConnection") && out.contains("pod/web-0") && out.contains("AgentReady"),
+                "{kubectl} on {what}:\n{out}"
+            );
+        }
+
+        let records: Vec<(String, String, u16)> = s
+            .events()
+            .into_iter()
+            .map(|e| (e.verb, e.api_version, e.code))
+            .collect();
+        let mut expected = vec![
+            ("create", format!("events.k8s.io/{other}"), 404),
+            ("create", gv.clone(), 201),
+            ("patch", gv.clone(), 200),
+            ("create", "v1".into(), 201),
+            ("patch", "v1".into(), 200),
+        ];
+        match generation {
+            Generation::New => expected.extend([("create", gv.clone(), 422), ("patch", gv.clone(), 422)]),
+            Generation::Old => expected.push(("create", gv.clone(), 201)),
+        }
+        // The 404 never reached the events resource (the group-version is not served).
+        expected.remove(0);
+        let expected: Vec<(String, String, u16)> = expected
+            .into_iter()
+            .map(|(a, b, c)| (a.to_string(), b, c))
+            .collect();
+        assert_eq!(records, expected, "{what}");
+    }
+}
+
+#[test]
+fn kube_rs_recorder_and_eviction_against_a_current_server() {
+    use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+    use kube::api::EvictParams;
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::{Api, Client, Config};
+
+    let fx = Fixture::with(&cluster(Generation::New));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let kubeconfig = Kubeconfig::read_from(&fx.kubeconfig).unwrap();
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        let client = Client::try_from(config).unwrap();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "lifeline.io/agent".into(),
+                instance: Some("lifeline-node-a".into()),
+            },
+        );
+        let pod = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some("web-1".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "StuckConnection".into(),
+            note: Some("stuck".into()),
+            action: "Watching".into(),
+            secondary: None,
+        };
+        // The first publish creates the Event, the second patches its series.
+        tokio::time::timeout(Duration::from_secs(10), recorder.publish(&event, &pod))
+            .await
+            .unwrap()
+            .expect("create through events.k8s.io/v1");
+        tokio::time::timeout(Duration::from_secs(10), recorder.publish(&event, &pod))
+            .await
+            .unwrap()
+            .expect("patch of the series");
+
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let status = pods
+            .evict("free-1", &EvictParams::default())
+            .await
+            .expect("evict free-1");
+        assert_eq!(status.status, Some(kube::core::response::StatusSummary::Success));
+        // (A PDB refusal is not tried here: kube's client retries every 429 by itself.)
+    });
+    let records: Vec<(String, u16, i64)> = fx
+        .server
+        .events()
+        .into_iter()
+        .map(|e| (e.verb, e.code, e.object["series"]["count"].as_i64().unwrap_or(0)))
+        .collect();
+    assert_eq!(
+        records,
+        [("create".to_string(), 201, 0), ("patch".to_string(), 200, 2)]
+    );
+    let outcomes: Vec<String> = fx.server.evictions().into_iter().map(|e| e.outcome).collect();
+    assert_eq!(outcomes, ["evicted"]);
+    assert!(fx
+        .log_text()
+        .contains("events.k8s.io/v1/namespaces/default/events"));
+}
+
+#[test]
+fn harness_reaches_a_server_in_a_network_namespace() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let ns = NetNs::new();
+    let dir = TempDir::new();
+    let server = ApiServer::start_with_in(
+        Some(&ns),
+        bin!("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        &dir.path().join("certs"),
+        &ApiServerOptions {
+            pods: vec![test_pod("default", "free-1", "node-a", "free", 4)],
+            ..ApiServerOptions::new(Generation::Old)
+        },
+    );
+    // The harness's requests enter the namespace: nothing listens there in the test's own.
+    assert!(TcpStream::connect_timeout(&server.addr(), Duration::from_millis(300)).is_err());
+    assert_eq!(server.get_json("/version")["gitVersion"], "v1.18.20");
+    server.set_endpoint_ips(&[ip("127.0.0.9")]);
+    let slice =
+        server.get_json("/apis/discovery.k8s.io/v1beta1/namespaces/default/endpointslices/kubernetes");
+    assert_eq!(slice["endpoints"][0]["addresses"][0], "127.0.0.9");
+    assert_eq!(server.evict("default", "free-1", "policy/v1beta1").0, 201);
+    assert_eq!(server.evictions().len(), 1);
 }
