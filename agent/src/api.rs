@@ -37,6 +37,8 @@ pub struct ApiState {
     /// Set once the probes are attached and the first scan is done.
     pub ready: Arc<AtomicBool>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The Kubernetes side, when there is one: pod names and the API versions in use.
+    pub cluster: Option<crate::cluster::Cluster>,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -80,6 +82,8 @@ async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
 }
 
 async fn clients(State(state): State<ApiState>) -> Json<Vec<views::ClientView>> {
+    let cluster = state.cluster.clone();
+    let pods = |info: &crate::process::ProcessInfo| crate::workers::pod_of(cluster.as_ref(), info);
     let judge = state.judge.lock().expect("judge lock");
     let table = state.table.lock().expect("table lock");
     Json(views::clients(
@@ -87,12 +91,19 @@ async fn clients(State(state): State<ApiState>) -> Json<Vec<views::ClientView>> 
         judge.verdicts(),
         judge.thresholds().connect_window,
         Instant::now(),
+        &pods,
     ))
 }
 
-async fn endpoints(State(state): State<ApiState>) -> Json<Vec<views::EndpointView>> {
+async fn endpoints(State(state): State<ApiState>) -> Json<views::EndpointsView> {
     let table = state.table.lock().expect("table lock");
-    Json(views::endpoints(table.endpoints()))
+    Json(views::EndpointsView {
+        endpoints: views::endpoints(table.endpoints()),
+        api_versions: state
+            .cluster
+            .as_ref()
+            .and_then(crate::cluster::Cluster::api_versions),
+    })
 }
 
 async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {

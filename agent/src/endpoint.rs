@@ -200,6 +200,15 @@ pub enum Source {
     Config,
     /// A server URL of the kubeconfig's current context.
     Kubeconfig,
+    /// The in-cluster apiserver address (`KUBERNETES_SERVICE_HOST`/`_PORT`).
+    InCluster,
+    /// A ClusterIP and port of the `default/kubernetes` Service.
+    Service,
+    /// An address and port of an EndpointSlice of the `default/kubernetes` Service.
+    EndpointSlice,
+    /// An address and port of the core v1 Endpoints `default/kubernetes` (apiservers without
+    /// `discovery.k8s.io/v1`).
+    Endpoints,
 }
 
 impl Source {
@@ -208,6 +217,10 @@ impl Source {
             Source::Flag => "flag",
             Source::Config => "config",
             Source::Kubeconfig => "kubeconfig",
+            Source::InCluster => "incluster",
+            Source::Service => "service",
+            Source::EndpointSlice => "endpointslice",
+            Source::Endpoints => "endpoints",
         }
     }
 }

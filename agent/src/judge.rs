@@ -12,7 +12,7 @@ use crate::{
     },
     process::ProcessInfo,
     table::{ConnectionTable, ProcessRecord},
-    views::ClientKey,
+    views::{ClientKey, PodOf},
 };
 
 /// A transition of one client, with who it is.
@@ -53,6 +53,10 @@ impl Judge {
         self.engine.thresholds()
     }
 
+    pub fn select(&self) -> &Select {
+        &self.select
+    }
+
     pub fn reconfigure(&mut self, thresholds: Thresholds, select: Select) {
         self.engine.set_thresholds(thresholds);
         self.select = select;
@@ -63,12 +67,14 @@ impl Judge {
     }
 
     /// Judges every process in the table; forgets those the table forgot.
-    pub fn tick(&mut self, table: &ConnectionTable, now: Instant) -> Findings {
+    /// `pod_of` tells a process's pod, whose `lifeline.dev/monitor` annotation selects it.
+    pub fn tick(&mut self, table: &ConnectionTable, now: Instant, pod_of: PodOf<'_>) -> Findings {
         let mut transitions = Vec::new();
         let mut seen = HashMap::new();
         for record in table.processes() {
             let key = (record.info.pid, record.info.start_time_ticks);
-            let selected = self.select.matches(&record.info.comm, &record.info.cmdline);
+            let selected = self.select.matches(&record.info.comm, &record.info.cmdline)
+                || pod_of(&record.info).is_some_and(|p| p.monitor);
             let obs = observe(table, record, selected);
             let (verdict, transition) = self.engine.evaluate(&key, &obs, now);
             if let Some(transition) = transition {

@@ -7,22 +7,25 @@ mod alerts;
 mod api;
 mod check;
 mod cli;
+// Not wired into `run.rs` yet: remove these two attributes when it is.
+mod cluster;
 mod config;
 mod container;
 mod endpoint;
 mod health;
 mod judge;
 mod kernel;
-mod kubeconfig;
 mod metrics;
 mod netns;
 mod process;
+mod remediate;
 mod run;
 mod sampler;
 mod sock_diag;
 mod status;
 mod table;
 mod views;
+mod workers;
 
 /// An error with its causes, `outer: inner: innermost`.
 pub fn chain(err: &dyn std::error::Error) -> String {

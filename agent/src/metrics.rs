@@ -33,7 +33,6 @@ pub struct Metrics {
     pub client_last_receive_age: GaugeVec,
     pub client_connect_failures: IntCounterVec,
     pub client_retransmits: IntCounterVec,
-    #[cfg_attr(not(test), expect(dead_code, reason = "counted by remediation (issue 4)"))]
     pub remediations: IntCounterVec,
     pub alerts_sent: IntCounterVec,
     pub ebpf_events: IntCounterVec,

@@ -197,10 +197,6 @@ impl DiagSocket {
     /// `ECONNABORTED`, the peer a RST). `Ok(false)` if there is no such socket.
     /// The socket is first looked up and then destroyed by cookie, so that the
     /// kernel's listener fallback can never abort a listening socket instead.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "used by the reset remediation (issue 4)")
-    )]
     pub fn destroy(&self, local: SocketAddr, remote: SocketAddr) -> Result<bool> {
         let Some(target) = self.lookup(local, remote)? else {
             return Ok(false);

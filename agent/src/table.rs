@@ -52,6 +52,15 @@ pub enum FailureReason {
     Timeout,
 }
 
+impl FailureReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::Refused => "refused",
+            FailureReason::Timeout => "timeout",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectFailure {
     pub at: Instant,

@@ -11,13 +11,25 @@ use lifeline_common::tcp_state;
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    cluster::{pods::PodRef, ApiVersions},
     endpoint::EndpointSet,
     health::{State, Verdict},
+    process::ProcessInfo,
     table::{Connection, ConnectionTable},
 };
 
 /// Identity of a process across pid reuse: pid + start time.
 pub type ClientKey = (u32, u64);
+
+/// The pod a process runs in, when the agent knows one (the cluster's pod index by container
+/// id); standalone, always `None`.
+pub type PodOf<'a> = &'a dyn Fn(&ProcessInfo) -> Option<PodRef>;
+
+/// [`PodOf`] without a cluster.
+#[cfg(test)]
+pub fn no_pod(_: &ProcessInfo) -> Option<PodRef> {
+    None
+}
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ClientView {
@@ -108,6 +120,7 @@ pub fn clients(
     verdicts: &HashMap<ClientKey, Verdict>,
     connect_window: std::time::Duration,
     now: Instant,
+    pod_of: PodOf<'_>,
 ) -> Vec<ClientView> {
     let mut by_pid: BTreeMap<u32, Vec<ConnectionView>> = BTreeMap::new();
     for c in table.connections() {
@@ -137,6 +150,7 @@ pub fn clients(
             .iter()
             .filter(|f| now.saturating_duration_since(f.at) <= connect_window)
             .count() as u32;
+        let pod = pod_of(&p.info);
         out.push(ClientView {
             pid: p.info.pid,
             comm: p.info.comm.clone(),
@@ -144,9 +158,9 @@ pub fn clients(
             netns: p.info.netns,
             cgroup: p.info.cgroup.clone(),
             container_id: p.info.container.as_ref().map(|c| c.id.clone()),
-            namespace: None,
-            pod: None,
-            container: None,
+            namespace: pod.as_ref().map(|p| p.namespace.clone()),
+            pod: pod.as_ref().map(|p| p.pod.clone()),
+            container: pod.map(|p| p.container),
             state: state.as_str().to_owned(),
             state_since: rfc3339(since),
             reason,
@@ -156,6 +170,14 @@ pub fn clients(
     }
     out.sort_by_key(|c| c.pid);
     out
+}
+
+/// `/api/v1/endpoints`: the set in force, and which API versions the cluster side uses.
+#[derive(Clone, Debug, Serialize)]
+pub struct EndpointsView {
+    pub endpoints: Vec<EndpointView>,
+    /// `null` standalone, or until API discovery succeeded.
+    pub api_versions: Option<ApiVersions>,
 }
 
 pub fn endpoints(set: &EndpointSet) -> Vec<EndpointView> {

@@ -979,9 +979,17 @@ impl Agent {
     }
 
     /// `/api/v1/endpoints` as a sorted list of (endpoint, source).
+    /// `/api/v1/endpoints` → `endpoints[]` as (endpoint, source), sorted.
     pub fn endpoints(&self) -> Vec<(String, String)> {
-        let mut list: Vec<_> = self
-            .get_array("/api/v1/endpoints")
+        let (status, body) = self.get("/api/v1/endpoints");
+        assert_eq!(status, 200, "GET /api/v1/endpoints: {body}");
+        let doc: Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("endpoints JSON: {e}: {body}"));
+        let entries = doc["endpoints"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no endpoints array: {doc}"))
+            .clone();
+        let mut list: Vec<_> = entries
             .iter()
             .map(|e| match (e["endpoint"].as_str(), e["source"].as_str()) {
                 (Some(ep), Some(src)) => (ep.to_string(), src.to_string()),

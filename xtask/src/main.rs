@@ -135,6 +135,8 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
     run(Command::new("promtool")
         .current_dir(&deploy)
         .args(["test", "rules", "prometheus-rules.test.yaml"]))?;
+    // The binaries first: some unit tests of the agent's Kubernetes side run the apiserver fixture.
+    run(cargo().args(["build", "-p", "lifeline", "-p", "lifeline-integration", "--bins"]))?;
     // Unit tests, root-only ones (marked #[ignore]) included: this runs as root.
     run(cargo().args([
         "test",
@@ -145,7 +147,6 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "--",
         "--include-ignored",
     ]))?;
-    run(cargo().args(["build", "-p", "lifeline", "-p", "lifeline-integration", "--bins"]))?;
     for name in SUITES.iter().filter(|n| suite.is_none_or(|s| n.contains(s))) {
         run(cargo().args([
             "test",

@@ -11,7 +11,7 @@ use crate::{
     alerts::{AlertBook, ClientInput, ClientLabels, Dispatcher, DEFAULT_SETTLE},
     health::{assess_outage, Verdict},
     table::ConnectionTable,
-    views::ClientKey,
+    views::{ClientKey, PodOf},
 };
 
 /// The alert policy and the delivery, for the run loop: one call per tick.
@@ -33,9 +33,15 @@ impl Alerter {
     /// Feeds this tick's verdicts (judged at monotonic `now`) to the policy and hands the
     /// alert changes to the receivers without waiting for them. The outage is judged from the
     /// same verdicts.
-    pub fn tick(&mut self, table: &ConnectionTable, verdicts: &HashMap<ClientKey, Verdict>, now: Instant) {
+    pub fn tick(
+        &mut self,
+        table: &ConnectionTable,
+        verdicts: &HashMap<ClientKey, Verdict>,
+        now: Instant,
+        pod_of: PodOf<'_>,
+    ) {
         let wall_now = SystemTime::now();
-        let clients = inputs(table, verdicts, now, wall_now);
+        let clients = inputs(table, verdicts, now, wall_now, pod_of);
         let outage = assess_outage(verdicts.values());
         let changes = self.book.tick(wall_now, &clients, outage.as_ref());
         for alert in &changes {
@@ -58,6 +64,7 @@ pub fn inputs(
     verdicts: &HashMap<ClientKey, Verdict>,
     now: Instant,
     wall_now: SystemTime,
+    pod_of: PodOf<'_>,
 ) -> Vec<ClientInput> {
     let mut out: Vec<ClientInput> = verdicts
         .iter()
@@ -80,11 +87,14 @@ pub fn inputs(
                 state: verdict.state,
                 since: wall_now - now.saturating_duration_since(verdict.since),
                 reason: verdict.reason.clone(),
-                labels: ClientLabels {
-                    namespace: None,
-                    pod: None,
-                    container: None,
-                    comm: record.info.comm.clone(),
+                labels: {
+                    let pod = pod_of(&record.info);
+                    ClientLabels {
+                        namespace: pod.as_ref().map(|p| p.namespace.clone()),
+                        pod: pod.as_ref().map(|p| p.pod.clone()),
+                        container: pod.map(|p| p.container),
+                        comm: record.info.comm.clone(),
+                    }
                 },
                 endpoint,
             })
@@ -183,7 +193,13 @@ mod tests {
             ((8, 1), verdict(t0)),  // not in the table: gone
         ]);
         let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
-        let got = inputs(&table, &verdicts, t0 + Duration::from_secs(20), wall);
+        let got = inputs(
+            &table,
+            &verdicts,
+            t0 + Duration::from_secs(20),
+            wall,
+            &crate::views::no_pod,
+        );
         assert_eq!(
             got,
             [ClientInput {
@@ -223,14 +239,32 @@ mod tests {
             is_client: true,
         };
         let later = t0 + Duration::from_secs(10);
+        let in_pod = |_: &crate::process::ProcessInfo| {
+            Some(crate::cluster::pods::PodRef {
+                namespace: "kube-system".into(),
+                pod: "kcm-0".into(),
+                container: "kcm".into(),
+                uid: "u".into(),
+                monitor: false,
+                remediate: false,
+                labels: Default::default(),
+            })
+        };
         alerter.tick(
             &table,
             &HashMap::from([((7, 42), verdict(State::Disconnected))]),
             later,
+            &in_pod,
         );
         let got = sink.wait_accepted(1, Duration::from_secs(5)).await;
         let alert = &got[0].body["alerts"][0];
         assert_eq!(alert["labels"]["alertname"], "LifelineClientDisconnected");
+        assert_eq!(
+            alert["labels"]["namespace"], "kube-system",
+            "pod labels from the pod index"
+        );
+        assert_eq!(alert["labels"]["pod"], "kcm-0");
+        assert_eq!(alert["labels"]["container"], "kcm");
         assert_eq!(alert["labels"]["node"], "node-9");
         assert_eq!(alert["labels"]["comm"], "kcm");
         assert_eq!(alert["labels"]["endpoint"], "10.0.0.1:6443");
@@ -239,6 +273,7 @@ mod tests {
             &table,
             &HashMap::from([((7, 42), verdict(State::Healthy))]),
             later,
+            &in_pod,
         );
         let got = sink.wait_accepted(2, Duration::from_secs(5)).await;
         assert_eq!(got[1].body["status"], "resolved");

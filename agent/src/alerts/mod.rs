@@ -9,7 +9,7 @@
 //!                                            &metrics.alerts_sent, alerts::Options::default())?;
 //! let alerter = alerts::Alerter::new(alerts::node_name(args.node_name.as_deref()), dispatcher.clone());
 //! // each tick, after judge.tick(&table, now), with the judge and table locked:
-//! alerter.tick(&table, judge.verdicts(), now);
+//! alerter.tick(&table, judge.verdicts(), now, &pod_of);
 //! // shutdown:
 //! dispatcher.shutdown(GRACE).await;
 //! ```
@@ -27,6 +27,6 @@ mod real_alertmanager;
 #[cfg(test)]
 mod sink;
 
-pub use book::{Alert, AlertBook, ClientInput, ClientLabels, Labels, Status, DEFAULT_SETTLE};
+pub use book::{alert_name, Alert, AlertBook, ClientInput, ClientLabels, Labels, Status, DEFAULT_SETTLE};
 pub use dispatch::{Dispatcher, Error, Options};
 pub use input::{node_name, Alerter};

@@ -1,0 +1,731 @@
+//! Kubernetes Events: deduplicated, rate-limited, written in the background.
+//!
+//! [`Book`] decides, synchronously and without I/O, what an emitted event becomes:
+//!
+//! - the first occurrence of (target, reason, message, type) within [`Limits::window`] is
+//!   *created*, if a token is left in the target's bucket and in the global bucket; otherwise it
+//!   is dropped (rate-limited);
+//! - a repeat within the window only increments the count; the count is written (a *series*
+//!   update on `events.k8s.io/v1`, `count`/`lastTimestamp` on core v1) at most once per
+//!   [`Limits::update_every`], by the repeat itself or by a later [`Book::flush`], each write
+//!   taking tokens like a creation.
+//!
+//! The writer task (in `mod.rs`) turns each [`Write`] into a request; an update whose event is
+//! gone (404: events expire after an hour, or the create was lost) becomes a create carrying the
+//! count, and a create that finds its name taken (409) becomes an update.
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{json, Value};
+
+use super::discovery::EventsApi;
+
+/// `source.component` of core v1 events.
+pub const COMPONENT: &str = "lifeline";
+/// `reportingController` (`reportingComponent` on core v1).
+pub const CONTROLLER: &str = "lifeline.dev/agent";
+/// The longest `note`/`message` the apiserver accepts on `events.k8s.io/v1` (bytes).
+pub const MESSAGE_LIMIT: usize = 1024;
+
+/// What an event is about.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventTarget {
+    Pod {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
+    Node {
+        name: String,
+    },
+}
+
+impl EventTarget {
+    /// The namespace the Event object lives in: the pod's, or `default` for a node (as the
+    /// kubelet does).
+    pub fn event_namespace(&self) -> &str {
+        match self {
+            EventTarget::Pod { namespace, .. } => namespace,
+            EventTarget::Node { .. } => "default",
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            EventTarget::Pod { name, .. } | EventTarget::Node { name } => name,
+        }
+    }
+
+    /// The object reference (`regarding` / `involvedObject`); a node's UID is looked up by the
+    /// writer, the node name standing in for it (the kubelet's convention) when unknown.
+    fn reference(&self, node_uid: Option<&str>) -> Value {
+        match self {
+            EventTarget::Pod { namespace, name, uid } => json!({
+                "apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid,
+            }),
+            EventTarget::Node { name } => json!({
+                "apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid.unwrap_or(name),
+            }),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// Dedup and rate-limit settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limits {
+    /// A repeat within this long of the previous occurrence counts into the same event.
+    pub window: Duration,
+    /// The least time between two writes of the same event.
+    pub update_every: Duration,
+    /// Per target: writes allowed at once, and one more per `per_target_every`.
+    pub per_target_burst: u32,
+    pub per_target_every: Duration,
+    /// All targets together.
+    pub global_burst: u32,
+    pub global_every: Duration,
+    /// Events remembered for dedup at most (the least recently seen are forgotten first).
+    pub max_tracked: usize,
+    /// Writes waiting for the writer task at most (more are dropped).
+    pub queue: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(10 * 60),
+            update_every: Duration::from_secs(30),
+            per_target_burst: 10,
+            per_target_every: Duration::from_secs(60),
+            global_burst: 50,
+            global_every: Duration::from_secs(1),
+            max_tracked: 4096,
+            queue: 256,
+        }
+    }
+}
+
+/// One event as it is to be written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// `metadata.name`: `<object>.<hex nanoseconds>`, unique per agent.
+    pub name: String,
+    pub target: EventTarget,
+    pub reason: String,
+    pub message: String,
+    pub type_: EventType,
+    pub count: u32,
+    pub first: DateTime<Utc>,
+    pub last: DateTime<Utc>,
+}
+
+/// A request for the writer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    Create(Record),
+    Update(Record),
+}
+
+/// What [`Book::admit`] made of an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// To be written now.
+    Write(Write),
+    /// A repeat: counted; the count is written later.
+    Counted,
+    /// Dropped: the target's or the global rate limit is exhausted.
+    RateLimited,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    target: EventTarget,
+    reason: String,
+    message: String,
+    type_: EventType,
+}
+
+#[derive(Debug)]
+struct Tracked {
+    record: Record,
+    last_seen: Instant,
+    last_write: Instant,
+    written_count: u32,
+}
+
+/// A token bucket: `burst` tokens, one more every `every`.
+#[derive(Clone, Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn full(burst: u32, now: Instant) -> Self {
+        Self {
+            tokens: f64::from(burst),
+            at: now,
+        }
+    }
+
+    fn refill(&mut self, now: Instant, burst: u32, every: Duration) {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        let rate = 1.0 / every.as_secs_f64().max(f64::MIN_POSITIVE);
+        self.tokens = (self.tokens + elapsed * rate).min(f64::from(burst));
+        self.at = now;
+    }
+}
+
+/// The dedup and rate-limit state. Pure: the caller passes the clocks.
+#[derive(Debug)]
+pub struct Book {
+    limits: Limits,
+    tracked: HashMap<Key, Tracked>,
+    targets: HashMap<EventTarget, Bucket>,
+    global: Bucket,
+    last_nanos: i64,
+}
+
+impl Book {
+    pub fn new(limits: Limits, now: Instant) -> Self {
+        let global = Bucket::full(limits.global_burst, now);
+        Self {
+            limits,
+            tracked: HashMap::new(),
+            targets: HashMap::new(),
+            global,
+            last_nanos: 0,
+        }
+    }
+
+    /// Decides what one emitted event becomes; `now` is monotonic, `wall` is for the timestamps.
+    pub fn admit(
+        &mut self,
+        now: Instant,
+        wall: DateTime<Utc>,
+        target: EventTarget,
+        reason: &str,
+        message: &str,
+        type_: EventType,
+    ) -> Admission {
+        self.prune(now);
+        let message = truncate(message, MESSAGE_LIMIT);
+        let key = Key {
+            target,
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            type_,
+        };
+        if let Some(t) = self.tracked.get_mut(&key) {
+            t.record.count = t.record.count.saturating_add(1);
+            t.record.last = wall;
+            t.last_seen = now;
+            let due = now.saturating_duration_since(t.last_write) >= self.limits.update_every;
+            if due
+                && take(
+                    &mut self.targets,
+                    &mut self.global,
+                    &self.limits,
+                    &key.target,
+                    now,
+                )
+            {
+                let t = self.tracked.get_mut(&key).expect("just found");
+                t.last_write = now;
+                t.written_count = t.record.count;
+                return Admission::Write(Write::Update(t.record.clone()));
+            }
+            return Admission::Counted;
+        }
+        if !take(
+            &mut self.targets,
+            &mut self.global,
+            &self.limits,
+            &key.target,
+            now,
+        ) {
+            return Admission::RateLimited;
+        }
+        if self.tracked.len() >= self.limits.max_tracked {
+            if let Some(oldest) = self
+                .tracked
+                .iter()
+                .min_by_key(|(_, t)| t.last_seen)
+                .map(|(k, _)| k.clone())
+            {
+                self.tracked.remove(&oldest);
+            }
+        }
+        let record = Record {
+            name: self.event_name(key.target.name(), wall),
+            target: key.target.clone(),
+            reason: key.reason.clone(),
+            message: key.message.clone(),
+            type_,
+            count: 1,
+            first: wall,
+            last: wall,
+        };
+        self.tracked.insert(
+            key,
+            Tracked {
+                record: record.clone(),
+                last_seen: now,
+                last_write: now,
+                written_count: 1,
+            },
+        );
+        Admission::Write(Write::Create(record))
+    }
+
+    /// Updates due: events whose count grew since their last write, `update_every` ago or more,
+    /// as far as the rate limits allow.
+    pub fn flush(&mut self, now: Instant) -> Vec<Write> {
+        self.prune(now);
+        let mut due: Vec<&Key> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| {
+                t.record.count > t.written_count
+                    && now.saturating_duration_since(t.last_write) >= self.limits.update_every
+            })
+            .map(|(k, _)| k)
+            .collect();
+        due.sort_by_key(|k| self.tracked[*k].last_write);
+        let due: Vec<Key> = due.into_iter().cloned().collect();
+        let mut out = Vec::new();
+        for key in due {
+            if !take(
+                &mut self.targets,
+                &mut self.global,
+                &self.limits,
+                &key.target,
+                now,
+            ) {
+                continue;
+            }
+            let t = self.tracked.get_mut(&key).expect("listed above");
+            t.last_write = now;
+            t.written_count = t.record.count;
+            out.push(Write::Update(t.record.clone()));
+        }
+        out
+    }
+
+    /// Forgets events not seen for a window, and buckets that refilled completely.
+    fn prune(&mut self, now: Instant) {
+        let window = self.limits.window;
+        self.tracked
+            .retain(|_, t| now.saturating_duration_since(t.last_seen) < window);
+        let (burst, every) = (self.limits.per_target_burst, self.limits.per_target_every);
+        self.targets.retain(|_, b| {
+            b.refill(now, burst, every);
+            b.tokens < f64::from(burst)
+        });
+    }
+
+    /// `<object>.<hex nanoseconds>` (client-go's scheme), strictly increasing, at most 253 bytes.
+    fn event_name(&mut self, object: &str, wall: DateTime<Utc>) -> String {
+        let nanos = wall.timestamp_nanos_opt().unwrap_or(0).max(self.last_nanos + 1);
+        self.last_nanos = nanos;
+        let suffix = format!(".{nanos:x}");
+        format!("{}{suffix}", truncate(object, 253 - suffix.len()))
+    }
+}
+
+/// Takes a token from the target's bucket and the global one, only if both have one.
+fn take(
+    targets: &mut HashMap<EventTarget, Bucket>,
+    global: &mut Bucket,
+    limits: &Limits,
+    target: &EventTarget,
+    now: Instant,
+) -> bool {
+    global.refill(now, limits.global_burst, limits.global_every);
+    let bucket = targets
+        .entry(target.clone())
+        .or_insert_with(|| Bucket::full(limits.per_target_burst, now));
+    bucket.refill(now, limits.per_target_burst, limits.per_target_every);
+    if bucket.tokens < 1.0 || global.tokens < 1.0 {
+        return false;
+    }
+    bucket.tokens -= 1.0;
+    global.tokens -= 1.0;
+    true
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `events.k8s.io/v1` requires an `action`: what the agent did or found. Derived from the
+/// reason: `…Reset…` → `ResetConnections`, `…Restart…`/`…Evict…` → `Evict`, else `Detect`.
+pub fn action_of(reason: &str) -> &'static str {
+    if reason.contains("Reset") {
+        "ResetConnections"
+    } else if reason.contains("Restart") || reason.contains("Evict") {
+        "Evict"
+    } else {
+        "Detect"
+    }
+}
+
+fn micro_time(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+fn time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// The body that creates `rec` (with its count so far).
+pub fn create_body(api: EventsApi, rec: &Record, node: &str, node_uid: Option<&str>) -> Value {
+    let namespace = rec.target.event_namespace();
+    match api {
+        EventsApi::EventsV1 => {
+            let mut body = json!({
+                "apiVersion": "events.k8s.io/v1",
+                "kind": "Event",
+                "metadata": {"name": rec.name, "namespace": namespace},
+                "eventTime": micro_time(rec.first),
+                "reportingController": CONTROLLER,
+                "reportingInstance": truncate(node, 128),
+                "action": action_of(&rec.reason),
+                "reason": rec.reason,
+                "regarding": rec.target.reference(node_uid),
+                "note": rec.message,
+                "type": rec.type_.as_str(),
+            });
+            if rec.count >= 2 {
+                body["series"] = series(rec);
+            }
+            body
+        }
+        EventsApi::CoreV1 => json!({
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": rec.name, "namespace": namespace},
+            "involvedObject": rec.target.reference(node_uid),
+            "reason": rec.reason,
+            "message": rec.message,
+            "type": rec.type_.as_str(),
+            "source": {"component": COMPONENT, "host": node},
+            "firstTimestamp": time(rec.first),
+            "lastTimestamp": time(rec.last),
+            "count": rec.count,
+            "reportingComponent": CONTROLLER,
+            "reportingInstance": node,
+        }),
+    }
+}
+
+fn series(rec: &Record) -> Value {
+    json!({"count": rec.count, "lastObservedTime": micro_time(rec.last)})
+}
+
+/// The JSON merge patch that writes `rec`'s count.
+pub fn update_patch(api: EventsApi, rec: &Record) -> Value {
+    match api {
+        EventsApi::EventsV1 => json!({ "series": series(rec) }),
+        EventsApi::CoreV1 => json!({ "count": rec.count, "lastTimestamp": time(rec.last) }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str) -> EventTarget {
+        EventTarget::Pod {
+            namespace: "ops".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        }
+    }
+
+    fn wall(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_746_093_600 + secs, 0).expect("time")
+    }
+
+    struct Clock {
+        t0: Instant,
+        book: Book,
+    }
+
+    impl Clock {
+        fn new(limits: Limits) -> Self {
+            let t0 = Instant::now();
+            Self {
+                t0,
+                book: Book::new(limits, t0),
+            }
+        }
+        fn emit(&mut self, at: u64, target: EventTarget, reason: &str, message: &str) -> Admission {
+            let now = self.t0 + Duration::from_secs(at);
+            self.book
+                .admit(now, wall(at as i64), target, reason, message, EventType::Warning)
+        }
+        fn flush(&mut self, at: u64) -> Vec<Write> {
+            self.book.flush(self.t0 + Duration::from_secs(at))
+        }
+    }
+
+    fn counts(writes: &[Write]) -> Vec<(String, u32)> {
+        writes
+            .iter()
+            .map(|w| match w {
+                Write::Create(r) => (format!("create {}", r.target.name()), r.count),
+                Write::Update(r) => (format!("update {}", r.target.name()), r.count),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn repeats_are_counted_into_one_event() {
+        let mut c = Clock::new(Limits::default());
+        let Admission::Write(Write::Create(first)) =
+            c.emit(0, pod("a"), "LifelineClientDisconnected", "lost it")
+        else {
+            panic!("first occurrence is created");
+        };
+        assert_eq!((first.count, first.name.starts_with("a.")), (1, true));
+        // Repeats within update_every (30 s) are only counted.
+        assert_eq!(
+            c.emit(5, pod("a"), "LifelineClientDisconnected", "lost it"),
+            Admission::Counted
+        );
+        assert_eq!(
+            c.emit(10, pod("a"), "LifelineClientDisconnected", "lost it"),
+            Admission::Counted
+        );
+        assert!(c.flush(20).is_empty(), "not due yet");
+        // The flush writes the count once it is due.
+        let w = c.flush(31);
+        assert_eq!(counts(&w), [("update a".to_owned(), 3)]);
+        let Write::Update(rec) = &w[0] else { unreachable!() };
+        assert_eq!(
+            (rec.name.as_str(), rec.first, rec.last),
+            (first.name.as_str(), wall(0), wall(10))
+        );
+        assert!(c.flush(100).is_empty(), "nothing new");
+        // A repeat after update_every is written at once.
+        let Admission::Write(w) = c.emit(100, pod("a"), "LifelineClientDisconnected", "lost it") else {
+            panic!("due update");
+        };
+        assert_eq!(counts(&[w]), [("update a".to_owned(), 4)]);
+        // Another message, reason or target is another event.
+        assert!(matches!(
+            c.emit(101, pod("a"), "LifelineClientDisconnected", "other"),
+            Admission::Write(Write::Create(_))
+        ));
+        assert!(matches!(
+            c.emit(101, pod("a"), "LifelineReset", "lost it"),
+            Admission::Write(Write::Create(_))
+        ));
+        assert!(matches!(
+            c.emit(101, pod("b"), "LifelineClientDisconnected", "lost it"),
+            Admission::Write(Write::Create(_))
+        ));
+        // After the window without repeats, it is a new event with a new name.
+        let Admission::Write(Write::Create(again)) =
+            c.emit(800, pod("a"), "LifelineClientDisconnected", "lost it")
+        else {
+            panic!("new event after the window");
+        };
+        assert_eq!(again.count, 1);
+        assert_ne!(again.name, first.name);
+    }
+
+    #[test]
+    fn per_target_and_global_rate_limits() {
+        let limits = Limits {
+            per_target_burst: 3,
+            per_target_every: Duration::from_secs(60),
+            global_burst: 5,
+            global_every: Duration::from_secs(10),
+            ..Limits::default()
+        };
+        let mut c = Clock::new(limits);
+        let created = |a: &Admission| matches!(a, Admission::Write(Write::Create(_)));
+        for i in 0..3 {
+            assert!(created(&c.emit(0, pod("a"), "R", &format!("m{i}"))), "{i}");
+        }
+        assert_eq!(
+            c.emit(0, pod("a"), "R", "m3"),
+            Admission::RateLimited,
+            "pod a's burst is spent"
+        );
+        // A rate-limited event is not remembered: the next try is a creation again.
+        assert_eq!(c.emit(1, pod("a"), "R", "m3"), Admission::RateLimited);
+        assert!(created(&c.emit(1, pod("b"), "R", "m")));
+        assert!(created(&c.emit(1, pod("c"), "R", "m")));
+        assert_eq!(
+            c.emit(1, pod("d"), "R", "m"),
+            Admission::RateLimited,
+            "global burst spent"
+        );
+        // The global bucket refills one per 10 s, pod a's one per 60 s.
+        assert!(created(&c.emit(11, pod("d"), "R", "m")));
+        assert_eq!(c.emit(40, pod("a"), "R", "m3"), Admission::RateLimited);
+        assert!(created(&c.emit(61, pod("a"), "R", "m3")));
+        // Updates take tokens too: a due count waits for one.
+        assert_eq!(c.emit(61, pod("a"), "R", "m0"), Admission::Counted);
+        assert!(c.flush(100).is_empty(), "pod a has no token left");
+        assert_eq!(counts(&c.flush(130)), [("update a".to_owned(), 2)]);
+    }
+
+    #[test]
+    fn memory_is_bounded() {
+        let mut c = Clock::new(Limits {
+            max_tracked: 2,
+            per_target_burst: 100,
+            global_burst: 100,
+            ..Limits::default()
+        });
+        for (i, m) in ["m0", "m1", "m2"].into_iter().enumerate() {
+            assert!(matches!(
+                c.emit(i as u64, pod("a"), "R", m),
+                Admission::Write(Write::Create(_))
+            ));
+        }
+        // m0 was forgotten to make room for m2: a repeat of it is created anew.
+        assert!(matches!(
+            c.emit(3, pod("a"), "R", "m0"),
+            Admission::Write(Write::Create(_))
+        ));
+        assert_eq!(c.emit(4, pod("a"), "R", "m2"), Admission::Counted);
+        assert_eq!(c.book.tracked.len(), 2);
+    }
+
+    #[test]
+    fn names_are_unique_and_bounded() {
+        let mut book = Book::new(Limits::default(), Instant::now());
+        let a = book.event_name("p", wall(0));
+        let b = book.event_name("p", wall(0));
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            format!("p.{:x}", wall(0).timestamp_nanos_opt().expect("nanos"))
+        );
+        let long = "x".repeat(300);
+        assert_eq!(book.event_name(&long, wall(0)).len(), 253);
+        assert_eq!(truncate("ééé", 3), "é");
+        let msg = "m".repeat(2000);
+        let Admission::Write(Write::Create(r)) =
+            book.admit(Instant::now(), wall(0), pod("a"), "R", &msg, EventType::Normal)
+        else {
+            panic!("created")
+        };
+        assert_eq!(r.message.len(), MESSAGE_LIMIT);
+    }
+
+    fn record(target: EventTarget, count: u32) -> Record {
+        Record {
+            name: format!("{}.17f", target.name()),
+            target,
+            reason: "LifelineClientStale".into(),
+            message: "no inbound payload for 95s".into(),
+            type_: EventType::Warning,
+            count,
+            first: wall(0),
+            last: DateTime::from_timestamp(1_746_093_660, 250_000_000).expect("time"),
+        }
+    }
+
+    #[test]
+    fn events_v1_bodies() {
+        let rec = record(pod("notifier"), 1);
+        let body = create_body(EventsApi::EventsV1, &rec, "node-1", None);
+        assert_eq!(
+            body,
+            json!({
+                "apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"name": "notifier.17f", "namespace": "ops"},
+                "eventTime": "2025-05-01T10:00:00.000000Z",
+                "reportingController": "lifeline.dev/agent", "reportingInstance": "node-1",
+                "action": "Detect", "reason": "LifelineClientStale",
+                "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": "ops", "name": "notifier", "uid": "uid-notifier"},
+                "note": "no inbound payload for 95s", "type": "Warning",
+            })
+        );
+        let rec = record(
+            EventTarget::Node {
+                name: "node-1".into(),
+            },
+            4,
+        );
+        let body = create_body(EventsApi::EventsV1, &rec, "node-1", Some("8f2e"));
+        assert_eq!(body["metadata"]["namespace"], "default");
+        assert_eq!(
+            body["regarding"],
+            json!({"apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": "8f2e"})
+        );
+        assert_eq!(
+            body["series"],
+            json!({"count": 4, "lastObservedTime": "2025-05-01T10:01:00.250000Z"})
+        );
+        assert_eq!(
+            update_patch(EventsApi::EventsV1, &rec),
+            json!({"series": body["series"]})
+        );
+        assert_eq!(action_of("LifelineReset"), "ResetConnections");
+        assert_eq!(action_of("LifelineRestart"), "Evict");
+    }
+
+    #[test]
+    fn core_v1_bodies() {
+        let rec = record(pod("notifier"), 3);
+        let body = create_body(EventsApi::CoreV1, &rec, "node-1", None);
+        assert_eq!(
+            body,
+            json!({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": "notifier.17f", "namespace": "ops"},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": "ops", "name": "notifier", "uid": "uid-notifier"},
+                "reason": "LifelineClientStale", "message": "no inbound payload for 95s", "type": "Warning",
+                "source": {"component": "lifeline", "host": "node-1"},
+                "firstTimestamp": "2025-05-01T10:00:00Z", "lastTimestamp": "2025-05-01T10:01:00Z",
+                "count": 3,
+                "reportingComponent": "lifeline.dev/agent", "reportingInstance": "node-1",
+            })
+        );
+        assert_eq!(
+            update_patch(EventsApi::CoreV1, &rec),
+            json!({"count": 3, "lastTimestamp": "2025-05-01T10:01:00Z"})
+        );
+        // A node's event lives in `default` and, without a known UID, uses the name.
+        let node = create_body(
+            EventsApi::CoreV1,
+            &record(EventTarget::Node { name: "n".into() }, 1),
+            "n",
+            None,
+        );
+        assert_eq!(node["metadata"]["namespace"], "default");
+        assert_eq!(node["involvedObject"]["uid"], "n");
+    }
+}

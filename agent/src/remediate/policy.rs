@@ -1,0 +1,1165 @@
+//! The remediation policy (SPEC.md "Remediation"): which action, if any, each unhealthy client
+//! gets at this tick. Pure: no sockets, no signals, no clock of its own (every call gets `now`).
+//!
+//! Per client state, in mode `reset` / `restart` (mode `none` decides nothing, not even skips):
+//!
+//! | state                    | `reset`                          | `restart`                                  |
+//! |--------------------------|----------------------------------|--------------------------------------------|
+//! | `stale`, `blackholed`    | reset its suspect sockets        | reset; restart if that did not help        |
+//! | `disconnected`           | skipped (`mode`: nothing to reset) | restart                                  |
+//! | `unreachable`            | skipped (`unreachable`)          | skipped (`unreachable`): never remediated  |
+//!
+//! Escalation: a client whose sockets were reset is restarted if, within the escalation window
+//! (`cooldown`, at least 2 × [`ESCALATE_AFTER`]) after the reset, it is unhealthy *again*
+//! (its state changed after the reset), or it is *still* in the same unhealthy state
+//! [`ESCALATE_AFTER`] after the reset. That restart is the only action the cooldown lets
+//! through; one reset and one restart per window at most.
+//!
+//! Guards, in order: opt-in; restarts only in mode `restart`; apiserver outage (no restarts
+//! while most clients on the node are unhealthy or the agent's own apiserver check fails; resets
+//! only when the check fails — see [`Remediator`]); cooldown per client; budget per node per
+//! sliding hour; then `dry_run` reports the action instead of taking it (and the policy
+//! remembers it as taken, so a dry run shows exactly what a real run would do).
+//!
+//! Clients are remembered by what survives a restart: a pod by namespace/name, a host process
+//! by name + command line. A restarted client that comes back unhealthy with a new pid is still
+//! in cooldown, so there is never a restart storm.
+//!
+//! Every decision is reported once: a skip for the same client, action and reason is not
+//! repeated tick after tick (it is again after the client was healthy or acted on). After an
+//! action the client is left alone for [`ESCALATE_AFTER`] while its state is the one the action
+//! addressed: the action needs time to show (a re-dial, a pod's termination grace).
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    time::{Duration, Instant},
+};
+
+use super::model::{
+    Action, ActionKind, ClientFacts, Decision, Disposition, OutageCause, Outcome, Plan, Resolution, Skip,
+    Subject, Target,
+};
+use crate::{
+    config::{self, RemediationMode},
+    health::{Outage, State},
+    views::ClientKey,
+};
+
+/// How long an action has to show its effect: a client still in the state an action addressed
+/// this long after it is judged again (a reset that did not help escalates to a restart).
+pub const ESCALATE_AFTER: Duration = Duration::from_secs(60);
+/// When an eviction refused by a PodDisruptionBudget (or 429) is tried again.
+pub const BLOCKED_RETRY: Duration = Duration::from_secs(30);
+/// The budget's sliding window.
+pub const BUDGET_WINDOW: Duration = Duration::from_secs(3600);
+
+/// The `remediation:` settings in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub mode: RemediationMode,
+    /// Report actions instead of taking them.
+    pub dry_run: bool,
+    pub cooldown: Duration,
+    pub budget_per_hour: u32,
+}
+
+impl Settings {
+    /// The config file's section, with `--dry-run` (`dry_run_flag`) forcing a dry run.
+    pub fn new(file: &config::Remediation, dry_run_flag: bool) -> Self {
+        Self {
+            mode: file.mode,
+            dry_run: file.dry_run || dry_run_flag,
+            cooldown: file.cooldown,
+            budget_per_hour: file.budget_per_hour,
+        }
+    }
+
+    /// After a reset, how long a client that is unhealthy again is restarted rather than reset.
+    pub fn escalation_window(&self) -> Duration {
+        self.cooldown.max(2 * ESCALATE_AFTER)
+    }
+}
+
+/// The actions taken on one subject (pod, or host process by name + command line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Marks {
+    /// The last action (taken or dry-run), for the cooldown.
+    last: Option<(Instant, ActionKind)>,
+    reset_at: Option<Instant>,
+    restarted_at: Option<Instant>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Memory {
+    marks: Marks,
+    /// The marks before the action decided at the first instant, to undo it if it is blocked.
+    undo: Option<(Instant, Marks)>,
+    /// A blocked eviction is not tried again before this.
+    retry_at: Option<Instant>,
+}
+
+/// The policy and its memory (cooldowns, escalations, the budget, what was reported).
+///
+/// Resets during an apiserver outage: a reset is skipped (`outage`) only when the agent's own
+/// apiserver check fails — re-dialing cannot help then. When only the node-level verdict says
+/// most clients are unhealthy at once, resets go ahead (restarts do not): a reset is cheap
+/// (the client re-dials and re-lists), and many clients going stale at once behind a proxy
+/// that keeps dead upstreams (seed 002) is exactly when resets help. The budget still bounds
+/// them.
+#[derive(Debug)]
+pub struct Remediator {
+    settings: Settings,
+    memory: HashMap<Subject, Memory>,
+    /// When each action in the budget window was decided, oldest first.
+    spent: VecDeque<Instant>,
+    /// The last skip reported per client, so it is not repeated every tick.
+    reported: HashMap<ClientKey, (ActionKind, &'static str)>,
+}
+
+impl Remediator {
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            memory: HashMap::new(),
+            spent: VecDeque::new(),
+            reported: HashMap::new(),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// New settings (config reload); cooldowns, escalations and the budget carry over.
+    pub fn set_settings(&mut self, settings: Settings) {
+        self.settings = settings;
+    }
+
+    /// The decisions of this tick: `clients` are the judged clients (healthy ones included:
+    /// their recovery ends what was reported about them), `outage` the node-level verdict,
+    /// `apiserver_reachable` the agent's own apiserver check (`None`: unknown or no cluster).
+    ///
+    /// Decisions with [`Disposition::Act`] are remembered as taken: hand their outcomes back
+    /// through [`Remediator::settle`].
+    pub fn plan(
+        &mut self,
+        now: Instant,
+        clients: &[ClientFacts],
+        outage: Option<&Outage>,
+        apiserver_reachable: Option<bool>,
+    ) -> Plan {
+        self.forget_old(now);
+        let live: HashSet<ClientKey> = clients.iter().map(|c| c.client.key()).collect();
+        self.reported.retain(|key, _| live.contains(key));
+        if self.settings.mode == RemediationMode::None {
+            return Plan::default();
+        }
+        let mut ordered: Vec<&ClientFacts> = clients.iter().collect();
+        ordered.sort_by_key(|c| c.client.key());
+        let decisions = ordered
+            .into_iter()
+            .filter_map(|facts| self.decide(now, facts, outage, apiserver_reachable))
+            .collect();
+        Plan { decisions }
+    }
+
+    /// Takes note of an executed decision's outcome at `now`; returns whether to report it
+    /// (a repeat of the skip last reported for that client is not reported).
+    ///
+    /// - `done`, `failed`: kept as taken (a failed action counts against cooldown and budget:
+    ///   it may have half happened, and a failing action must not be retried every tick).
+    /// - `skipped` because nothing was left to act on (`gone`): the budget is refunded.
+    /// - `skipped` because the eviction was refused (`blocked`): refunded and undone, so it
+    ///   does not count against cooldown or budget; it is tried again after [`BLOCKED_RETRY`].
+    pub fn settle(&mut self, now: Instant, outcome: &Outcome) -> bool {
+        let key = outcome.client.key();
+        match &outcome.result {
+            Resolution::Done(_) | Resolution::Failed(_) | Resolution::DryRun => {
+                self.reported.remove(&key);
+                true
+            }
+            Resolution::Skipped(Skip::Gone(_)) => {
+                self.refund(outcome.at);
+                self.reported.remove(&key);
+                true
+            }
+            Resolution::Skipped(skip @ Skip::Blocked(_)) => {
+                self.refund(outcome.at);
+                let memory = self.memory.entry(outcome.client.subject()).or_default();
+                if let Some((_, before)) = memory.undo.filter(|(at, _)| *at == outcome.at) {
+                    memory.marks = before;
+                    memory.undo = None;
+                }
+                memory.retry_at = Some(now + BLOCKED_RETRY);
+                self.note_skip(key, outcome.action.kind(), skip)
+            }
+            Resolution::Skipped(skip) => self.note_skip(key, outcome.action.kind(), skip),
+        }
+    }
+
+    fn decide(
+        &mut self,
+        now: Instant,
+        facts: &ClientFacts,
+        outage: Option<&Outage>,
+        apiserver_reachable: Option<bool>,
+    ) -> Option<Decision> {
+        let key = facts.client.key();
+        if facts.state == State::Healthy {
+            self.reported.remove(&key);
+            return None;
+        }
+        let subject = facts.client.subject();
+        let memory = self.memory.get(&subject).copied().unwrap_or_default();
+        if let Some((at, _)) = memory.marks.last {
+            if at < now && facts.since <= at && now < at + ESCALATE_AFTER {
+                return None; // the last action is still taking effect
+            }
+        }
+        if memory.retry_at.is_some_and(|at| now < at) {
+            return None; // a blocked eviction, reported already, waits for its retry
+        }
+        let decision = |action, reason, disposition| Decision {
+            at: now,
+            client: facts.client.clone(),
+            action,
+            reason,
+            disposition,
+        };
+        let escalation = self.escalation(&memory.marks, facts, now);
+        // An escalation is always a restart, and the one action the cooldown lets through.
+        let escalating = escalation.is_some();
+        let (action, reason) = match facts.state {
+            State::Healthy => return None,
+            State::Unreachable => {
+                let reason = format!("{}: {}", facts.state, facts.reason);
+                let action = Action::restart_of(&facts.client);
+                return self.skip(decision(action, reason, Disposition::Skip(Skip::Unreachable)));
+            }
+            State::Stale | State::Blackholed => match escalation {
+                Some(reason) => (Action::restart_of(&facts.client), reason),
+                // Its sockets are already gone: the judge keeps the old state while the
+                // disconnect grace runs; it re-dials, or is `disconnected` after the grace.
+                None if facts.suspect.is_empty() => return None,
+                None => (
+                    Action::Reset {
+                        tuples: facts.suspect.clone(),
+                    },
+                    format!("{}: {}; a reset makes it re-dial", facts.state, facts.reason),
+                ),
+            },
+            State::Disconnected => (
+                Action::restart_of(&facts.client),
+                escalation.unwrap_or_else(|| {
+                    format!("disconnected: {}; a restart makes it connect again", facts.reason)
+                }),
+            ),
+        };
+        let kind = action.kind();
+        let same_step = memory.marks.last == Some((now, kind));
+        if same_step
+            && matches!(
+                action,
+                Action::Restart {
+                    target: Target::Pod(_)
+                }
+            )
+        {
+            return None; // another process of the pod already has the pod evicted
+        }
+        let cooldown_left = memory
+            .marks
+            .last
+            .map(|(at, _)| (at + self.settings.cooldown).saturating_duration_since(now))
+            .filter(|left| !left.is_zero());
+        let skip = if !facts.opted_in {
+            Some(Skip::NotOptedIn)
+        } else if kind == ActionKind::Restart && self.settings.mode != RemediationMode::Restart {
+            Some(Skip::ResetOnly)
+        } else if let Some(cause) = outage_cause(kind, outage, apiserver_reachable) {
+            Some(Skip::Outage(cause))
+        } else if let Some(remaining) = cooldown_left.filter(|_| !same_step && !escalating) {
+            Some(Skip::Cooldown { remaining })
+        } else if self.spent.len() >= self.settings.budget_per_hour as usize {
+            Some(Skip::Budget {
+                limit: self.settings.budget_per_hour,
+            })
+        } else {
+            None
+        };
+        if let Some(skip) = skip {
+            return self.skip(decision(action, reason, Disposition::Skip(skip)));
+        }
+        self.spent.push_back(now);
+        let memory = self.memory.entry(subject).or_default();
+        if !same_step {
+            memory.undo = Some((now, memory.marks));
+        }
+        memory.marks.last = Some((now, kind));
+        match kind {
+            ActionKind::Reset => memory.marks.reset_at = Some(now),
+            ActionKind::Restart => memory.marks.restarted_at = Some(now),
+        }
+        memory.retry_at = None;
+        let disposition = if self.settings.dry_run {
+            self.reported.remove(&key);
+            Disposition::DryRun
+        } else {
+            Disposition::Act
+        };
+        Some(decision(action, reason, disposition))
+    }
+
+    /// Why a restart is due for a client whose sockets were reset, if it is.
+    fn escalation(&self, marks: &Marks, facts: &ClientFacts, now: Instant) -> Option<String> {
+        if self.settings.mode != RemediationMode::Restart
+            || !matches!(
+                facts.state,
+                State::Stale | State::Blackholed | State::Disconnected
+            )
+        {
+            return None;
+        }
+        let reset = marks.reset_at?;
+        if marks.restarted_at.is_some_and(|at| at >= reset)
+            || now >= reset + self.settings.escalation_window()
+        {
+            return None;
+        }
+        let ago = now.saturating_duration_since(reset).as_secs();
+        if facts.since > reset {
+            Some(format!(
+                "{} again after its connections were reset {ago}s ago: {}",
+                facts.state, facts.reason
+            ))
+        } else if now >= reset + ESCALATE_AFTER {
+            Some(format!(
+                "still {} {ago}s after its connections were reset: {}",
+                facts.state, facts.reason
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// The skip decision, unless the same skip was the last thing reported for the client.
+    fn skip(&mut self, decision: Decision) -> Option<Decision> {
+        let Disposition::Skip(skip) = &decision.disposition else {
+            return Some(decision);
+        };
+        self.note_skip(decision.client.key(), decision.action.kind(), skip)
+            .then_some(decision)
+    }
+
+    fn note_skip(&mut self, key: ClientKey, kind: ActionKind, skip: &Skip) -> bool {
+        let entry = (kind, skip.label());
+        self.reported.insert(key, entry) != Some(entry)
+    }
+
+    fn refund(&mut self, at: Instant) {
+        if let Some(i) = self.spent.iter().position(|t| *t == at) {
+            self.spent.remove(i);
+        }
+    }
+
+    fn forget_old(&mut self, now: Instant) {
+        while self
+            .spent
+            .front()
+            .is_some_and(|at| now.saturating_duration_since(*at) >= BUDGET_WINDOW)
+        {
+            self.spent.pop_front();
+        }
+        // The escalation window is at least the cooldown and ESCALATE_AFTER: nothing older
+        // than it matters.
+        let window = self.settings.escalation_window();
+        self.memory.retain(|_, m| {
+            m.retry_at.is_some_and(|at| now < at)
+                || m.marks
+                    .last
+                    .is_some_and(|(at, _)| now.saturating_duration_since(at) < window)
+        });
+    }
+}
+
+/// Why an outage holds this kind of action back, if it does.
+fn outage_cause(
+    kind: ActionKind,
+    outage: Option<&Outage>,
+    apiserver_reachable: Option<bool>,
+) -> Option<OutageCause> {
+    if apiserver_reachable == Some(false) {
+        return Some(OutageCause::ApiserverCheck);
+    }
+    match (kind, outage) {
+        (ActionKind::Restart, Some(o)) => Some(OutageCause::Node {
+            affected: o.affected,
+            clients: o.clients,
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::{
+        remediate::model::{Client, PodRef},
+        table::Tuple,
+    };
+
+    /// A fake clock: instants relative to a fixed origin.
+    struct Clock(Instant);
+    impl Clock {
+        fn at(&self, secs: u64) -> Instant {
+            self.0 + Duration::from_secs(secs)
+        }
+    }
+
+    const MIN: u64 = 60;
+
+    fn setup(mode: RemediationMode) -> (Remediator, Clock) {
+        let settings = Settings {
+            mode,
+            dry_run: false,
+            cooldown: Duration::from_secs(10 * MIN),
+            budget_per_hour: 3,
+        };
+        (Remediator::new(settings), Clock(Instant::now()))
+    }
+
+    fn tuple(port: u16) -> Tuple {
+        let local: SocketAddr = format!("10.0.0.2:{port}").parse().unwrap();
+        Tuple {
+            netns: 4026531840,
+            local,
+            remote: "10.0.0.1:6443".parse().unwrap(),
+        }
+    }
+
+    /// A host process; `comm` + `cmdline` make its identity.
+    fn host(pid: u32, comm: &str) -> Client {
+        Client {
+            pid,
+            start_time: 1000 + u64::from(pid),
+            comm: comm.into(),
+            cmdline: format!("/usr/bin/{comm} --leader-elect"),
+            pod: None,
+        }
+    }
+
+    fn pod(pid: u32, name: &str) -> Client {
+        Client {
+            pod: Some(PodRef {
+                namespace: "kube-system".into(),
+                name: name.into(),
+                uid: format!("uid-{pid}"),
+            }),
+            ..host(pid, "manager")
+        }
+    }
+
+    /// Opted in, in `state` since `since`; stale and blackholed clients have one socket.
+    fn facts(client: &Client, state: State, since: Instant) -> ClientFacts {
+        let suspect = match state {
+            State::Stale | State::Blackholed => vec![tuple(40000 + client.pid as u16)],
+            _ => vec![],
+        };
+        ClientFacts {
+            client: client.clone(),
+            opted_in: true,
+            state,
+            since,
+            reason: format!("judged {state}"),
+            suspect,
+        }
+    }
+
+    /// (pid, action, disposition) of each decision.
+    fn summary(plan: &Plan) -> Vec<(u32, ActionKind, Disposition)> {
+        plan.decisions
+            .iter()
+            .map(|d| (d.client.pid, d.action.kind(), d.disposition.clone()))
+            .collect()
+    }
+
+    fn one(plan: &Plan) -> &Decision {
+        assert_eq!(plan.decisions.len(), 1, "{plan:#?}");
+        &plan.decisions[0]
+    }
+
+    /// Reports `decision` as executed with `result`.
+    fn settle(r: &mut Remediator, now: Instant, decision: &Decision, result: Resolution) -> bool {
+        r.settle(now, &decision.clone().into_outcome(result))
+    }
+
+    #[test]
+    fn mode_none_decides_nothing_not_even_skips() {
+        let (mut r, c) = setup(RemediationMode::None);
+        let kcm = host(7, "kcm");
+        let mut unopted = facts(&host(8, "op"), State::Disconnected, c.at(0));
+        unopted.opted_in = false;
+        let clients = [
+            facts(&kcm, State::Stale, c.at(0)),
+            facts(&host(9, "gw"), State::Unreachable, c.at(0)),
+            unopted,
+        ];
+        assert_eq!(r.plan(c.at(1), &clients, None, None), Plan::default());
+    }
+
+    #[test]
+    fn reset_mode_resets_stale_and_blackholed_sockets() {
+        for state in [State::Stale, State::Blackholed] {
+            let (mut r, c) = setup(RemediationMode::Reset);
+            let kcm = host(7, "kcm");
+            let plan = r.plan(c.at(100), &[facts(&kcm, state, c.at(95))], None, None);
+            let d = one(&plan);
+            assert_eq!(d.disposition, Disposition::Act);
+            assert_eq!(
+                d.action,
+                Action::Reset {
+                    tuples: vec![tuple(40007)]
+                }
+            );
+            assert_eq!(d.at, c.at(100));
+            assert!(
+                d.reason.starts_with(&format!("{state}: judged {state}")),
+                "{}",
+                d.reason
+            );
+        }
+    }
+
+    #[test]
+    fn healthy_clients_and_stale_ones_without_sockets_are_left_alone() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let mut gone = facts(&host(8, "op"), State::Stale, c.at(0));
+        gone.suspect.clear(); // closed its socket; inside the disconnect grace
+        let clients = [facts(&host(7, "kcm"), State::Healthy, c.at(0)), gone];
+        assert_eq!(r.plan(c.at(1), &clients, None, None), Plan::default());
+    }
+
+    #[test]
+    fn clients_not_opted_in_are_skipped_once_per_episode() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let kcm = host(7, "kcm");
+        let mut stale = facts(&kcm, State::Stale, c.at(0));
+        stale.opted_in = false;
+        let plan = r.plan(c.at(1), std::slice::from_ref(&stale), None, None);
+        assert_eq!(
+            summary(&plan),
+            [(7, ActionKind::Reset, Disposition::Skip(Skip::NotOptedIn))]
+        );
+        assert!(plan.decisions[0].reason.contains("judged stale"));
+        for t in 2..100 {
+            assert_eq!(
+                r.plan(c.at(t), std::slice::from_ref(&stale), None, None),
+                Plan::default(),
+                "reported once"
+            );
+        }
+        // Healthy, then stale again: a new episode, reported again.
+        r.plan(c.at(100), &[facts(&kcm, State::Healthy, c.at(100))], None, None);
+        stale.since = c.at(200);
+        assert_eq!(
+            summary(&r.plan(c.at(200), &[stale], None, None)),
+            [(7, ActionKind::Reset, Disposition::Skip(Skip::NotOptedIn))]
+        );
+    }
+
+    #[test]
+    fn unreachable_is_never_remediated() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let gw = host(9, "gw");
+        let clients = [facts(&gw, State::Unreachable, c.at(0))];
+        let plan = r.plan(c.at(1), &clients, None, None);
+        assert_eq!(
+            summary(&plan),
+            [(9, ActionKind::Restart, Disposition::Skip(Skip::Unreachable))]
+        );
+        for t in 2..(2 * 3600) {
+            assert_eq!(r.plan(c.at(t), &clients, None, None), Plan::default());
+        }
+    }
+
+    #[test]
+    fn disconnected_is_restarted_directly_in_restart_mode_only() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let kcm = host(7, "kcm");
+        let plan = r.plan(
+            c.at(20),
+            &[facts(&kcm, State::Disconnected, c.at(15))],
+            None,
+            None,
+        );
+        let d = one(&plan);
+        assert_eq!(d.disposition, Disposition::Act);
+        assert_eq!(
+            d.action,
+            Action::Restart {
+                target: Target::Process {
+                    pid: 7,
+                    start_time: 1007
+                }
+            }
+        );
+        assert!(
+            d.reason.starts_with("disconnected: judged disconnected"),
+            "{}",
+            d.reason
+        );
+        let op = pod(8, "operator-0");
+        let plan = r.plan(c.at(21), &[facts(&op, State::Disconnected, c.at(15))], None, None);
+        assert_eq!(
+            one(&plan).action,
+            Action::Restart {
+                target: Target::Pod(PodRef {
+                    namespace: "kube-system".into(),
+                    name: "operator-0".into(),
+                    uid: "uid-8".into(),
+                })
+            }
+        );
+
+        let (mut r, c) = setup(RemediationMode::Reset);
+        let plan = r.plan(
+            c.at(20),
+            &[facts(&kcm, State::Disconnected, c.at(15))],
+            None,
+            None,
+        );
+        assert_eq!(
+            summary(&plan),
+            [(7, ActionKind::Restart, Disposition::Skip(Skip::ResetOnly))]
+        );
+    }
+
+    #[test]
+    fn dry_run_reports_and_remembers_without_acting() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        r.set_settings(Settings {
+            dry_run: true,
+            ..*r.settings()
+        });
+        let kcm = host(7, "kcm");
+        let stale = [facts(&kcm, State::Stale, c.at(0))];
+        assert_eq!(
+            summary(&r.plan(c.at(1), &stale, None, None)),
+            [(7, ActionKind::Reset, Disposition::DryRun)]
+        );
+        // Nothing was done, so it is still stale: the dry run escalates like a real run.
+        assert_eq!(r.plan(c.at(60), &stale, None, None), Plan::default());
+        assert_eq!(
+            summary(&r.plan(c.at(61), &stale, None, None)),
+            [(7, ActionKind::Restart, Disposition::DryRun)]
+        );
+    }
+
+    #[test]
+    fn dry_run_flag_overrides_the_file() {
+        let file = config::Remediation::default();
+        assert!(!Settings::new(&file, false).dry_run);
+        assert!(Settings::new(&file, true).dry_run);
+        let file = config::Remediation {
+            dry_run: true,
+            ..file
+        };
+        assert!(Settings::new(&file, false).dry_run);
+    }
+
+    #[test]
+    fn cooldown_holds_a_second_reset_back() {
+        let (mut r, c) = setup(RemediationMode::Reset);
+        let kcm = host(7, "kcm");
+        let first = r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None, None);
+        assert_eq!(one(&first).disposition, Disposition::Act);
+        assert!(settle(
+            &mut r,
+            c.at(1),
+            one(&first),
+            Resolution::Done("1 socket".into())
+        ));
+        // It re-dialed, recovered, and went stale again 3 min later.
+        r.plan(c.at(5), &[facts(&kcm, State::Healthy, c.at(5))], None, None);
+        let again = [facts(&kcm, State::Stale, c.at(180))];
+        let plan = r.plan(c.at(180), &again, None, None);
+        assert_eq!(
+            summary(&plan),
+            [(
+                7,
+                ActionKind::Reset,
+                Disposition::Skip(Skip::Cooldown {
+                    remaining: Duration::from_secs(420)
+                })
+            )]
+        );
+        assert_eq!(
+            r.plan(c.at(300), &again, None, None),
+            Plan::default(),
+            "reported once"
+        );
+        assert_eq!(
+            summary(&r.plan(c.at(600), &again, None, None)),
+            [(7, ActionKind::Reset, Disposition::Act)],
+            "cooldown over"
+        );
+    }
+
+    #[test]
+    fn an_action_gets_time_to_take_effect() {
+        let (mut r, c) = setup(RemediationMode::Reset);
+        let kcm = host(7, "kcm");
+        let stale = [facts(&kcm, State::Stale, c.at(0))];
+        assert_eq!(
+            one(&r.plan(c.at(0), &stale, None, None)).disposition,
+            Disposition::Act
+        );
+        // The judge still says stale while the client re-dials (disconnect grace).
+        for t in 1..60 {
+            assert_eq!(r.plan(c.at(t), &stale, None, None), Plan::default(), "at {t}s");
+        }
+        // A minute later it is still stale: the reset did not help; mode reset cannot escalate.
+        assert_eq!(
+            summary(&r.plan(c.at(60), &stale, None, None)),
+            [(
+                7,
+                ActionKind::Reset,
+                Disposition::Skip(Skip::Cooldown {
+                    remaining: Duration::from_secs(540)
+                })
+            )]
+        );
+    }
+
+    #[test]
+    fn restart_mode_escalates_when_the_reset_did_not_help() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let op = pod(8, "operator-0");
+        let stale = [facts(&op, State::Stale, c.at(0))];
+        assert_eq!(
+            summary(&r.plan(c.at(0), &stale, None, None)),
+            [(8, ActionKind::Reset, Disposition::Act)],
+            "reset first"
+        );
+        assert_eq!(r.plan(c.at(59), &stale, None, None), Plan::default());
+        let plan = r.plan(c.at(60), &stale, None, None);
+        let d = one(&plan);
+        assert_eq!(
+            (d.action.kind(), &d.disposition),
+            (ActionKind::Restart, &Disposition::Act),
+            "the cooldown lets the escalation through"
+        );
+        assert!(
+            d.reason
+                .starts_with("still stale 60s after its connections were reset"),
+            "{}",
+            d.reason
+        );
+        // It stays stale: nothing more within the cooldown (reported once, after the
+        // restart had its time).
+        assert_eq!(r.plan(c.at(100), &stale, None, None), Plan::default());
+        assert_eq!(
+            summary(&r.plan(c.at(120), &stale, None, None)),
+            [(
+                8,
+                ActionKind::Reset,
+                Disposition::Skip(Skip::Cooldown {
+                    remaining: Duration::from_secs(540)
+                })
+            )]
+        );
+        assert_eq!(r.plan(c.at(500), &stale, None, None), Plan::default());
+    }
+
+    #[test]
+    fn restart_mode_escalates_at_once_when_unhealthy_again_after_the_reset() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let kcm = host(7, "kcm");
+        r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None, None);
+        // It did not re-dial (seed 000 after a reset): disconnected after the grace.
+        let plan = r.plan(
+            c.at(16),
+            &[facts(&kcm, State::Disconnected, c.at(16))],
+            None,
+            None,
+        );
+        let d = one(&plan);
+        assert_eq!(
+            (d.action.kind(), &d.disposition),
+            (ActionKind::Restart, &Disposition::Act)
+        );
+        assert!(
+            d.reason
+                .starts_with("disconnected again after its connections were reset 16s ago"),
+            "{}",
+            d.reason
+        );
+
+        // Or it re-dialed, was healthy, and its new connection went stale too.
+        let (mut r, c) = setup(RemediationMode::Restart);
+        r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None, None);
+        r.plan(c.at(2), &[facts(&kcm, State::Healthy, c.at(2))], None, None);
+        let plan = r.plan(c.at(95), &[facts(&kcm, State::Stale, c.at(95))], None, None);
+        assert_eq!(summary(&plan), [(7, ActionKind::Restart, Disposition::Act)]);
+    }
+
+    #[test]
+    fn after_the_escalation_window_a_new_episode_starts_with_a_reset() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let kcm = host(7, "kcm");
+        r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None, None);
+        r.plan(c.at(2), &[facts(&kcm, State::Healthy, c.at(2))], None, None);
+        let later = [facts(&kcm, State::Stale, c.at(11 * MIN))];
+        assert_eq!(
+            summary(&r.plan(c.at(11 * MIN), &later, None, None)),
+            [(7, ActionKind::Reset, Disposition::Act)]
+        );
+    }
+
+    #[test]
+    fn a_short_cooldown_does_not_cut_the_escalation_short() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        r.set_settings(Settings {
+            cooldown: Duration::from_secs(30),
+            ..*r.settings()
+        });
+        assert_eq!(r.settings().escalation_window(), Duration::from_secs(120));
+        let kcm = host(7, "kcm");
+        let stale = [facts(&kcm, State::Stale, c.at(0))];
+        r.plan(c.at(0), &stale, None, None);
+        assert_eq!(
+            summary(&r.plan(c.at(60), &stale, None, None)),
+            [(7, ActionKind::Restart, Disposition::Act)]
+        );
+    }
+
+    #[test]
+    fn a_restarted_host_process_back_with_a_new_pid_is_in_cooldown() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let old = host(7, "kcm");
+        let plan = r.plan(c.at(0), &[facts(&old, State::Disconnected, c.at(0))], None, None);
+        assert_eq!(summary(&plan), [(7, ActionKind::Restart, Disposition::Act)]);
+        settle(&mut r, c.at(1), one(&plan), Resolution::Done("SIGTERM".into()));
+        // Its supervisor started it again (same name and command line, new pid); it connects,
+        // then loses the apiserver again 2 min later.
+        let new = host(70, "kcm");
+        let plan = r.plan(
+            c.at(120),
+            &[facts(&new, State::Disconnected, c.at(120))],
+            None,
+            None,
+        );
+        assert!(
+            matches!(
+                summary(&plan)[..],
+                [(70, ActionKind::Restart, Disposition::Skip(Skip::Cooldown { .. }))]
+            ),
+            "{plan:#?}"
+        );
+        // No reset either, and a different program is not affected.
+        let plan = r.plan(c.at(130), &[facts(&new, State::Stale, c.at(130))], None, None);
+        assert!(matches!(
+            summary(&plan)[..],
+            [(70, ActionKind::Reset, Disposition::Skip(Skip::Cooldown { .. }))]
+        ));
+        let other = host(71, "scheduler");
+        let plan = r.plan(
+            c.at(130),
+            &[facts(&other, State::Disconnected, c.at(120))],
+            None,
+            None,
+        );
+        assert_eq!(summary(&plan), [(71, ActionKind::Restart, Disposition::Act)]);
+        // After the cooldown the new process may be restarted.
+        let plan = r.plan(
+            c.at(600),
+            &[facts(&new, State::Disconnected, c.at(590))],
+            None,
+            None,
+        );
+        assert_eq!(summary(&plan), [(70, ActionKind::Restart, Disposition::Act)]);
+    }
+
+    #[test]
+    fn a_pod_is_remembered_by_namespace_and_name() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let plan = r.plan(
+            c.at(0),
+            &[facts(&pod(8, "op-0"), State::Disconnected, c.at(0))],
+            None,
+            None,
+        );
+        assert_eq!(summary(&plan), [(8, ActionKind::Restart, Disposition::Act)]);
+        // The evicted pod's replacement under the same name (a StatefulSet): in cooldown.
+        let plan = r.plan(
+            c.at(200),
+            &[facts(&pod(80, "op-0"), State::Disconnected, c.at(200))],
+            None,
+            None,
+        );
+        assert!(matches!(
+            summary(&plan)[..],
+            [(80, ActionKind::Restart, Disposition::Skip(Skip::Cooldown { .. }))]
+        ));
+        let plan = r.plan(
+            c.at(200),
+            &[facts(&pod(81, "op-1"), State::Disconnected, c.at(200))],
+            None,
+            None,
+        );
+        assert_eq!(summary(&plan), [(81, ActionKind::Restart, Disposition::Act)]);
+    }
+
+    #[test]
+    fn processes_of_one_pod_are_one_step() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let (a, b) = (pod(8, "op-0"), pod(9, "op-0"));
+        let stale = [facts(&a, State::Stale, c.at(0)), facts(&b, State::Stale, c.at(0))];
+        assert_eq!(
+            summary(&r.plan(c.at(0), &stale, None, None)),
+            [
+                (8, ActionKind::Reset, Disposition::Act),
+                (9, ActionKind::Reset, Disposition::Act)
+            ],
+            "both processes' sockets are reset"
+        );
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let gone = [
+            facts(&a, State::Disconnected, c.at(0)),
+            facts(&b, State::Disconnected, c.at(0)),
+        ];
+        assert_eq!(
+            summary(&r.plan(c.at(0), &gone, None, None)),
+            [(8, ActionKind::Restart, Disposition::Act)],
+            "one eviction for the pod"
+        );
+    }
+
+    #[test]
+    fn the_budget_is_per_node_per_sliding_hour() {
+        let (mut r, c) = setup(RemediationMode::Reset);
+        let clients: Vec<Client> = (1..=4).map(|i| host(i, &format!("ctl{i}"))).collect();
+        let at = [0, 10 * MIN, 20 * MIN];
+        for (client, t) in clients.iter().zip(at) {
+            let plan = r.plan(c.at(t), &[facts(client, State::Stale, c.at(t))], None, None);
+            assert_eq!(one(&plan).disposition, Disposition::Act);
+        }
+        let fourth = [facts(&clients[3], State::Stale, c.at(30 * MIN))];
+        assert_eq!(
+            summary(&r.plan(c.at(30 * MIN), &fourth, None, None)),
+            [(4, ActionKind::Reset, Disposition::Skip(Skip::Budget { limit: 3 }))]
+        );
+        assert_eq!(r.plan(c.at(59 * MIN), &fourth, None, None), Plan::default());
+        // The first action leaves the window an hour after it was taken.
+        assert_eq!(
+            summary(&r.plan(c.at(60 * MIN), &fourth, None, None)),
+            [(4, ActionKind::Reset, Disposition::Act)]
+        );
+        let fifth = [facts(&host(5, "ctl5"), State::Stale, c.at(61 * MIN))];
+        assert!(matches!(
+            summary(&r.plan(c.at(61 * MIN), &fifth, None, None))[..],
+            [(5, ActionKind::Reset, Disposition::Skip(Skip::Budget { .. }))]
+        ));
+    }
+
+    #[test]
+    fn a_zero_budget_allows_nothing() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        r.set_settings(Settings {
+            budget_per_hour: 0,
+            ..*r.settings()
+        });
+        let plan = r.plan(
+            c.at(0),
+            &[facts(&host(7, "kcm"), State::Stale, c.at(0))],
+            None,
+            None,
+        );
+        assert_eq!(
+            summary(&plan),
+            [(7, ActionKind::Reset, Disposition::Skip(Skip::Budget { limit: 0 }))]
+        );
+    }
+
+    #[test]
+    fn no_restarts_during_an_apiserver_outage() {
+        let outage = Outage {
+            affected: 3,
+            clients: 4,
+        };
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let kcm = host(7, "kcm");
+        let gone = [facts(&kcm, State::Disconnected, c.at(0))];
+        assert_eq!(
+            summary(&r.plan(c.at(1), &gone, Some(&outage), Some(true))),
+            [(
+                7,
+                ActionKind::Restart,
+                Disposition::Skip(Skip::Outage(OutageCause::Node {
+                    affected: 3,
+                    clients: 4
+                }))
+            )]
+        );
+        assert_eq!(r.plan(c.at(2), &gone, Some(&outage), None), Plan::default());
+        // The outage is over: the restart goes ahead.
+        assert_eq!(
+            summary(&r.plan(c.at(3), &gone, None, Some(true))),
+            [(7, ActionKind::Restart, Disposition::Act)]
+        );
+
+        let (mut r, c) = setup(RemediationMode::Restart);
+        assert_eq!(
+            summary(&r.plan(c.at(1), &gone, None, Some(false))),
+            [(
+                7,
+                ActionKind::Restart,
+                Disposition::Skip(Skip::Outage(OutageCause::ApiserverCheck))
+            )]
+        );
+    }
+
+    #[test]
+    fn resets_wait_only_for_the_agents_own_apiserver_check() {
+        let outage = Outage {
+            affected: 2,
+            clients: 2,
+        };
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let (a, b) = (host(7, "kcm"), host(8, "op"));
+        // Seed 002 on a whole node: everyone stale behind the proxy, the apiserver is fine.
+        let stale = [facts(&a, State::Stale, c.at(0)), facts(&b, State::Stale, c.at(0))];
+        assert_eq!(
+            summary(&r.plan(c.at(1), &stale, Some(&outage), None)),
+            [
+                (7, ActionKind::Reset, Disposition::Act),
+                (8, ActionKind::Reset, Disposition::Act)
+            ]
+        );
+        let (mut r, c) = setup(RemediationMode::Reset);
+        assert_eq!(
+            summary(&r.plan(c.at(1), &stale[..1], None, Some(false))),
+            [(
+                7,
+                ActionKind::Reset,
+                Disposition::Skip(Skip::Outage(OutageCause::ApiserverCheck))
+            )]
+        );
+    }
+
+    #[test]
+    fn a_blocked_eviction_costs_nothing_and_is_retried() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        r.set_settings(Settings {
+            budget_per_hour: 1,
+            ..*r.settings()
+        });
+        let op = pod(8, "op-0");
+        let gone = [facts(&op, State::Disconnected, c.at(0))];
+        let plan = r.plan(c.at(0), &gone, None, None);
+        let blocked = Resolution::Skipped(Skip::Blocked("PodDisruptionBudget op-pdb".into()));
+        assert!(settle(&mut r, c.at(1), one(&plan), blocked.clone()), "reported");
+        for t in 2..31 {
+            assert_eq!(
+                r.plan(c.at(t), &gone, None, None),
+                Plan::default(),
+                "waits for the retry"
+            );
+        }
+        // Tried again: neither cooldown nor budget (of 1) hold it back.
+        let plan = r.plan(c.at(31), &gone, None, None);
+        assert_eq!(summary(&plan), [(8, ActionKind::Restart, Disposition::Act)]);
+        assert!(
+            !settle(&mut r, c.at(31), one(&plan), blocked),
+            "blocked again: not reported again"
+        );
+        let plan = r.plan(c.at(61), &gone, None, None);
+        assert!(settle(
+            &mut r,
+            c.at(62),
+            one(&plan),
+            Resolution::Done("evicted".into())
+        ));
+        // That one counted: the budget of 1 is spent.
+        let other = [facts(&pod(9, "op-1"), State::Disconnected, c.at(0))];
+        assert!(matches!(
+            summary(&r.plan(c.at(70), &other, None, None))[..],
+            [(9, ActionKind::Restart, Disposition::Skip(Skip::Budget { .. }))]
+        ));
+    }
+
+    #[test]
+    fn a_blocked_escalation_is_retried_as_an_escalation() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let op = pod(8, "op-0");
+        let stale = [facts(&op, State::Stale, c.at(0))];
+        r.plan(c.at(0), &stale, None, None);
+        let plan = r.plan(c.at(60), &stale, None, None);
+        let blocked = Resolution::Skipped(Skip::Blocked("429".into()));
+        settle(&mut r, c.at(60), one(&plan), blocked);
+        let plan = r.plan(c.at(90), &stale, None, None);
+        assert_eq!(summary(&plan), [(8, ActionKind::Restart, Disposition::Act)]);
+        assert!(
+            one(&plan).reason.starts_with("still stale 90s"),
+            "{}",
+            one(&plan).reason
+        );
+    }
+
+    #[test]
+    fn gone_refunds_the_budget_and_failed_does_not() {
+        let (mut r, c) = setup(RemediationMode::Reset);
+        r.set_settings(Settings {
+            budget_per_hour: 1,
+            ..*r.settings()
+        });
+        let plan = r.plan(
+            c.at(0),
+            &[facts(&host(7, "a"), State::Stale, c.at(0))],
+            None,
+            None,
+        );
+        let gone = Resolution::Skipped(Skip::Gone("sockets already closed".into()));
+        assert!(settle(&mut r, c.at(1), one(&plan), gone));
+        let plan = r.plan(
+            c.at(2),
+            &[facts(&host(8, "b"), State::Stale, c.at(0))],
+            None,
+            None,
+        );
+        assert_eq!(one(&plan).disposition, Disposition::Act, "budget refunded");
+        assert!(settle(
+            &mut r,
+            c.at(3),
+            one(&plan),
+            Resolution::Failed("netlink".into())
+        ));
+        let plan = r.plan(
+            c.at(4),
+            &[facts(&host(9, "c"), State::Stale, c.at(0))],
+            None,
+            None,
+        );
+        assert!(matches!(
+            one(&plan).disposition,
+            Disposition::Skip(Skip::Budget { .. })
+        ));
+    }
+
+    #[test]
+    fn forgotten_clients_are_reported_afresh() {
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let mut f = facts(&host(7, "kcm"), State::Stale, c.at(0));
+        f.opted_in = false;
+        assert_eq!(
+            r.plan(c.at(1), std::slice::from_ref(&f), None, None)
+                .decisions
+                .len(),
+            1
+        );
+        r.plan(c.at(2), &[], None, None);
+        assert_eq!(r.plan(c.at(3), &[f], None, None).decisions.len(), 1);
+    }
+}
