@@ -13,11 +13,15 @@ use std::{
     },
     thread,
     time::Duration,
+    time::SystemTime,
 };
 
 use serde_json::Value;
 
-use crate::{ip, NetNs};
+use crate::{
+    client_script, connections, find_pid, ip, wait_until, write_kubeconfig, Agent, ApiServer, NetNs, TempDir,
+    Watched, SYSTEM_PYTHON,
+};
 
 /// One host of the topology.
 pub struct Host {
@@ -47,7 +51,9 @@ impl Host {
 /// Hosts on one bridge.
 pub struct Topology {
     hosts: BTreeMap<String, Host>,
-    _hub: NetNs,
+    hub: NetNs,
+    /// The third octet of this topology's addresses.
+    n: u32,
 }
 
 impl Topology {
@@ -72,7 +78,32 @@ impl Topology {
             ns.run(&["ip", "link", "set", "eth0", "up"]);
             hosts.insert((*name).to_owned(), Host { ns, ip: addr });
         }
-        Topology { hosts, _hub: hub }
+        Topology { hosts, hub, n }
+    }
+
+    /// Links the test's own (host) network namespace to the bridge as 10.252.N.254, so the
+    /// agent, which runs there, can talk to the lab's apiservers as a node's agent would.
+    /// The link goes away with the hub namespace.
+    pub fn link_host(&self) -> IpAddr {
+        let (outside, inside) = (format!("llh{}", self.n), "uplink");
+        ip(&[
+            "link",
+            "add",
+            &outside,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            inside,
+            "netns",
+            &self.hub.name,
+        ]);
+        self.hub
+            .run(&["ip", "link", "set", inside, "master", "br0", "up"]);
+        let addr = IpAddr::from([10, 252, self.n as u8, 254]);
+        ip(&["addr", "add", &format!("{addr}/24"), "dev", &outside]);
+        ip(&["link", "set", &outside, "up"]);
+        addr
     }
 
     pub fn host(&self, name: &str) -> &Host {
@@ -223,4 +254,318 @@ fn serve_one(stream: TcpStream, store: &Mutex<Vec<Value>>) {
             return;
         }
     }
+}
+
+/// A binary of this package next to the agent's (`target/debug/NAME`; `cargo xtask test` builds
+/// them all first).
+pub fn sibling_bin(name: &str) -> PathBuf {
+    let bin = crate::lifeline_bin().with_file_name(name);
+    assert!(
+        bin.is_file(),
+        "{} not found: run `cargo build -p lifeline-integration --bins`",
+        bin.display()
+    );
+    bin
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scenario lab: a topology, a shared CA, a webhook sink, fixtures, real clients, the agent.
+
+/// The apiserver port of every host.
+pub const PORT: u16 = 6443;
+/// `disconnect_grace` of the scenario agent, seconds.
+pub const GRACE: u64 = 10;
+/// `min_client_age` of the scenario agent, seconds.
+pub const MIN_AGE: u64 = 3;
+/// The agent's alert settle delay, seconds.
+pub const SETTLE: u64 = 3;
+
+pub fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// The kinds of real client the scenarios run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `kube` crate watcher (HTTP/1.1, re-dials with backoff).
+    KubeWatch,
+    /// python3-kubernetes watch loop (HTTP/1.1, re-dials after 1 s).
+    PyWatch,
+    /// python3-kubernetes reading a pod every second (lease-renewal-like traffic).
+    PyLease,
+    /// kubectl 1.20 raw watch in a shell re-dial loop (HTTP/2, client-go pings when idle).
+    KubectlLoop,
+    /// never dials again after losing its connection (seeds 000/004).
+    Stuck,
+}
+
+/// A topology, a shared CA, the webhook sink and the files of one scenario.
+pub struct Lab {
+    pub topo: Topology,
+    pub dir: TempDir,
+    pub sink: WebhookSink,
+    hosts: Vec<String>,
+}
+
+impl Lab {
+    pub fn new(hosts: &[&str]) -> Lab {
+        Lab {
+            topo: Topology::new(hosts),
+            dir: TempDir::new(),
+            sink: WebhookSink::start(),
+            hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+        }
+    }
+
+    pub fn certs(&self) -> PathBuf {
+        self.dir.path().join("certs")
+    }
+
+    /// Starts (or restarts) the fake apiserver on `host`:6443. Its certificate is valid for
+    /// every host of the lab, so the gateway can present it too.
+    pub fn apiserver(&self, host: &str) -> ApiServer {
+        let mut extra = vec![
+            "--event-interval",
+            "1s",
+            "--bookmark-interval",
+            "3s",
+            "--watch-timeout",
+            "300s",
+        ];
+        let sans: Vec<String> = self
+            .hosts
+            .iter()
+            .map(|h| self.topo.host(h).ip.to_string())
+            .collect();
+        for san in &sans {
+            extra.extend(["--san", san]);
+        }
+        let h = self.topo.host(host);
+        ApiServer::start_in(
+            Some(&h.ns),
+            &sibling_bin("ll-apiserver"),
+            h.addr(PORT),
+            &self.certs(),
+            &extra,
+        )
+    }
+
+    /// The fake apiserver on `host`:6443 serving Kubernetes objects per `options` (generation,
+    /// pods, endpoint addresses), with the lab's certificate and intervals.
+    pub fn apiserver_with(&self, host: &str, mut options: crate::ApiServerOptions) -> ApiServer {
+        for flag in [
+            "--event-interval",
+            "1s",
+            "--bookmark-interval",
+            "3s",
+            "--watch-timeout",
+            "300s",
+        ] {
+            options.extra.push(flag.to_owned());
+        }
+        for h in &self.hosts {
+            options
+                .extra
+                .extend(["--san".to_owned(), self.topo.host(h).ip.to_string()]);
+        }
+        let h = self.topo.host(host);
+        ApiServer::start_with_in(
+            Some(&h.ns),
+            &sibling_bin("ll-apiserver"),
+            h.addr(PORT),
+            &self.certs(),
+            &options,
+        )
+    }
+
+    /// A kubeconfig whose server is `host`:6443 (an apiserver or the gateway), written once
+    /// and atomically (clients started earlier may be reading it).
+    pub fn kubeconfig(&self, host: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("kubeconfig-{host}"));
+        if !path.exists() {
+            let url = format!("https://{}", self.topo.host(host).addr(PORT));
+            let tmp = path.with_extension("tmp");
+            write_kubeconfig(&tmp, &url, &self.certs().join("ca.pem"));
+            std::fs::rename(&tmp, &path).expect("rename kubeconfig");
+        }
+        path
+    }
+
+    pub fn client(&self, host: &str, kind: Kind, server: &str) -> Watched {
+        self.client_in(host, kind, server, None)
+    }
+
+    /// A client started inside `cgroup` (a cgroup named like a containerd container), joined
+    /// before the program starts, so it is in the container from its first connection.
+    pub fn client_in(
+        &self,
+        host: &str,
+        kind: Kind,
+        server: &str,
+        cgroup: Option<&crate::ContainerCgroup>,
+    ) -> Watched {
+        let kubeconfig = self.kubeconfig(server).display().to_string();
+        let script = |name: &str| client_script(name).display().to_string();
+        let argv: Vec<String> = match kind {
+            Kind::KubeWatch => vec![
+                sibling_bin("ll-kube-watch").display().to_string(),
+                "--kubeconfig".into(),
+                kubeconfig,
+            ],
+            Kind::Stuck => vec![
+                sibling_bin("ll-stuck").display().to_string(),
+                "--kubeconfig".into(),
+                kubeconfig,
+            ],
+            Kind::PyWatch => vec![
+                SYSTEM_PYTHON.into(),
+                script("py-watch.py"),
+                "--kubeconfig".into(),
+                kubeconfig,
+            ],
+            Kind::PyLease => vec![
+                SYSTEM_PYTHON.into(),
+                script("py-lease.py"),
+                "--kubeconfig".into(),
+                kubeconfig,
+            ],
+            Kind::KubectlLoop => vec!["bash".into(), script("kubectl-watch.sh"), kubeconfig],
+        };
+        let ns = &self.topo.host(host).ns;
+        let Some(cg) = cgroup else {
+            let mut cmd = ns.command(&argv[0]);
+            cmd.args(&argv[1..]);
+            return Watched::spawn(&format!("{kind:?}"), cmd);
+        };
+        // `ip netns exec` remounts /sys, so the child cannot join the cgroup itself: it waits
+        // for a go file while the test moves it, then execs the client (same pid).
+        let go = self.dir.path().join(format!("go-{}", crate::unique()));
+        let mut cmd = ns.command("sh");
+        let wait = format!(
+            "while [ ! -e {} ]; do sleep 0.02; done; exec \"$@\"",
+            go.display()
+        );
+        cmd.args(["-c", &wait, "sh"]).args(&argv);
+        let child = Watched::spawn(&format!("{kind:?}"), cmd);
+        cg.add(child.pid());
+        std::fs::write(&go, b"").expect("go file");
+        child
+    }
+
+    /// The agent, watching port 6443 of every host, alerting to the sink.
+    /// The agent for Kubernetes scenarios: no endpoint list (discovery through `kubeconfig`),
+    /// the lab's thresholds and sink, plus `config_tail` (e.g. a `remediation:` section).
+    pub fn agent_in_cluster(&self, kubeconfig_host: &str, config_tail: &str, extra: &[&str]) -> Agent {
+        self.topo.link_host();
+        let config = self.dir.path().join("lifeline-k8s.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "thresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: {MIN_AGE}s\n  stale_after: 15s\n\
+receivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n{config_tail}",
+                self.sink.url
+            ),
+        )
+        .expect("write config");
+        let kubeconfig = self.kubeconfig(kubeconfig_host);
+        let mut args = vec![
+            "--config".to_owned(),
+            config.display().to_string(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--node-name".into(),
+            "node-a".into(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        Agent::start_with(&args)
+    }
+
+    pub fn agent(&self, extra: &[&str]) -> Agent {
+        let endpoints: Vec<String> = self
+            .hosts
+            .iter()
+            .map(|h| format!("\"{}\"", self.topo.host(h).addr(PORT)))
+            .collect();
+        let config = self.dir.path().join("lifeline.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "endpoints: [{}]\nthresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: {MIN_AGE}s\n  \
+connect_failures: 3\n  connect_window: 30s\nreceivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n",
+                endpoints.join(", "),
+                self.sink.url
+            ),
+        )
+        .expect("write config");
+        let mut args = vec![
+            "--config".to_owned(),
+            config.display().to_string(),
+            "--node-name".into(),
+            "lab".into(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        Agent::start_with(&args)
+    }
+}
+
+/// The client object of `pid` once it is judged healthy with an established connection.
+pub fn wait_healthy_clients(agent: &Agent, pids: &[u32]) {
+    agent.wait_clients(secs(MIN_AGE + 20), "every client healthy and judged", |clients| {
+        pids.iter()
+            .all(|pid| {
+                find_pid(clients, *pid).is_some_and(|c| {
+                    c["state"] == "healthy"
+                        && !c["reason"].as_str().unwrap_or("").contains("not judged yet")
+                        && connections(c).iter().any(|k| k["tcp_state"] == "ESTABLISHED")
+                })
+            })
+            .then_some(())
+    });
+}
+
+/// Waits until `pid` is in `state`; returns the client and when the agent says it got there.
+pub fn wait_state(agent: &Agent, pid: u32, state: &str, timeout: Duration) -> (Value, SystemTime) {
+    let c = agent.wait_clients(timeout, &format!("pid {pid} {state}"), |clients| {
+        find_pid(clients, pid).filter(|c| c["state"] == state).cloned()
+    });
+    let since = c["state_since"].as_str().expect("state_since");
+    let since = chrono::DateTime::parse_from_rfc3339(since).expect("RFC 3339 state_since");
+    (c, SystemTime::from(since))
+}
+
+/// Asserts `at - fault` is within `[low, high]` seconds.
+pub fn assert_detected(what: &str, fault: SystemTime, at: SystemTime, low: f64, high: f64) {
+    let took = at
+        .duration_since(fault)
+        .map_or_else(|e| -e.duration().as_secs_f64(), |d| d.as_secs_f64());
+    eprintln!("{what}: detected {took:.2}s after the fault (bound {low}..{high})");
+    assert!(
+        took >= low && took <= high,
+        "{what}: detected {took:.2}s after the fault, bound {low}..{high}"
+    );
+}
+
+/// The one firing alert named `alertname` for `comm`, waited for.
+pub fn wait_alert(sink: &WebhookSink, alertname: &str, comm: &str, timeout: Duration) -> Value {
+    wait_until(timeout, &format!("{alertname} for {comm}"), || {
+        let found: Vec<Value> = sink
+            .named(alertname)
+            .into_iter()
+            .filter(|a| a["labels"]["comm"] == comm && a["status"] == "firing")
+            .collect();
+        match found.as_slice() {
+            [one, ..] => Ok(one.clone()),
+            [] => Err(sink.alerts()),
+        }
+    })
+}
+
+pub fn pid_of_comm(agent: &Agent, comm: &str) -> u32 {
+    agent.wait_clients(secs(15), &format!("a {comm} client"), |clients| {
+        clients
+            .iter()
+            .find(|c| c["comm"] == comm)
+            .and_then(|c| c["pid"].as_u64())
+            .map(|p| p as u32)
+    })
 }

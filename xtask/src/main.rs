@@ -97,7 +97,7 @@ fn require_root(what: &str) -> Result {
 }
 
 /// The integration suites, in the order they run.
-const SUITES: [&str; 3] = ["foundation", "fixture", "scenarios"];
+const SUITES: [&str; 4] = ["foundation", "fixture", "scenarios", "kubernetes"];
 
 fn test(no_lint: bool, suite: Option<&str>) -> Result {
     require_root("the test suite")?;
