@@ -231,26 +231,57 @@ fn reset_fixes_the_stale_gateway_client() {
     });
 }
 
-/// The never-redial client in an opted-in pod with `restart`: evicted exactly once through the
-/// generation's Eviction API, and not again within the cooldown.
-fn restart_once(generation: Generation) {
-    init!();
+/// The never-redial client (`ll-stuck`) in pod `team-a/stuck` on node-a, next to two healthy
+/// re-dialing clients (so one unhealthy client is no outage), after an apiserver restart left it
+/// `disconnected`. Kept alive for the assertions.
+struct StuckPod {
+    api: ApiServer,
+    agent: Agent,
+    _clients: [Watched; 3],
+    _cgroup: ContainerCgroup,
+    _lab: Lab,
+}
+
+fn stuck_pod_disconnected(
+    generation: Generation,
+    remediate: bool,
+    config_tail: &str,
+    extra: &[&str],
+) -> StuckPod {
     let lab = Lab::new(&["api", "node", "other"]);
     let cg = ContainerCgroup::new();
-    let opts = || options(generation, vec![pod("stuck", &cg, true)], vec![]);
+    let opts = || options(generation, vec![pod("stuck", &cg, remediate)], vec![]);
     let mut api = lab.apiserver_with("api", opts());
-    let agent = lab.agent_in_cluster("api", "remediation:\n  mode: restart\n  cooldown: 10m\n", &[]);
+    let agent = lab.agent_in_cluster("api", config_tail, extra);
     let stuck = lab.client_in("node", Kind::Stuck, "api", Some(&cg));
     let ok1 = lab.client("other", Kind::KubeWatch, "api");
     let ok2 = lab.client("other", Kind::PyWatch, "api");
     wait_healthy_clients(&agent, &[stuck.pid(), ok1.pid(), ok2.pid()]);
-
     api.kill();
     thread::sleep(secs(1));
     let api = lab.apiserver_with("api", opts());
     wait_state(&agent, stuck.pid(), "disconnected", secs(GRACE + 5));
+    StuckPod {
+        api,
+        agent,
+        _clients: [stuck, ok1, ok2],
+        _cgroup: cg,
+        _lab: lab,
+    }
+}
+
+/// The never-redial client in an opted-in pod with `restart`: evicted exactly once through the
+/// generation's Eviction API, and not again within the cooldown.
+fn restart_once(generation: Generation) {
+    init!();
+    let s = stuck_pod_disconnected(
+        generation,
+        true,
+        "remediation:\n  mode: restart\n  cooldown: 10m\n",
+        &[],
+    );
     let evicted = wait_until(secs(20), "an eviction of the stuck pod", || {
-        match api.evictions().as_slice() {
+        match s.api.evictions().as_slice() {
             [] => Err(Vec::<String>::new()),
             list => Ok(list.to_vec()),
         }
@@ -271,12 +302,12 @@ fn restart_once(generation: Generation) {
     // within the cooldown.
     thread::sleep(secs(15));
     assert_eq!(
-        api.evictions().len(),
+        s.api.evictions().len(),
         1,
         "evicted exactly once: {:?}",
-        api.evictions()
+        s.api.evictions()
     );
-    let reasons = event_reasons(&api);
+    let reasons = event_reasons(&s.api);
     assert!(
         reasons.iter().any(|r| r.starts_with("LifelineRestart")),
         "an Event for the restart: {reasons:?}"
@@ -295,30 +326,24 @@ fn restart_evicts_once_1_18_apiserver() {
 
 /// Guards: the never-redial client's pod is disconnected, but no restart happens when it is not
 /// opted in, or in `--dry-run` (logged and counted as dry_run).
-fn guarded(remediate: bool, extra: &[&str]) -> (Agent, Vec<EvictionRecord>) {
-    let lab = Lab::new(&["api", "node", "other"]);
-    let cg = ContainerCgroup::new();
-    let opts = || options(Generation::New, vec![pod("stuck", &cg, remediate)], vec![]);
-    let mut api = lab.apiserver_with("api", opts());
-    let agent = lab.agent_in_cluster("api", "remediation:\n  mode: restart\n", extra);
-    let stuck = lab.client_in("node", Kind::Stuck, "api", Some(&cg));
-    let ok1 = lab.client("other", Kind::KubeWatch, "api");
-    let ok2 = lab.client("other", Kind::PyWatch, "api");
-    wait_healthy_clients(&agent, &[stuck.pid(), ok1.pid(), ok2.pid()]);
-    api.kill();
-    thread::sleep(secs(1));
-    let api = lab.apiserver_with("api", opts());
-    wait_state(&agent, stuck.pid(), "disconnected", secs(GRACE + 5));
+fn guarded(remediate: bool, extra: &[&str]) -> (StuckPod, Vec<EvictionRecord>) {
+    let s = stuck_pod_disconnected(
+        Generation::New,
+        remediate,
+        "remediation:\n  mode: restart\n",
+        extra,
+    );
     thread::sleep(secs(8));
-    (agent, api.evictions())
+    let evictions = s.api.evictions();
+    (s, evictions)
 }
 
 #[test]
 fn no_opt_in_means_no_action() {
     init!();
-    let (agent, evictions) = guarded(false, &[]);
+    let (s, evictions) = guarded(false, &[]);
     assert!(evictions.is_empty(), "{evictions:?}");
-    let restarts = remediations(&agent, "restart");
+    let restarts = remediations(&s.agent, "restart");
     assert!(
         restarts
             .iter()
@@ -330,9 +355,9 @@ fn no_opt_in_means_no_action() {
 #[test]
 fn dry_run_logs_and_does_nothing() {
     init!();
-    let (agent, evictions) = guarded(true, &["--dry-run"]);
+    let (s, evictions) = guarded(true, &["--dry-run"]);
     assert!(evictions.is_empty(), "{evictions:?}");
-    let restarts = remediations(&agent, "restart");
+    let restarts = remediations(&s.agent, "restart");
     assert!(
         restarts.iter().any(|l| l.contains("result=\"dry_run\"")),
         "{restarts:?}"
@@ -341,7 +366,7 @@ fn dry_run_logs_and_does_nothing() {
         restarts.iter().all(|l| !l.contains("result=\"done\"")),
         "{restarts:?}"
     );
-    assert!(agent.stderr().contains("dry"), "the dry run is logged");
+    assert!(s.agent.stderr().contains("dry"), "the dry run is logged");
 }
 
 /// Every apiserver down: every client unhealthy at once; zero evictions even for opted-in pods.

@@ -15,6 +15,14 @@ use std::{
 use lifeline_integration::{scenario::*, *};
 use serde_json::Value;
 
+/// `ll-stuck`, the kube watcher and the python watch on host `client`, talking to `api`, once
+/// all three are judged healthy.
+fn stuck_and_redialers(lab: &Lab, agent: &Agent) -> [Watched; 3] {
+    let clients = [Kind::Stuck, Kind::KubeWatch, Kind::PyWatch].map(|kind| lab.client("client", kind, "api"));
+    wait_healthy_clients(agent, &clients.each_ref().map(Watched::pid));
+    clients
+}
+
 /// a. apiserver restart with clients that re-dial → no alert at all, all stay healthy.
 #[test]
 fn a_apiserver_restart_with_redialing_clients_raises_nothing() {
@@ -55,10 +63,7 @@ fn b_never_redialing_client_is_disconnected_after_restart() {
     let lab = Lab::new(&["api", "client"]);
     let mut api = lab.apiserver("api");
     let agent = lab.agent(&[]);
-    let stuck = lab.client("client", Kind::Stuck, "api");
-    let kube = lab.client("client", Kind::KubeWatch, "api");
-    let py = lab.client("client", Kind::PyWatch, "api");
-    wait_healthy_clients(&agent, &[stuck.pid(), kube.pid(), py.pid()]);
+    let [stuck, kube, py] = stuck_and_redialers(&lab, &agent);
 
     api.kill();
     let fault = SystemTime::now();
@@ -307,10 +312,7 @@ fn f_full_outage_raises_one_node_alert() {
     let lab = Lab::new(&["api", "client"]);
     let mut api = lab.apiserver("api");
     let agent = lab.agent(&[]);
-    let stuck = lab.client("client", Kind::Stuck, "api");
-    let kube = lab.client("client", Kind::KubeWatch, "api");
-    let py = lab.client("client", Kind::PyWatch, "api");
-    wait_healthy_clients(&agent, &[stuck.pid(), kube.pid(), py.pid()]);
+    let [stuck, kube, py] = stuck_and_redialers(&lab, &agent);
 
     api.kill();
     let outage = wait_until(secs(GRACE + 10), "LifelineApiserverOutage", || {
@@ -353,11 +355,8 @@ fn g_agent_restart_loses_no_client() {
     let lab = Lab::new(&["api", "client"]);
     let _api = lab.apiserver("api");
     let agent = lab.agent(&[]);
-    let stuck = lab.client("client", Kind::Stuck, "api");
-    let kube = lab.client("client", Kind::KubeWatch, "api");
-    let py = lab.client("client", Kind::PyWatch, "api");
-    let pids = [stuck.pid(), kube.pid(), py.pid()];
-    wait_healthy_clients(&agent, &pids);
+    let clients = stuck_and_redialers(&lab, &agent);
+    let pids = clients.each_ref().map(Watched::pid);
     let before = table(&agent.clients());
     agent.stop();
 
