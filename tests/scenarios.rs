@@ -174,12 +174,7 @@ fn c_gateway_upstream_blackholed_makes_the_client_stale() {
     );
     let alert = wait_alert(&lab.sink, "LifelineClientStale", "kubectl", secs(SETTLE + 5));
     assert_eq!(alert["labels"]["severity"], "warning");
-    for pid in [kube.pid(), py.pid()] {
-        assert_eq!(
-            find_pid(&agent.clients(), pid).expect("listed")["state"],
-            "healthy"
-        );
-    }
+    assert_still_healthy(&agent, &[kube.pid(), py.pid()]);
 }
 
 /// d. The client's own path is blackholed (packets vanish on the way, as behind a broken link
@@ -228,12 +223,7 @@ fn d_blackholed_client_path() {
         alert["labels"]["endpoint"],
         lab.topo.host("api").addr(PORT).to_string()
     );
-    for pid in [kube.pid(), py.pid()] {
-        assert_eq!(
-            find_pid(&agent.clients(), pid).expect("listed")["state"],
-            "healthy"
-        );
-    }
+    assert_still_healthy(&agent, &[kube.pid(), py.pid()]);
 }
 
 /// e. seed 003: an endpoint with nothing listening (refused) and one whose SYNs are dropped
@@ -297,12 +287,7 @@ fn e_failing_connects_make_clients_unreachable() {
             "connect failures with reason {reason} counted:\n{metrics}"
         );
     }
-    for pid in [ok1.pid(), ok2.pid()] {
-        assert_eq!(
-            find_pid(&agent.clients(), pid).expect("listed")["state"],
-            "healthy"
-        );
-    }
+    assert_still_healthy(&agent, &[ok1.pid(), ok2.pid()]);
 }
 
 /// f. Every apiserver down → one LifelineApiserverOutage alert, not one per client.

@@ -523,6 +523,15 @@ pub fn wait_healthy_clients(agent: &Agent, pids: &[u32]) {
     });
 }
 
+/// Asserts that every one of `pids` is listed and `healthy` right now (bystanders of a fault).
+pub fn assert_still_healthy(agent: &Agent, pids: &[u32]) {
+    let clients = agent.clients();
+    for pid in pids {
+        let c = find_pid(&clients, *pid).unwrap_or_else(|| panic!("pid {pid} not listed"));
+        assert_eq!(c["state"], "healthy", "bystander {pid} stayed healthy: {c}");
+    }
+}
+
 /// Waits until `pid` is in `state`; returns the client and when the agent says it got there.
 pub fn wait_state(agent: &Agent, pid: u32, state: &str, timeout: Duration) -> (Value, SystemTime) {
     let c = agent.wait_clients(timeout, &format!("pid {pid} {state}"), |clients| {
