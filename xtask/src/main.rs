@@ -4,6 +4,7 @@
 //!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
 //! - `test`: the whole test command of the README and CI: format and lint checks, unit tests
 //!   (root ones included), then the root integration suites with the real eBPF programs.
+//! - `bench`: what the agent costs, in figures measured in one run.
 //! - `demo`: setup, build, a small self-contained topology (an "apiserver" in a network
 //!   namespace and client processes), and the agent showing its table until Ctrl-C.
 use std::{
@@ -14,6 +15,7 @@ use std::{
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod demo;
 mod setup;
 
@@ -37,6 +39,9 @@ enum Task {
         #[arg(long)]
         suite: Option<String>,
     },
+    /// Figures: throughput of unrelated traffic with and without the agent, and the sampling
+    /// cost per tracked connection (as root).
+    Bench,
     /// Set up, build, and run the agent against a self-contained demo topology.
     Demo {
         /// Skip `setup`.
@@ -166,6 +171,7 @@ fn main() -> ExitCode {
         Task::Setup => setup::setup(),
         Task::Test { no_lint, suite } => test(no_lint, suite.as_deref()),
         Task::Demo { no_setup, seconds } => demo::demo(no_setup, seconds),
+        Task::Bench => bench::bench(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
