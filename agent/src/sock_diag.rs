@@ -79,10 +79,20 @@ pub struct TcpInfo {
     /// Payload bytes acknowledged by the peer (`tcpi_bytes_acked`; the kernel
     /// also counts the SYN, so a fresh client reports 1).
     pub bytes_acked: u64,
+    /// Payload bytes sent, retransmissions included (`tcpi_bytes_sent`, Linux 4.19+).
+    pub bytes_sent: u64,
+    /// Payload bytes retransmitted (`tcpi_bytes_retrans`, Linux 4.19+).
+    pub bytes_retrans: u64,
     /// Milliseconds since the last data was received.
     pub last_data_recv_ms: u32,
+    /// Milliseconds since the last data was sent.
+    pub last_data_sent_ms: u32,
+    /// Milliseconds since the last ACK was received.
+    pub last_ack_recv_ms: u32,
     /// Segments received carrying data.
     pub data_segs_in: u32,
+    /// Segments sent carrying data, retransmissions included.
+    pub data_segs_out: u32,
     /// All segments received.
     pub segs_in: u32,
     /// Retransmitted segments over the connection's lifetime.
@@ -401,13 +411,18 @@ impl TcpInfo {
             probes: raw.get(3).copied().unwrap_or(0),
             backoff: raw.get(4).copied().unwrap_or(0),
             unacked: read_u32(raw, 24),
+            last_data_sent_ms: read_u32(raw, 44),
             last_data_recv_ms: read_u32(raw, 52),
+            last_ack_recv_ms: read_u32(raw, 56),
             rtt_us: read_u32(raw, 68),
             total_retrans: read_u32(raw, 100),
             bytes_acked: u64_at(120),
             bytes_received: u64_at(128),
             segs_in: read_u32(raw, 140),
             data_segs_in: read_u32(raw, 152),
+            data_segs_out: read_u32(raw, 156),
+            bytes_sent: u64_at(200),
+            bytes_retrans: u64_at(208),
         }
     }
 }
@@ -548,11 +563,23 @@ mod tests {
     fn tcp_info(len: usize) -> Vec<u8> {
         let mut raw = vec![0u8; 232];
         raw[2..5].copy_from_slice(&[3, 4, 5]);
-        for (offset, value) in [(24, 6u32), (52, 7), (68, 8), (100, 9), (140, 10), (152, 11)] {
+        for (offset, value) in [
+            (24, 6u32),
+            (44, 12),
+            (52, 7),
+            (56, 13),
+            (68, 8),
+            (100, 9),
+            (140, 10),
+            (152, 11),
+            (156, 14),
+        ] {
             raw[offset..offset + 4].copy_from_slice(&value.to_ne_bytes());
         }
         raw[120..128].copy_from_slice(&(1u64 << 40).to_ne_bytes());
         raw[128..136].copy_from_slice(&((1u64 << 41) + 1).to_ne_bytes());
+        raw[200..208].copy_from_slice(&((1u64 << 42) + 2).to_ne_bytes());
+        raw[208..216].copy_from_slice(&((1u64 << 43) + 3).to_ne_bytes());
         raw.truncate(len);
         raw
     }
@@ -572,8 +599,13 @@ mod tests {
             total_retrans: 9,
             segs_in: 10,
             data_segs_in: 11,
+            last_data_sent_ms: 12,
+            last_ack_recv_ms: 13,
+            data_segs_out: 14,
             bytes_acked: 1 << 40,
             bytes_received: (1 << 41) + 1,
+            bytes_sent: (1 << 42) + 2,
+            bytes_retrans: (1 << 43) + 3,
         };
         let expected = TcpSocketInfo {
             family: AF_INET,

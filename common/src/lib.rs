@@ -60,6 +60,9 @@ pub struct SockEvent {
     pub timestamp_ns: u64,
     /// Kernel address of the `struct sock`: stable for the socket's lifetime.
     pub sk: u64,
+    /// `tcp_sock.bytes_received` at the event: tells userspace whether data arrived between
+    /// its last sample and a close (a GOAWAY right before the client's own close).
+    pub bytes_received: u64,
     /// Inode number of the socket's network namespace.
     pub netns: u32,
     /// [`EventKind`] as u32.
@@ -69,6 +72,10 @@ pub struct SockEvent {
     /// Old and new TCP state (kernel `TCP_*` numbers); for a retransmit, both are the state.
     pub old_state: u32,
     pub new_state: u32,
+    /// `sock.sk_err` at the event (positive errno): why a connect or connection ended
+    /// (`ECONNREFUSED`, `ETIMEDOUT`, `ECONNRESET`, `EHOSTUNREACH`, ...); 0 when none.
+    pub sk_err: u32,
+    pub _pad: u32,
     pub family: u16,
     /// Host byte order.
     pub sport: u16,
@@ -92,6 +99,10 @@ pub struct KernelOffsets {
     pub sock_common_skc_net: u32,
     /// `struct net.ns` + `struct ns_common.inum`.
     pub net_ns_inum: u32,
+    /// `struct sock.sk_err`.
+    pub sock_sk_err: u32,
+    /// `struct tcp_sock.bytes_received`.
+    pub tcp_sock_bytes_received: u32,
     /// Fields of `sock/inet_sock_set_state`.
     pub set_state: SetStateOffsets,
     /// Fields of `tcp/tcp_retransmit_skb`.
@@ -155,5 +166,5 @@ mod pod {
 }
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 18);
-const _: () = assert!(core::mem::size_of::<SockEvent>() == 8 + 8 + 4 * 6 + 2 * 4 + 16 * 3);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 8 + 48 + 40);
+const _: () = assert!(core::mem::size_of::<SockEvent>() == 8 * 3 + 4 * 8 + 2 * 4 + 16 * 3);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 16 + 48 + 40);

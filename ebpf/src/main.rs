@@ -32,6 +32,8 @@ const IPPROTO_TCP: u16 = 6;
 static OFFSETS: KernelOffsets = KernelOffsets {
     sock_common_skc_net: 0,
     net_ns_inum: 0,
+    sock_sk_err: 0,
+    tcp_sock_bytes_received: 0,
     set_state: lifeline_common::SetStateOffsets {
         skaddr: 0,
         oldstate: 0,
@@ -182,6 +184,14 @@ fn emit(
         bump(counter::LOST);
         return;
     };
+    // Only for sockets that passed the endpoint filter: two reads that tell userspace why a
+    // connection ended and whether data arrived just before a close. A failed read is 0.
+    // SAFETY: bpf_probe_read_kernel tolerates any address; offsets come from the kernel's BTF.
+    let sk_err: i32 =
+        unsafe { bpf_probe_read_kernel((sk + off.sock_sk_err as u64) as *const i32) }.unwrap_or(0);
+    let bytes_received: u64 =
+        unsafe { bpf_probe_read_kernel((sk + off.tcp_sock_bytes_received as u64) as *const u64) }
+            .unwrap_or(0);
     let pid_tgid = bpf_get_current_pid_tgid();
     // Only connect() is certain to run in the owner's context; see SockEvent's docs.
     let in_process_context = u16::from(old_state == tcp_state::CLOSE && new_state == tcp_state::SYN_SENT);
@@ -189,12 +199,15 @@ fn emit(
         // SAFETY: helper with no preconditions.
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         sk,
+        bytes_received,
         netns,
         kind: kind as u32,
         tgid: (pid_tgid >> 32) as u32,
         pid: pid_tgid as u32,
         old_state,
         new_state,
+        sk_err: sk_err as u32,
+        _pad: 0,
         family: dest.family,
         sport,
         dport: dest.dport,

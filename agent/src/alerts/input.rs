@@ -151,6 +151,8 @@ mod tests {
             remote: "10.0.0.1:6443".parse().unwrap(),
             owner_tgid: tgid,
             thread_comm: "worker".into(),
+            sk_err: 0,
+            bytes_received: 0,
         };
         let info = ProcessInfo {
             pid,

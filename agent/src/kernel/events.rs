@@ -39,6 +39,11 @@ pub struct KernelEvent {
     pub owner_tgid: Option<u32>,
     /// Thread name of the task on the CPU (diagnostics only).
     pub thread_comm: String,
+    /// `sock.sk_err` at the event (positive errno, 0 for none): why a connect failed or a
+    /// connection ended.
+    pub sk_err: i32,
+    /// `tcp_sock.bytes_received` at the event.
+    pub bytes_received: u64,
 }
 
 impl KernelEvent {
@@ -97,7 +102,10 @@ pub fn decode(bytes: &[u8], clock: &MonotonicClock) -> Result<KernelEvent> {
     let ip = |a: [u8; 16]| -> Result<IpAddr> {
         match raw.family {
             AF_INET => Ok(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))),
-            AF_INET6 => Ok(crate::endpoint::canonical_ip(IpAddr::V6(Ipv6Addr::from(a)))),
+            // Kept in the socket's own form: a dual-stack socket (every JVM) connects to
+            // `::ffff:a.b.c.d`, and sock_diag, the start-up scan and SOCK_DESTROY know it only
+            // by that AF_INET6 tuple. Endpoint matching treats the mapped address as IPv4.
+            AF_INET6 => Ok(IpAddr::V6(Ipv6Addr::from(a))),
             f => Err(Error::Family(f)),
         }
     };
@@ -111,6 +119,8 @@ pub fn decode(bytes: &[u8], clock: &MonotonicClock) -> Result<KernelEvent> {
         remote: SocketAddr::new(ip(raw.daddr)?, raw.dport),
         owner_tgid: (raw.in_process_context != 0 && raw.tgid != 0).then_some(raw.tgid),
         thread_comm: String::from_utf8_lossy(&raw.comm[..comm_len]).into_owned(),
+        sk_err: raw.sk_err as i32,
+        bytes_received: raw.bytes_received,
     })
 }
 
@@ -129,12 +139,15 @@ mod tests {
         SockEvent {
             timestamp_ns: 5,
             sk: 0xffff_8880_1234_5678,
+            bytes_received: 1234,
             netns: 4026531840,
             kind,
             tgid: 42,
             pid: 43,
             old_state: tcp_state::CLOSE,
             new_state: tcp_state::SYN_SENT,
+            sk_err: 0,
+            _pad: 0,
             family,
             sport: 40000,
             dport: 6443,
@@ -172,17 +185,26 @@ mod tests {
         assert_eq!(ev.owner_tgid, Some(42));
         assert_eq!(ev.thread_comm, "ll-client");
         assert_eq!(ev.netns, 4026531840);
+        assert_eq!((ev.sk_err, ev.bytes_received), (0, 1234));
     }
 
     #[test]
-    fn softirq_events_name_no_owner_and_mapped_v6_becomes_v4() {
+    fn softirq_events_name_no_owner_and_mapped_v6_keeps_its_family() {
         let clock = MonotonicClock::new();
         let mut r = raw(EventKind::Retransmit as u32, AF_INET6);
         r.in_process_context = 0;
+        r.sk_err = libc::ECONNREFUSED as u32;
+        r.saddr = Ipv4Addr::new(10, 0, 0, 2).to_ipv6_mapped().octets();
         r.daddr = Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped().octets();
         let ev = decode(&bytes(&r), &clock).unwrap();
         assert_eq!(ev.owner_tgid, None);
-        assert_eq!(ev.remote, "10.0.0.1:6443".parse().unwrap());
+        assert_eq!(ev.sk_err, libc::ECONNREFUSED);
+        assert_eq!(
+            ev.remote,
+            "[::ffff:10.0.0.1]:6443".parse().unwrap(),
+            "the socket's own AF_INET6 form, which sock_diag knows it by"
+        );
+        assert_eq!(ev.local, "[::ffff:10.0.0.2]:40000".parse().unwrap());
         assert!(matches!(ev.change, Change::Retransmit { .. }));
     }
 

@@ -46,6 +46,8 @@ pub fn discover() -> Result<KernelOffsets> {
     Ok(KernelOffsets {
         sock_common_skc_net: member_offset(&btf, "sock_common", "skc_net")?,
         net_ns_inum: member_offset(&btf, "net", "ns")? + member_offset(&btf, "ns_common", "inum")?,
+        sock_sk_err: member_offset(&btf, "sock", "sk_err")?,
+        tcp_sock_bytes_received: member_offset(&btf, "tcp_sock", "bytes_received")?,
         set_state: SetStateOffsets {
             skaddr: set_state.offset("skaddr")?,
             oldstate: set_state.offset("oldstate")?,

@@ -295,6 +295,8 @@ mod tests {
                 remote: "10.0.0.1:6443".parse().unwrap(),
                 owner_tgid: tgid,
                 thread_comm: "worker".into(),
+                sk_err: 0,
+                bytes_received: 0,
             };
             let info = ProcessInfo {
                 pid,
@@ -458,6 +460,8 @@ mod tests {
             remote: "10.0.0.1:6443".parse().unwrap(),
             owner_tgid: None,
             thread_comm: String::new(),
+            sk_err: 0,
+            bytes_received: 0,
         };
         table.apply_event(&retransmit, None);
         let verdicts = HashMap::from([((7, 42), verdict(State::Blackholed, t0))]);
