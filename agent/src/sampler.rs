@@ -1,23 +1,39 @@
-//! The sock_diag side of the connection table: the start-up scan that finds connections older
-//! than the agent, the once-a-second sampling of `tcp_info` for *tracked sockets only* (exact
-//! lookups by 4-tuple in the socket's own network namespace, so the cost grows with the
-//! number of apiserver connections, never with the node's other traffic), owner resolution
-//! through `/proc/*/fd` for sockets no `connect()` event named, and the liveness check that
-//! forgets processes that exited.
+//! The sock_diag side of the connection table: the scan that finds connections the kernel
+//! events did not report (older than the agent, or lost in a burst), the once-a-second
+//! sampling of `tcp_info` for *tracked sockets only*, owner resolution through `/proc/*/fd`
+//! for sockets no `connect()` event named, and the liveness check that forgets processes that
+//! exited.
+//!
+//! Sampling uses exact lookups by 4-tuple in the socket's own network namespace, batched
+//! ([`DiagSocket::lookup_many`]): the cost grows with the number of apiserver connections,
+//! never with the node's other traffic. (A dump per namespace filtered on the endpoint port
+//! walks the kernel's whole established hash table, 256k buckets here, for every namespace;
+//! see docs/benchmarks.md for the figures.)
+//!
+//! Scans run at start-up, after an endpoint change, when the kernel's count of lost events
+//! grows (the resync that heals a burst), and every [`RESYNC_EVERY`] as a safety net.
 use std::{
-    collections::{hash_map::Entry, HashMap, HashSet},
+    collections::{hash_map::Entry, BTreeSet, HashMap, HashSet},
+    net::SocketAddr,
     sync::{Arc, Mutex},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use lifeline_common::tcp_state;
 
 use crate::{
+    kernel::pump::KernelStats,
     netns,
     process::Procfs,
     sock_diag::{self, DiagSocket},
     table::{ConnectionTable, Sample, Tuple},
 };
+
+/// How often every namespace is scanned again although no event was lost.
+pub const RESYNC_EVERY: Duration = Duration::from_secs(300);
+/// Least time between two scans prompted by lost events (a storm may lose events for a
+/// while: one scan after each quiet spell is enough).
+pub const RESYNC_MIN_GAP: Duration = Duration::from_secs(5);
 
 /// Socket states worth listing: connecting, connected, or closed by the peer only.
 const WATCHED_STATES: u32 =
@@ -37,6 +53,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Sampler {
     procfs: Procfs,
     sockets: HashMap<u64, DiagSocket>,
+    /// The kernel's counters as the event pump publishes them (none in unit tests).
+    stats: Option<Arc<KernelStats>>,
+    /// Lost events already healed by a scan.
+    lost_seen: u64,
+    last_scan: Option<Instant>,
 }
 
 /// What one sampling round did (for logs and tests).
@@ -46,6 +67,8 @@ pub struct Round {
     pub gone: usize,
     pub owners_found: usize,
     pub exited: usize,
+    /// Connections a resync scan run in this round added (None: no scan ran).
+    pub resync_added: Option<usize>,
 }
 
 impl Sampler {
@@ -53,52 +76,102 @@ impl Sampler {
         Self {
             procfs,
             sockets: HashMap::new(),
+            stats: None,
+            lost_seen: 0,
+            last_scan: None,
         }
     }
 
-    /// Finds every watched connection that already exists, in every network namespace, and
-    /// adds it to the table (the table skips ones that kernel events already reported).
-    /// Returns how many were added.
+    /// Rescans when the kernel's lost-event counter in `stats` grows.
+    pub fn with_kernel_stats(mut self, stats: Arc<KernelStats>) -> Self {
+        self.lost_seen = stats.get().lost;
+        self.stats = Some(stats);
+        self
+    }
+
+    /// Finds every watched connection that exists, in every network namespace, and merges
+    /// them into the table (which skips the ones kernel events already reported). Returns
+    /// how many were added.
     pub fn scan(&mut self, table: &Mutex<ConnectionTable>) -> usize {
+        self.last_scan = Some(Instant::now());
+        let ports: BTreeSet<u16> = table
+            .lock()
+            .expect("table lock")
+            .endpoints()
+            .iter()
+            .map(|(e, _)| e.port)
+            .collect();
         let mut added = 0;
         for (inode, path) in netns::enumerate() {
-            let socket = match DiagSocket::open_in(&path) {
-                Ok(socket) => socket,
-                Err(err) => {
-                    tracing::warn!(netns = inode, path = %path.display(), "cannot scan namespace: {err}");
-                    continue;
-                }
-            };
-            for family in [libc::AF_INET as u16, libc::AF_INET6 as u16] {
-                let found = match socket.dump(family, WATCHED_STATES) {
-                    Ok(found) => found,
+            let opened;
+            let socket = match self.sockets.get(&inode) {
+                Some(socket) => socket,
+                None => match DiagSocket::open_in(&path) {
+                    Ok(socket) => {
+                        opened = socket;
+                        &opened
+                    }
                     Err(err) => {
-                        tracing::warn!(netns = inode, family, "sock_diag dump failed: {err}");
+                        tracing::warn!(netns = inode, path = %path.display(), "cannot scan namespace: {err}");
                         continue;
                     }
-                };
-                let now = Instant::now();
-                let mut table = table.lock().expect("table lock");
-                for s in found {
-                    let tuple = Tuple {
-                        netns: inode,
-                        local: s.local,
-                        remote: s.remote,
-                    };
-                    if table.insert_scanned(tuple, s.inode, u32::from(s.state), now) {
-                        added += 1;
+                },
+            };
+            let mut found = Vec::new();
+            for family in [libc::AF_INET as u16, libc::AF_INET6 as u16] {
+                for &port in &ports {
+                    match socket.dump_to_port(family, WATCHED_STATES, port) {
+                        Ok(sockets) => found.extend(sockets.into_iter().map(|s| {
+                            let tuple = Tuple {
+                                netns: inode,
+                                local: s.local,
+                                remote: s.remote,
+                            };
+                            (tuple, s.inode, u32::from(s.state))
+                        })),
+                        Err(err) => {
+                            tracing::warn!(netns = inode, family, port, "sock_diag dump failed: {err}")
+                        }
                     }
                 }
+            }
+            if !found.is_empty() {
+                added += table
+                    .lock()
+                    .expect("table lock")
+                    .reconcile_scan(inode, &found, Instant::now());
             }
         }
         self.resolve_owners(table);
         added
     }
 
+    /// Whether a resync scan is due at `now`: the kernel lost events since the last one (and
+    /// [`RESYNC_MIN_GAP`] has passed), or [`RESYNC_EVERY`] has.
+    fn resync_due(&self, now: Instant) -> bool {
+        let Some(last) = self.last_scan else {
+            return false; // the start-up scan is the caller's
+        };
+        let since = now.duration_since(last);
+        let lost = self.stats.as_ref().map_or(0, |s| s.get().lost);
+        since >= RESYNC_EVERY || (lost > self.lost_seen && since >= RESYNC_MIN_GAP)
+    }
+
     /// One sampling round: inbound counters of every tracked socket, owners of new ones,
-    /// processes that exited.
+    /// processes that exited; and a resync scan when one is due.
     pub fn sample(&mut self, table: &Mutex<ConnectionTable>) -> Round {
         let mut round = Round::default();
+        if self.resync_due(Instant::now()) {
+            let lost = self.stats.as_ref().map_or(0, |s| s.get().lost);
+            if lost > self.lost_seen {
+                tracing::warn!(
+                    lost = lost - self.lost_seen,
+                    "kernel events were lost: rescanning every namespace"
+                );
+            }
+            self.lost_seen = lost;
+            round.resync_added = Some(self.scan(table));
+        }
         let targets = table.lock().expect("table lock").sample_targets();
         let mut by_netns: HashMap<u64, Vec<Tuple>> = HashMap::new();
         for t in targets {
@@ -115,18 +188,22 @@ impl Sampler {
                     continue;
                 }
             };
-            for tuple in tuples {
-                let sample = match socket.lookup(tuple.local, tuple.remote) {
-                    Ok(Some(s)) => Sample::Found {
+            let pairs: Vec<(SocketAddr, SocketAddr)> = tuples.iter().map(|t| (t.local, t.remote)).collect();
+            let found = match socket.lookup_many(&pairs) {
+                Ok(found) => found,
+                Err(err) => {
+                    tracing::debug!(netns = inode, "sock_diag lookups failed: {err}");
+                    continue;
+                }
+            };
+            for (tuple, info) in tuples.into_iter().zip(found) {
+                let sample = match info {
+                    Some(s) => Sample::Found {
                         inode: s.inode,
                         tcp_state: u32::from(s.state),
                         tcp: s.tcp,
                     },
-                    Ok(None) => Sample::Gone,
-                    Err(err) => {
-                        tracing::debug!(netns = inode, "sock_diag lookup failed: {err}");
-                        continue;
-                    }
+                    None => Sample::Gone,
                 };
                 round.gone += usize::from(sample == Sample::Gone);
                 samples.push((tuple, sample));

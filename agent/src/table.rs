@@ -286,6 +286,44 @@ impl ConnectionTable {
         true
     }
 
+    // LEAD: replace with main's version at merge (the resync that heals lost events).
+    /// Merges what a scan of network namespace `netns` found: `(tuple, inode, tcp_state)` of
+    /// every socket to a watched endpoint there. Returns how many were new.
+    pub fn reconcile_scan(&mut self, netns: u64, found: &[(Tuple, u64, u32)], now: Instant) -> usize {
+        found
+            .iter()
+            .filter(|(tuple, ..)| tuple.netns == netns)
+            .filter(|(tuple, inode, state)| self.insert_scanned(*tuple, *inode, *state, now))
+            .count()
+    }
+
+    // LEAD: replace with main's version at merge (failures aggregated in the kernel).
+    /// Records `count` failed connects of process `pid` to `endpoint` that the kernel counted
+    /// instead of sending them one by one. A process the table does not know is ignored.
+    pub fn record_connect_failures(
+        &mut self,
+        pid: u32,
+        endpoint: Endpoint,
+        reason: FailureReason,
+        count: u32,
+        at: Instant,
+    ) {
+        let Some(p) = self.processes.get_mut(&pid) else {
+            return;
+        };
+        for _ in 0..count.min(64) {
+            p.connect_failures
+                .push_back(ConnectFailure { at, endpoint, reason });
+        }
+        while p
+            .connect_failures
+            .front()
+            .is_some_and(|f| at.duration_since(f.at) > FAILURE_MEMORY)
+        {
+            p.connect_failures.pop_front();
+        }
+    }
+
     /// Connections whose owner is not known yet, with their socket inode when known.
     pub fn ownerless(&self) -> Vec<(Tuple, Option<u64>)> {
         self.conns

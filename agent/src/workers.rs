@@ -1,6 +1,6 @@
-//! The agent's two workers, in the order of the data flow:
+//! The agent's workers, in the order of the data flow:
 //!
-//! - [`pump_events`]: kernel events → connection table (a tokio task, as they arrive);
+//! - `kernel::pump`: kernel events → connection table (a thread of its own, as they arrive);
 //! - [`SampleLoop`]: once per tick, sock_diag samples → connection table → client health →
 //!   actions (logs, metrics, alerts, Kubernetes Events, remediation). A thread of its own: the
 //!   sampling is blocking netlink I/O.
@@ -12,22 +12,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{MapData, RingBuf};
-
 use crate::{
     alerts::{self, Alerter},
     cluster::{self, Cluster, EventTarget, EventType, PodRef},
     health::State,
     judge::Judge,
-    kernel::{
-        events::{self, MonotonicClock},
-        programs::Probes,
-    },
+    kernel::programs::Probes,
     metrics::Metrics,
-    process::{ProcessInfo, Procfs},
+    process::ProcessInfo,
     remediate::{self, Remediation},
     sampler::{Sampler, SharedTable},
-    table::Applied,
     views,
 };
 
@@ -44,68 +38,6 @@ pub enum Command {
 /// The pod a process runs in, from the cluster's pod index by container id.
 pub fn pod_of(cluster: Option<&Cluster>, info: &ProcessInfo) -> Option<PodRef> {
     cluster.and_then(|c| info.container.as_ref().and_then(|k| c.pod_of(&k.id)))
-}
-
-/// Metric labels of a process: namespace, pod, container (empty outside Kubernetes), comm.
-fn client_labels(cluster: Option<&Cluster>, info: &ProcessInfo) -> [String; 4] {
-    match pod_of(cluster, info) {
-        Some(p) => [p.namespace, p.pod, p.container, info.comm.clone()],
-        None => [String::new(), String::new(), String::new(), info.comm.clone()],
-    }
-}
-
-/// Kernel events → connection table.
-pub async fn pump_events(
-    ring: RingBuf<MapData>,
-    table: SharedTable,
-    metrics: Arc<Metrics>,
-    procfs: Procfs,
-    cluster: Option<Cluster>,
-) -> std::io::Result<()> {
-    let clock = MonotonicClock::new();
-    let mut fd = crate::kernel::readable_fd(ring)?;
-    loop {
-        let mut guard = fd.readable_mut().await?;
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            let decoded = events::decode(&item, &clock);
-            drop(item);
-            let ev = match decoded {
-                Ok(ev) => ev,
-                Err(err) => {
-                    tracing::warn!("dropping a kernel event: {err}");
-                    continue;
-                }
-            };
-            metrics.ebpf_events.with_label_values(&[ev.kind_label()]).inc();
-            let owner = ev.owner_tgid.and_then(|tgid| procfs.process(tgid).ok());
-            let mut table = table.lock().expect("table lock");
-            let counted = match table.apply_event(&ev, owner) {
-                Some(Applied::Retransmit {
-                    pid: Some(pid),
-                    endpoint,
-                }) => Some((pid, endpoint, None)),
-                Some(Applied::ConnectFailed {
-                    pid,
-                    endpoint,
-                    reason,
-                }) => Some((pid, endpoint, Some(reason))),
-                Some(Applied::Retransmit { pid: None, .. }) | None => None,
-            };
-            let Some((pid, endpoint, failure)) = counted else {
-                continue;
-            };
-            let Some(p) = table.process(pid) else { continue };
-            let labels = client_labels(cluster.as_ref(), &p.info);
-            match failure {
-                None => metrics.count_retransmit(&labels, &endpoint.to_string()),
-                Some(reason) => {
-                    metrics.count_connect_failure(&labels, &endpoint.to_string(), reason.as_str())
-                }
-            }
-        }
-        guard.clear_ready();
-    }
 }
 
 /// Evictions through the cluster when there is one; standalone, every eviction fails.

@@ -4,7 +4,8 @@
 //!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
 //! - `test`: the whole test command of the README and CI: format and lint checks, unit tests
 //!   (root ones included), then the root integration suites with the real eBPF programs.
-//! - `bench`: what the agent costs, in figures measured in one run.
+//! - `bench`: what the agent costs, in figures measured in one run (written to
+//!   `docs/benchmarks.md`).
 //! - `demo`: setup, build, a small self-contained topology (an "apiserver" in a network
 //!   namespace and client processes), and the agent showing its table until Ctrl-C.
 use std::{
@@ -39,8 +40,9 @@ enum Task {
         #[arg(long)]
         suite: Option<String>,
     },
-    /// Figures: throughput of unrelated traffic with and without the agent, and the sampling
-    /// cost per tracked connection (as root).
+    /// Figures, written to docs/benchmarks.md: unrelated churn against no observer, bpftrace
+    /// and ss; kernel cost per call; CPU and RSS per tracked connection; bursts; a connect
+    /// storm (as root).
     Bench,
     /// Set up, build, and run the agent against a self-contained demo topology.
     Demo {
@@ -102,7 +104,7 @@ fn require_root(what: &str) -> Result {
 }
 
 /// The integration suites, in the order they run.
-const SUITES: [&str; 4] = ["foundation", "fixture", "scenarios", "kubernetes"];
+const SUITES: [&str; 5] = ["foundation", "fixture", "scenarios", "kubernetes", "performance"];
 
 fn test(no_lint: bool, suite: Option<&str>) -> Result {
     require_root("the test suite")?;

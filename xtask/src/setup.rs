@@ -4,7 +4,8 @@ use std::{fs, os::unix::fs::symlink, path::Path, process::Command};
 use crate::{cargo, run, Failed, Result};
 
 /// Debian packages the suites and the demo use.
-const APT_PACKAGES: [&str; 10] = [
+const APT_PACKAGES: [&str; 11] = [
+    "bpftrace",
     "iperf3",
     "iproute2",
     "iptables",
