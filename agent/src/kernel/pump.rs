@@ -45,10 +45,9 @@ pub const BATCH: usize = 1024;
 pub const OWNER_TTL: Duration = Duration::from_secs(1);
 /// Owners cached at most (processes that connected within [`OWNER_TTL`]).
 const OWNER_CACHE_MAX: usize = 4096;
-/// How often aggregated failures and counters are read.
+/// How often aggregated failures and counters are read (and the stop flag checked when no
+/// event comes).
 pub const TICK: Duration = Duration::from_secs(1);
-/// Longest wait for events before the stop flag is checked again.
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The kernel's counters as the pump last read them.
 #[derive(Debug, Default)]
@@ -87,7 +86,7 @@ pub struct PumpContext {
     pub stats: Arc<KernelStats>,
 }
 
-/// The running pump; dropping it stops the thread (within [`POLL_INTERVAL`]).
+/// The running pump; dropping it stops the thread (within [`TICK`]).
 pub struct Pump {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -145,13 +144,13 @@ impl Worker {
                 self.tick(now);
                 next_tick = now + TICK;
             }
-            let wait = next_tick.saturating_duration_since(now).min(POLL_INTERVAL);
+            let wait = next_tick.saturating_duration_since(now);
             match wait_readable(&self.feed.events, wait) {
                 Ok(true) => self.drain(),
                 Ok(false) => {}
                 Err(err) => {
                     tracing::error!("waiting for kernel events: {err}");
-                    std::thread::sleep(POLL_INTERVAL);
+                    std::thread::sleep(TICK);
                 }
             }
         }
