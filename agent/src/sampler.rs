@@ -350,8 +350,32 @@ pub type SharedTable = Arc<Mutex<ConnectionTable>>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::programs::KernelCounters;
     use crate::netns::{run_in_netns, TestNetns};
     use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn rescans_after_lost_events_and_every_few_minutes() {
+        let stats = Arc::new(KernelStats::default());
+        stats.set(KernelCounters {
+            lost: 7,
+            ..Default::default()
+        });
+        let mut sampler = Sampler::new(Procfs::default()).with_kernel_stats(stats.clone());
+        let t0 = Instant::now();
+        assert!(!sampler.resync_due(t0), "the start-up scan is the caller's");
+        sampler.last_scan = Some(t0);
+        assert!(!sampler.resync_due(t0 + RESYNC_MIN_GAP), "losses before start are not ours");
+        stats.set(KernelCounters {
+            lost: 9,
+            ..Default::default()
+        });
+        assert!(!sampler.resync_due(t0 + RESYNC_MIN_GAP / 2), "at most one per gap");
+        assert!(sampler.resync_due(t0 + RESYNC_MIN_GAP), "events lost: rescan");
+        sampler.lost_seen = 9;
+        assert!(!sampler.resync_due(t0 + RESYNC_EVERY / 2));
+        assert!(sampler.resync_due(t0 + RESYNC_EVERY), "the periodic safety net");
+    }
 
     #[test]
     #[ignore = "needs root: run by cargo xtask test"]

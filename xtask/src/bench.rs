@@ -38,7 +38,7 @@ use crate::{cargo, run, workspace, Failed, Result};
 /// Seconds of churn per observer and round.
 const CHURN_SECONDS: u64 = 5;
 /// Interleaved rounds of [none, lifeline, bpftrace, ss].
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 /// The watched endpoint's port (no churn goes there).
 const WATCHED_PORT: u16 = 16443;
 const CHURN_PORT: u16 = 18080;
@@ -128,15 +128,28 @@ struct Bins {
     load: PathBuf,
 }
 
-/// utime + stime of `pid` (and of its waited-for children), in seconds.
+/// CPU time of `pid`, in seconds: its threads' run time from `schedstat` (nanoseconds), plus
+/// the time of the children it waited for (clock ticks; the `ss` loop's `ss` runs).
 fn cpu_seconds(pid: u32) -> f64 {
+    let threads: u64 = fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    threads as f64 / 1e9 + children_seconds(pid)
+}
+
+/// cutime + cstime of `pid`, in seconds.
+fn children_seconds(pid: u32) -> f64 {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };
     let fields: Vec<&str> = stat[stat.rfind(')').unwrap_or(0) + 2..]
         .split_whitespace()
         .collect();
-    let ticks: f64 = fields[11..15]
+    let ticks: f64 = fields[13..15]
         .iter()
         .map(|f| f.parse::<f64>().unwrap_or(0.0))
         .sum();
@@ -255,11 +268,31 @@ fn listed_connections() -> usize {
 impl Lab {
     /// A release agent watching 127.0.0.1:WATCHED_PORT; returns once `/readyz` answers.
     fn agent(&mut self, bins: &Bins, extra: &[&str]) -> Result<u32> {
+        self.agent_logging(bins, extra, None)
+    }
+
+    /// [`Lab::agent`], with `log` (if any) receiving its stderr, the sampler at debug level.
+    fn agent_logging(&mut self, bins: &Bins, extra: &[&str], log: Option<&Path>) -> Result<u32> {
         let endpoint = format!("127.0.0.1:{WATCHED_PORT}");
         let mut cmd = Command::new(&bins.lifeline);
         cmd.args(["run", "--endpoint", &endpoint, "--listen", AGENT_ADDR])
             .args(extra);
-        let pid = self.spawn(&mut cmd)?;
+        let pid = match log {
+            None => self.spawn(&mut cmd)?,
+            Some(path) => {
+                let file = fs::File::create(path).map_err(|e| Failed(format!("{}: {e}", path.display())))?;
+                cmd.env("RUST_LOG", "info,lifeline::sampler=debug")
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .stderr(file);
+                let child = cmd
+                    .spawn()
+                    .map_err(|e| Failed(format!("{}: {e}", crate::show(&cmd))))?;
+                let pid = child.id();
+                self.children.push(child);
+                pid
+            }
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if matches!(
@@ -341,6 +374,10 @@ struct Hold {
 
 impl Hold {
     fn start(lab: &Lab, bins: &Bins, count: usize) -> Result<(Hold, String)> {
+        Hold::start_with(lab, bins, count, &[])
+    }
+
+    fn start_with(lab: &Lab, bins: &Bins, count: usize, extra: &[&str]) -> Result<(Hold, String)> {
         let target = format!("127.0.0.1:{WATCHED_PORT}");
         let mut child = lab
             .in_ns(&bins.load)
@@ -353,6 +390,7 @@ impl Hold {
                 "--threads",
                 "4",
             ])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -448,7 +486,8 @@ fn machine() -> String {
 pub fn bench() -> Result {
     crate::require_root("the benchmark")?;
     run(cargo().args(["build", "--release", "-p", "lifeline"]))?;
-    run(cargo().args(["build", "-p", "lifeline-integration", "--bin", "ll-load"]))?;
+    // The same set of packages as the test workflow, so that dependencies are built once.
+    run(cargo().args(["build", "-p", "lifeline", "-p", "lifeline-integration", "--bins"]))?;
     for tool in ["bpftrace", "bpftool", "ss"] {
         if Command::new(tool).arg("--version").output().is_err() {
             return Err(Failed(format!(
@@ -472,6 +511,7 @@ pub fn bench() -> Result {
     tracked_section(&bins, &mut report)?;
     burst_section(&bins, &mut report)?;
     storm_section(&bins, &mut report)?;
+    detection_section(&bins, &mut report)?;
     let path = workspace().join("docs/benchmarks.md");
     write_report(&path, &report.text)?;
     eprintln!("written to {}", path.display());
@@ -636,22 +676,27 @@ fn tracked_section(bins: &Bins, report: &mut Report) -> Result {
     let mut server = lab.in_ns(&bins.load);
     server.args(["serve", "--listen", &listen]);
     lab.spawn(&mut server)?;
-    let agent = lab.agent(bins, &[])?;
+    let log = std::env::temp_dir().join(format!("llbench-{}-agent.log", std::process::id()));
+    let agent = lab.agent_logging(bins, &[], Some(&log))?;
     thread::sleep(Duration::from_secs(2));
     report.line("## Tracked connections");
     report.line("");
     report.line(
-        "Idle connections to the watched endpoint, all of one process, sampled once a second; \
-         agent CPU over 10 s after the table is complete.",
+        "Idle connections to the watched endpoint, all of one process, in one namespace, sampled \
+         once a second; agent CPU over 10 s after the table is complete. *Sampling* is the \
+         sampler's share of it (sock_diag and merging the samples, timed by the agent itself); \
+         the rest is the per-second judgement, views and metrics, and the event pump.",
     );
     report.line("");
-    report.line("| tracked | agent CPU | per connection | RSS | of which anonymous / file-backed |");
-    report.line("| ---: | ---: | ---: | ---: | ---: |");
+    report.line(
+        "| tracked | agent CPU | per connection | sampling per connection | RSS | anonymous / file-backed |",
+    );
+    report.line("| ---: | ---: | ---: | ---: | ---: | ---: |");
     let idle0 = cpu_seconds(agent);
     thread::sleep(Duration::from_secs(10));
     let idle = (cpu_seconds(agent) - idle0) / 10.0;
     report.line(format!(
-        "| 0 | {:.2} ms/s | — | {} MiB | {} / {} MiB |",
+        "| 0 | {:.2} ms/s | — | — | {} MiB | {} / {} MiB |",
         idle * 1000.0,
         status_kib(agent, "VmRSS") / 1024,
         status_kib(agent, "RssAnon") / 1024,
@@ -662,12 +707,15 @@ fn tracked_section(bins: &Bins, report: &mut Report) -> Result {
         let listed = wait_listed(n, Duration::from_secs(60));
         thread::sleep(Duration::from_secs(3));
         let c0 = cpu_seconds(agent);
+        let log_mark = fs::metadata(&log).map_or(0, |m| m.len());
         thread::sleep(Duration::from_secs(10));
         let per_second = (cpu_seconds(agent) - c0) / 10.0;
+        let sampling = sampling_us_per_socket(&log, log_mark, n);
         report.line(format!(
-            "| {n} | {:.2} ms/s | {:.2} µs/s | {} MiB | {} / {} MiB |",
+            "| {n} | {:.2} ms/s | {:.2} µs/s | {} | {} MiB | {} / {} MiB |",
             per_second * 1000.0,
             per_second * 1e6 / n as f64,
+            sampling.map_or("?".into(), |us| format!("{us:.2} µs/s")),
             status_kib(agent, "VmRSS") / 1024,
             status_kib(agent, "RssAnon") / 1024,
             (status_kib(agent, "RssFile") + status_kib(agent, "RssShmem")) / 1024
@@ -683,6 +731,23 @@ fn tracked_section(bins: &Bins, report: &mut Report) -> Result {
         status_kib(agent, "VmHWM") / 1024
     ));
     Ok(())
+}
+
+/// Mean time of the sampler's rounds over `n` sockets logged after byte `from` of `log`, per
+/// socket, in µs (the agent logs `sampled=N look_up_us=.. apply_us=.. owners_us=..`).
+fn sampling_us_per_socket(log: &Path, from: u64, n: usize) -> Option<f64> {
+    let text = fs::read(log).ok()?;
+    let text = String::from_utf8_lossy(text.get(from as usize..)?);
+    let field = |line: &str, name: &str| -> Option<f64> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+    };
+    let rounds: Vec<f64> = text
+        .lines()
+        .filter(|l| l.contains("sampling round") && field(l, "sampled") == Some(n as f64))
+        .filter_map(|l| Some(field(l, "look_up_us")? + field(l, "apply_us")? + field(l, "owners_us")?))
+        .collect();
+    (!rounds.is_empty()).then(|| rounds.iter().sum::<f64>() / rounds.len() as f64 / n as f64)
 }
 
 fn wait_listed_at_most(n: usize, timeout: Duration) {
@@ -795,6 +860,153 @@ fn storm_section(bins: &Bins, report: &mut Report) -> Result {
         rss1 as i64 - rss0 as i64
     );
     report.line(line);
+    report.line("");
+    Ok(())
+}
+
+/// Thresholds for the detection runs, shortened (the defaults take minutes); each run may
+/// override one.
+const DETECTION_FLAGS: [(&str, &str); 4] = [
+    ("--disconnect-grace", "5s"),
+    ("--stale-after", "10s"),
+    ("--blackhole-after", "10s"),
+    ("--min-client-age", "2s"),
+];
+
+/// The state the agent reports for `pid`, if it lists it.
+fn client_state(pid: u32) -> Option<String> {
+    let (_, body) = http_get(AGENT_ADDR, "/api/v1/clients", Duration::from_secs(5)).ok()?;
+    let clients: serde_json::Value = serde_json::from_str(&body).ok()?;
+    clients
+        .as_array()?
+        .iter()
+        .find(|c| c["pid"].as_u64() == Some(u64::from(pid)))
+        .and_then(|c| c["state"].as_str().map(String::from))
+}
+
+/// Polls until `pid` is in `state`; the time since `since`, or None after `timeout`.
+fn wait_state(pid: u32, state: &str, since: Instant, timeout: Duration) -> Option<Duration> {
+    while since.elapsed() < timeout {
+        if client_state(pid).as_deref() == Some(state) {
+            return Some(since.elapsed());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+/// The detection flags with `override_` (flag, value) replacing its default.
+fn detection_flags(override_: Option<(&'static str, &'static str)>) -> Vec<&'static str> {
+    DETECTION_FLAGS
+        .iter()
+        .map(|&(flag, value)| match override_ {
+            Some((f, v)) if f == flag => (flag, v),
+            _ => (flag, value),
+        })
+        .flat_map(|(f, v)| [f, v])
+        .collect()
+}
+
+fn detection_section(bins: &Bins, report: &mut Report) -> Result {
+    report.line("## Detection latency");
+    report.line("");
+    report.line(format!(
+        "Each signature provoked once, with shortened thresholds ({}): the time from the fault \
+         to the state change in `/api/v1/clients` (polled every 100 ms), against the threshold.",
+        DETECTION_FLAGS.map(|(f, v)| format!("`{f} {v}`")).join(", ")
+    ));
+    report.line("");
+    report.line("| signature | fault | threshold | detected after |");
+    report.line("| --- | --- | ---: | ---: |");
+    let listen = format!("127.0.0.1:{WATCHED_PORT}");
+    let timeout = Duration::from_secs(90);
+    let shown =
+        |d: Option<Duration>| d.map_or("not within 90 s".into(), |d| format!("{:.1} s", d.as_secs_f64()));
+
+    // disconnected: the server goes away, the client never dials again.
+    {
+        let mut lab = Lab::new()?;
+        let mut server = lab.in_ns(&bins.load);
+        server.args(["serve", "--listen", &listen]);
+        let server = lab.spawn(&mut server)?;
+        lab.agent(bins, &detection_flags(None))?;
+        let (hold, _) = Hold::start(&lab, bins, 1)?;
+        let pid = hold.child.id();
+        let ready = wait_state(pid, "healthy", Instant::now(), Duration::from_secs(30)).is_some();
+        let t0 = Instant::now();
+        lab.stop(server);
+        let took = ready
+            .then(|| wait_state(pid, "disconnected", t0, timeout))
+            .flatten();
+        report.line(format!(
+            "| disconnected | the server exits (FIN), the client never re-dials | disconnect_grace 5 s | {} |",
+            shown(took)
+        ));
+    }
+    // stale: requests sent, nothing ever answered.
+    {
+        let mut lab = Lab::new()?;
+        let mut server = lab.in_ns(&bins.load);
+        server.args(["serve", "--listen", &listen]);
+        lab.spawn(&mut server)?;
+        lab.agent(bins, &detection_flags(None))?;
+        let t0 = Instant::now();
+        let (hold, _) = Hold::start_with(&lab, bins, 1, &["--send-every", "1"])?;
+        let took = wait_state(hold.child.id(), "stale", t0, timeout);
+        report.line(format!(
+            "| stale | a 200-byte request every second, never answered | stale_after 10 s | {} |",
+            shown(took)
+        ));
+    }
+    // blackholed: the path drops everything while the client sends.
+    {
+        let mut lab = Lab::new()?;
+        let mut server = lab.in_ns(&bins.load);
+        server.args(["serve", "--listen", &listen]);
+        lab.spawn(&mut server)?;
+        lab.agent(bins, &detection_flags(Some(("--stale-after", "300s"))))?;
+        let (hold, _) = Hold::start_with(&lab, bins, 1, &["--send-every", "1"])?;
+        let pid = hold.child.id();
+        let ready = wait_state(pid, "healthy", Instant::now(), Duration::from_secs(30)).is_some();
+        let port = WATCHED_PORT.to_string();
+        run(lab
+            .in_ns("iptables")
+            .args(["-A", "INPUT", "-p", "tcp", "--dport", &port, "-j", "DROP"]))?;
+        let t0 = Instant::now();
+        let took = ready
+            .then(|| wait_state(pid, "blackholed", t0, timeout))
+            .flatten();
+        report.line(format!(
+            "| blackholed | every segment to the server dropped (iptables) | blackhole_after 10 s | {} |",
+            shown(took)
+        ));
+    }
+    // unreachable: nothing listens; one connect a second, each refused.
+    {
+        let mut lab = Lab::new()?;
+        lab.agent(bins, &detection_flags(None))?;
+        let target = format!("127.0.0.1:{WATCHED_PORT}");
+        let mut refuse = lab.in_ns(&bins.load);
+        refuse.args([
+            "refuse",
+            "--connect",
+            &target,
+            "--rate",
+            "1",
+            "--threads",
+            "1",
+            "--seconds",
+            "120",
+            "--linger",
+        ]);
+        let t0 = Instant::now();
+        let pid = lab.spawn(&mut refuse)?;
+        let took = wait_state(pid, "unreachable", t0, timeout);
+        report.line(format!(
+            "| unreachable | one refused connect a second | 3 failures: ~2 s | {} |",
+            shown(took)
+        ));
+    }
     report.line("");
     Ok(())
 }

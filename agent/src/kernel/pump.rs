@@ -27,7 +27,7 @@ use aya::maps::{MapData, PerCpuHashMap, RingBuf};
 use lifeline_common::{FailureKey, AF_INET, AF_INET6};
 
 use super::{
-    events::{self, KernelEvent, MonotonicClock},
+    events::{self, Change, KernelEvent, MonotonicClock},
     programs::{KernelCounters, KernelFeed, Probes},
 };
 use crate::{
@@ -68,7 +68,7 @@ impl KernelStats {
         }
     }
 
-    fn set(&self, c: KernelCounters) {
+    pub(crate) fn set(&self, c: KernelCounters) {
         self.sent.store(c.sent, Ordering::Relaxed);
         self.lost.store(c.lost, Ordering::Relaxed);
         self.deferred.store(c.deferred, Ordering::Relaxed);
@@ -180,7 +180,7 @@ impl Worker {
         {
             let mut table = self.ctx.table.lock().expect("table lock");
             for (ev, owner) in batch.iter().zip(owners) {
-                retransmits += u64::from(ev.kind_label() == "retransmit");
+                retransmits += u64::from(matches!(ev.change, Change::Retransmit { .. }));
                 let (pid, endpoint, reason) = match table.apply_event(ev, owner) {
                     Some(Applied::Retransmit {
                         pid: Some(pid),
@@ -228,6 +228,9 @@ impl Worker {
         }
     }
 
+    /// Hands the failures counted in the kernel to the table and the metrics. Those of a
+    /// process the table does not know (it exited before its first connect event was applied)
+    /// are dropped with it.
     fn record_failures(&mut self, fresh: &[(FailureKey, u64)], now: Instant) {
         let mut counted = Vec::new();
         {

@@ -4,16 +4,17 @@
 //! ```text
 //! ll-load serve  --listen ADDR [--close]                 accept forever (--close: close each at once)
 //! ll-load churn  --connect ADDR --seconds S [--threads N] connect, wait for the server's close, repeat
-//! ll-load hold   --connect ADDR --count N [--threads N]  open N connections at once and hold them
+//! ll-load hold   --connect ADDR --count N [--threads N] [--send-every S]  open N connections at once and hold them
 //! ll-load refuse --connect ADDR --seconds S [--rate R] [--threads N]  connects that are refused
 //! ```
 //!
 //! `serve` prints `listening LOCAL`. `churn` and `refuse` print `done CONNECTS FAILED` at the
 //! end (with `--linger`, they then wait for stdin to close, so an observer can look at the
-//! process before it exits). `hold` prints `connected LOCAL` for every connection, then `held N failed F`, and keeps
+//! process before it exits). With `--send-every S`, `hold` writes a 200-byte request on every
+//! connection every S seconds (the server never answers: a client waiting for replies). `hold` prints `connected LOCAL` for every connection, then `held N failed F`, and keeps
 //! them open until its stdin closes or reads `exit`. The listener's backlog is 4096, so a burst
 //! of connects is not throttled by SYN retries.
-use std::io::{BufRead, Read};
+use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +31,7 @@ struct Args {
     rate: Option<f64>,
     close: bool,
     linger: bool,
+    send_every: Option<f64>,
 }
 
 fn parse() -> Args {
@@ -44,6 +46,7 @@ fn parse() -> Args {
         rate: None,
         close: false,
         linger: false,
+        send_every: None,
     };
     while let Some(flag) = argv.next() {
         let mut value = || argv.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -55,6 +58,7 @@ fn parse() -> Args {
             "--rate" => args.rate = Some(value().parse().expect("--rate R")),
             "--close" => args.close = true,
             "--linger" => args.linger = true,
+            "--send-every" => args.send_every = Some(value().parse().expect("--send-every S")),
             other => panic!("ll-load: unknown argument {other}"),
         }
     }
@@ -244,5 +248,17 @@ fn hold(args: &Args) {
     }
     print!("{out}");
     println!("held {} failed {failed}", held.len());
+    if let Some(every) = args.send_every {
+        let writers: Vec<TcpStream> = held.iter().filter_map(|s| s.try_clone().ok()).collect();
+        thread::spawn(move || {
+            let request = [b'r'; 200];
+            loop {
+                for mut s in &writers {
+                    let _ = s.write_all(&request);
+                }
+                thread::sleep(Duration::from_secs_f64(every));
+            }
+        });
+    }
     wait_for_exit();
 }
