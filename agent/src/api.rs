@@ -4,14 +4,13 @@ use std::{
     net::SocketAddr,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
+        Arc,
     },
-    time::Instant,
 };
 
 use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Json, Router};
 
-use crate::{judge::Judge, sampler::SharedTable, views};
+use crate::{snapshot::Latest, views};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -32,8 +31,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What the handlers read.
 #[derive(Clone)]
 pub struct ApiState {
-    pub table: SharedTable,
-    pub judge: Arc<Mutex<Judge>>,
+    /// The latest tick's snapshot.
+    pub latest: Latest,
     /// Set once the probes are attached and the first scan is done.
     pub ready: Arc<AtomicBool>,
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -82,23 +81,13 @@ async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
 }
 
 async fn clients(State(state): State<ApiState>) -> Json<Vec<views::ClientView>> {
-    let cluster = state.cluster.clone();
-    let pods = |info: &crate::process::ProcessInfo| crate::workers::pod_of(cluster.as_ref(), info);
-    let judge = state.judge.lock().expect("judge lock");
-    let table = state.table.lock().expect("table lock");
-    Json(views::clients(
-        &table,
-        judge.verdicts(),
-        judge.thresholds().connect_window,
-        Instant::now(),
-        &pods,
-    ))
+    Json(views::clients(&state.latest.get()))
 }
 
 async fn endpoints(State(state): State<ApiState>) -> Json<views::EndpointsView> {
-    let table = state.table.lock().expect("table lock");
+    let snap = state.latest.get();
     Json(views::EndpointsView {
-        endpoints: views::endpoints(table.endpoints()),
+        endpoints: views::endpoints(&snap.endpoint_set, &snap),
         api_versions: state
             .cluster
             .as_ref()

@@ -79,9 +79,15 @@ pub struct ThresholdArgs {
     /// No connection for this long after losing one: disconnected [default: 15s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub disconnect_grace: Option<Duration>,
-    /// No inbound payload for this long: stale [default: 90s].
+    /// A request unanswered for this long: stale [default: 90s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub stale_after: Option<Duration>,
+    /// Silence never counts as stale before this, whatever the client's rhythm [default: 11m].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub silence_floor: Option<Duration>,
+    /// Silence this long is stale while the client's rhythm is not known [default: 65m].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub silence_max: Option<Duration>,
     /// Retransmitting without ACK progress for this long: blackholed [default: 20s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub blackhole_after: Option<Duration>,
@@ -94,6 +100,9 @@ pub struct ThresholdArgs {
     /// A process is judged once it held a connection this long [default: 10s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub min_client_age: Option<Duration>,
+    /// An endpoint unreachable this long: LifelineApiserverOutage [default: 30s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub outage_after: Option<Duration>,
 }
 
 impl ThresholdArgs {
@@ -101,10 +110,13 @@ impl ThresholdArgs {
         ThresholdsFile {
             disconnect_grace: self.disconnect_grace,
             stale_after: self.stale_after,
+            silence_floor: self.silence_floor,
+            silence_max: self.silence_max,
             blackhole_after: self.blackhole_after,
             connect_failures: self.connect_failures,
             connect_window: self.connect_window,
             min_client_age: self.min_client_age,
+            outage_after: self.outage_after,
         }
     }
 }

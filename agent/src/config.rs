@@ -61,12 +61,18 @@ pub struct ThresholdsFile {
     #[serde(default, deserialize_with = "duration")]
     pub stale_after: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
+    pub silence_floor: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub silence_max: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
     pub blackhole_after: Option<Duration>,
     pub connect_failures: Option<u32>,
     #[serde(default, deserialize_with = "duration")]
     pub connect_window: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
     pub min_client_age: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub outage_after: Option<Duration>,
 }
 
 /// Processes that are clients besides auto-detection: patterns matched against the process
@@ -210,8 +216,11 @@ impl ConfigFile {
         for (key, value) in [
             ("thresholds.disconnect_grace", t.disconnect_grace),
             ("thresholds.stale_after", t.stale_after),
+            ("thresholds.silence_floor", t.silence_floor),
+            ("thresholds.silence_max", t.silence_max),
             ("thresholds.blackhole_after", t.blackhole_after),
             ("thresholds.connect_window", t.connect_window),
+            ("thresholds.outage_after", t.outage_after),
         ] {
             if value == Some(Duration::ZERO) {
                 return Err(invalid(key, "must be longer than 0s"));
@@ -254,18 +263,24 @@ impl ConfigFile {
         let t = ThresholdsFile {
             disconnect_grace: overrides.disconnect_grace.or(self.thresholds.disconnect_grace),
             stale_after: overrides.stale_after.or(self.thresholds.stale_after),
+            silence_floor: overrides.silence_floor.or(self.thresholds.silence_floor),
+            silence_max: overrides.silence_max.or(self.thresholds.silence_max),
             blackhole_after: overrides.blackhole_after.or(self.thresholds.blackhole_after),
             connect_failures: overrides.connect_failures.or(self.thresholds.connect_failures),
             connect_window: overrides.connect_window.or(self.thresholds.connect_window),
             min_client_age: overrides.min_client_age.or(self.thresholds.min_client_age),
+            outage_after: overrides.outage_after.or(self.thresholds.outage_after),
         };
         Thresholds {
             disconnect_grace: t.disconnect_grace.unwrap_or(d.disconnect_grace),
             stale_after: t.stale_after.unwrap_or(d.stale_after),
+            silence_floor: t.silence_floor.unwrap_or(d.silence_floor),
+            silence_max: t.silence_max.unwrap_or(d.silence_max),
             blackhole_after: t.blackhole_after.unwrap_or(d.blackhole_after),
             connect_failures: t.connect_failures.unwrap_or(d.connect_failures),
             connect_window: t.connect_window.unwrap_or(d.connect_window),
             min_client_age: t.min_client_age.unwrap_or(d.min_client_age),
+            outage_after: t.outage_after.unwrap_or(d.outage_after),
         }
     }
 }

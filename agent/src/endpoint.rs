@@ -135,6 +135,11 @@ impl Endpoint {
         )
     }
 
+    /// The one address of a host endpoint; `None` for a CIDR.
+    pub fn host_addr(&self) -> Option<SocketAddr> {
+        self.is_host().then_some(SocketAddr::new(self.addr, self.port))
+    }
+
     fn is_host(&self) -> bool {
         self.prefix_len == if self.addr.is_ipv4() { 32 } else { 128 }
     }

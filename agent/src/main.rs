@@ -17,13 +17,18 @@ mod judge;
 mod kernel;
 mod metrics;
 mod netns;
+mod prober;
 mod process;
+mod reachability;
 mod remediate;
 mod run;
 mod sampler;
+mod snapshot;
 mod sock_diag;
 mod status;
 mod table;
+#[cfg(test)]
+mod testkit;
 mod views;
 mod workers;
 

@@ -29,9 +29,11 @@ use crate::{
         programs::{self, Probes},
     },
     metrics::{self, Metrics},
+    prober,
     process::Procfs,
     remediate::{self, Remediation},
     sampler::{Sampler, SharedTable},
+    snapshot::{Latest, Snapshot},
     table::ConnectionTable,
     workers::{pump_events, ClusterEvictor, Command, SampleLoop},
 };
@@ -176,7 +178,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         tracing::info!(endpoint = %e, sources = ?sources, "watching");
     }
 
-    let table: SharedTable = Arc::new(Mutex::new(ConnectionTable::new(endpoints)));
+    let table: SharedTable = Arc::new(Mutex::new(
+        ConnectionTable::new(endpoints).ignoring(std::process::id()),
+    ));
     let judge = Arc::new(Mutex::new(Judge::new(
         settings.thresholds(),
         settings.file.select.clone(),
@@ -205,6 +209,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
         &metrics,
     );
 
+    let (probe_targets, targets_rx) = tokio::sync::watch::channel(prober::Targets::new());
+    let endpoint_probes = prober::start(targets_rx);
+    let latest = Latest::new(Snapshot::empty());
+
     let (commands, command_rx) = mpsc::channel();
     let feed = Arc::new(Mutex::new(EndpointFeed {
         base: base_endpoints,
@@ -227,6 +235,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         node,
         metrics: metrics.clone(),
         probes: probes.clone(),
+        endpoint_probes,
+        probe_targets,
+        latest: latest.clone(),
         ready: ready.clone(),
     };
     let sampler_thread = std::thread::Builder::new()
@@ -236,8 +247,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let state = ApiState {
-        table,
-        judge: judge.clone(),
+        latest,
         ready,
         metrics,
         cluster: cluster.clone(),

@@ -6,7 +6,7 @@
 //! forgets processes that exited.
 use std::{
     collections::{hash_map::Entry, HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, PoisonError},
     time::Instant,
 };
 
@@ -16,7 +16,7 @@ use crate::{
     netns,
     process::Procfs,
     sock_diag::{self, DiagSocket},
-    table::{ConnectionTable, Sample, Tuple},
+    table::{ConnectionTable, Sample, Scanned, Tuple},
 };
 
 /// Socket states worth listing: connecting, connected, or closed by the peer only.
@@ -69,25 +69,33 @@ impl Sampler {
                     continue;
                 }
             };
+            let started = Instant::now();
+            let mut found = Vec::new();
+            let mut complete = true;
             for family in [libc::AF_INET as u16, libc::AF_INET6 as u16] {
-                let found = match socket.dump(family, WATCHED_STATES) {
-                    Ok(found) => found,
+                match socket.dump(family, WATCHED_STATES) {
+                    Ok(sockets) => found.extend(sockets.into_iter().map(|s| Scanned {
+                        tuple: Tuple {
+                            netns: inode,
+                            local: s.local,
+                            remote: s.remote,
+                        },
+                        inode: s.inode,
+                        tcp_state: u32::from(s.state),
+                    })),
                     Err(err) => {
+                        complete = false;
                         tracing::warn!(netns = inode, family, "sock_diag dump failed: {err}");
-                        continue;
                     }
-                };
-                let now = Instant::now();
-                let mut table = table.lock().expect("table lock");
+                }
+            }
+            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
+            if complete {
+                added += table.reconcile_scan(inode, &found, started);
+            } else {
+                // A partial dump proves nothing gone: only add what it found.
                 for s in found {
-                    let tuple = Tuple {
-                        netns: inode,
-                        local: s.local,
-                        remote: s.remote,
-                    };
-                    if table.insert_scanned(tuple, s.inode, u32::from(s.state), now) {
-                        added += 1;
-                    }
+                    added += usize::from(table.insert_scanned(s.tuple, s.inode, s.tcp_state, started));
                 }
             }
         }
@@ -99,7 +107,10 @@ impl Sampler {
     /// processes that exited.
     pub fn sample(&mut self, table: &Mutex<ConnectionTable>) -> Round {
         let mut round = Round::default();
-        let targets = table.lock().expect("table lock").sample_targets();
+        let targets = table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sample_targets();
         let mut by_netns: HashMap<u64, Vec<Tuple>> = HashMap::new();
         for t in targets {
             by_netns.entry(t.netns).or_default().push(t);
@@ -135,7 +146,7 @@ impl Sampler {
         round.sampled = samples.len();
         let now = Instant::now();
         {
-            let mut table = table.lock().expect("table lock");
+            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
             for (tuple, sample) in samples {
                 table.apply_sample(&tuple, sample, now);
             }
@@ -161,7 +172,7 @@ impl Sampler {
 
     /// Attributes connections that no `connect()` event named, through their socket inode.
     fn resolve_owners(&self, table: &Mutex<ConnectionTable>) -> usize {
-        let ownerless = table.lock().expect("table lock").ownerless();
+        let ownerless = table.lock().unwrap_or_else(PoisonError::into_inner).ownerless();
         let inodes: HashSet<u64> = ownerless.iter().filter_map(|(_, inode)| *inode).collect();
         if inodes.is_empty() {
             return 0;
@@ -192,14 +203,14 @@ impl Sampler {
     }
 
     fn forget_exited(&self, table: &Mutex<ConnectionTable>) -> usize {
-        let owners = table.lock().expect("table lock").owners();
+        let owners = table.lock().unwrap_or_else(PoisonError::into_inner).owners();
         let exited: Vec<u32> = owners
             .into_iter()
             .filter(|(pid, start)| !self.procfs.is_alive(*pid, *start))
             .map(|(pid, _)| pid)
             .collect();
         if !exited.is_empty() {
-            let mut table = table.lock().expect("table lock");
+            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
             let now = Instant::now();
             for pid in &exited {
                 table.forget_process(*pid, now);

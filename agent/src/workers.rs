@@ -7,10 +7,12 @@
 use std::{
     sync::{
         atomic::{AtomicBool, Ordering},
-        mpsc, Arc, Mutex,
+        mpsc, Arc, Mutex, PoisonError,
     },
     time::{Duration, Instant},
 };
+
+use tokio::sync::watch;
 
 use aya::maps::{MapData, RingBuf};
 
@@ -18,21 +20,25 @@ use crate::{
     alerts::{self, Alerter},
     cluster::{self, Cluster, EventTarget, EventType, PodRef},
     health::State,
-    judge::Judge,
+    judge::{self, Judge},
     kernel::{
         events::{self, MonotonicClock},
         programs::Probes,
     },
     metrics::Metrics,
+    prober,
     process::{ProcessInfo, Procfs},
     remediate::{self, Remediation},
     sampler::{Sampler, SharedTable},
+    snapshot::{Latest, Snapshot},
     table::Applied,
-    views,
 };
 
 /// How often tracked sockets are sampled and clients judged.
 pub const TICK: Duration = Duration::from_secs(1);
+/// How often every network namespace is scanned again, to heal what lost kernel events left
+/// behind (a scan also follows at once whenever the kernel reports lost events).
+pub const RESCAN_EVERY: Duration = Duration::from_secs(60);
 
 /// What the sampler thread is told.
 pub enum Command {
@@ -79,7 +85,7 @@ pub async fn pump_events(
             };
             metrics.ebpf_events.with_label_values(&[ev.kind_label()]).inc();
             let owner = ev.owner_tgid.and_then(|tgid| procfs.process(tgid).ok());
-            let mut table = table.lock().expect("table lock");
+            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
             let counted = match table.apply_event(&ev, owner) {
                 Some(Applied::Retransmit {
                     pid: Some(pid),
@@ -146,6 +152,11 @@ pub struct SampleLoop {
     pub node: String,
     pub metrics: Arc<Metrics>,
     pub probes: Arc<Mutex<Probes>>,
+    /// The agent's own probes of the endpoints, and where to tell it what to probe.
+    pub endpoint_probes: prober::Probes,
+    pub probe_targets: watch::Sender<prober::Targets>,
+    /// Where the HTTP API reads the latest snapshot.
+    pub latest: Latest,
     pub ready: Arc<AtomicBool>,
 }
 
@@ -156,46 +167,84 @@ impl SampleLoop {
         tracing::info!(found, "start-up scan done");
         self.ready.store(true, Ordering::Release);
         let mut lost_seen = 0;
+        let mut last_scan = Instant::now();
         loop {
             match self.commands.recv_timeout(TICK) {
                 Ok(Command::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 Ok(Command::Rescan) => {
                     let found = self.sampler.scan(&self.table);
+                    last_scan = Instant::now();
                     tracing::info!(found, "rescan after an endpoint change done");
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
             self.sampler.sample(&self.table);
-            let clients = self.judge_and_act(Instant::now());
-            self.metrics.update_clients(&clients);
-            if let Ok(counters) = self.probes.lock().expect("probes lock").counters() {
-                self.metrics
-                    .ebpf_events_lost
-                    .inc_by(counters.lost.saturating_sub(lost_seen));
-                lost_seen = counters.lost;
+            let snap = Arc::new(self.judge(Instant::now()));
+            self.act(&snap);
+            self.latest.set(snap);
+            let lost = match self
+                .probes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .counters()
+            {
+                Ok(counters) => counters.lost.saturating_sub(lost_seen),
+                Err(err) => {
+                    tracing::warn!("reading the kernel's event counters: {err}");
+                    0
+                }
+            };
+            if lost > 0 {
+                self.metrics.ebpf_events_lost.inc_by(lost);
+                lost_seen += lost;
+                tracing::warn!(
+                    lost,
+                    "the kernel lost events (ring buffer full); rescanning to heal the table"
+                );
+            }
+            if lost > 0 || last_scan.elapsed() >= RESCAN_EVERY {
+                let found = self.sampler.scan(&self.table);
+                last_scan = Instant::now();
+                if found > 0 {
+                    tracing::info!(found, "a rescan found connections no event had reported");
+                }
             }
         }
     }
 
-    fn judge_and_act(&mut self, now: Instant) -> Vec<views::ClientView> {
+    /// The judge's snapshot of this tick; the table is locked only for this.
+    fn judge(&mut self, now: Instant) -> Snapshot {
         let cluster = self.cluster.clone();
         let pods = |info: &ProcessInfo| pod_of(cluster.as_ref(), info);
-        let mut judge = self.judge.lock().expect("judge lock");
-        let table = self.table.lock().expect("table lock");
-        let findings = judge.tick(&table, now, &pods);
-        match &findings.outage_change {
-            Some(Some(o)) => tracing::error!(
-                affected = o.affected,
-                clients = o.clients,
-                "apiserver outage: most clients on this node lost the apiserver at once"
-            ),
-            Some(None) => tracing::warn!("apiserver outage over"),
-            None => {}
+        let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let targets = judge::probe_targets(&table);
+        self.probe_targets.send_if_modified(|current| {
+            let changed = *current != targets;
+            if changed {
+                *current = targets;
+            }
+            changed
+        });
+        let probes = self.endpoint_probes.snapshot();
+        let mut judge = self.judge.lock().unwrap_or_else(PoisonError::into_inner);
+        judge.tick(&table, &probes, &pods, now)
+    }
+
+    /// Everything that follows a tick, from its snapshot: logs, detection times, Events,
+    /// alerts, remediation, metrics.
+    fn act(&mut self, snap: &Snapshot) {
+        for e in &snap.endpoints {
+            if let Some(since) = e.unreachable_since().filter(|s| *s == snap.at) {
+                tracing::warn!(endpoint = %e.endpoint, ?since, "apiserver endpoint unreachable from this node: {:?}", e.status);
+            }
         }
-        for t in &findings.transitions {
+        for t in &snap.transitions {
+            let Some(client) = snap.client(t.key) else {
+                continue;
+            };
             let tr = &t.transition;
             tracing::warn!(
-                pid = t.process.pid, comm = %t.process.comm, endpoint = ?t.endpoint,
+                pid = client.process.pid, comm = %client.process.comm, endpoint = ?t.endpoint,
                 from = %tr.from, to = %tr.to, detection_ms = tr.detection.as_millis() as u64,
                 "{}", tr.reason
             );
@@ -208,32 +257,27 @@ impl SampleLoop {
             } else {
                 EventType::Warning
             };
-            let pod = pods(&t.process).map(|p| (p.namespace, p.pod, p.uid));
+            let pod = client
+                .pod
+                .as_ref()
+                .map(|p| (p.namespace.clone(), p.pod.clone(), p.uid.clone()));
             self.event(pod, reason, &tr.reason, type_);
         }
-        self.alerter.tick(&table, judge.verdicts(), now, &pods);
-        let select = judge.select().clone();
-        let outcomes = self.remediation.tick(
-            &table,
-            judge.verdicts(),
-            judge.thresholds(),
-            self.cluster.as_ref().and_then(Cluster::apiserver_reachable),
-            |info| {
-                let pod = pods(info);
-                // Opt-in: the pod's annotation; for host processes, the config's selector.
-                let opted_in = match &pod {
-                    Some(p) => p.remediate,
-                    None => select.matches(&info.comm, &info.cmdline),
-                };
-                let pod = pod.map(|p| remediate::model::PodRef {
-                    namespace: p.namespace,
-                    name: p.pod,
-                    uid: p.uid,
-                });
-                remediate::Workload { pod, opted_in }
-            },
-            now,
-        );
+        self.alerter.tick(snap);
+        let apiserver_reachable = self.cluster.as_ref().and_then(Cluster::apiserver_reachable);
+        let outcomes = self.remediation.tick(snap, apiserver_reachable, |c| {
+            // Opt-in: the pod's annotation; for host processes, the config's selector.
+            let opted_in = match &c.pod {
+                Some(p) => p.remediate,
+                None => c.selected,
+            };
+            let pod = c.pod.as_ref().map(|p| remediate::model::PodRef {
+                namespace: p.namespace.clone(),
+                name: p.pod.clone(),
+                uid: p.uid.clone(),
+            });
+            remediate::Workload { pod, opted_in }
+        });
         for o in &outcomes {
             let pod = o
                 .client
@@ -247,13 +291,7 @@ impl SampleLoop {
             };
             self.event(pod, o.event_reason(), &o.summary(), type_);
         }
-        views::clients(
-            &table,
-            judge.verdicts(),
-            judge.thresholds().connect_window,
-            now,
-            &pods,
-        )
+        self.metrics.update(snap);
     }
 
     /// A Kubernetes Event on the pod (namespace, name, uid), or on the Node for a host process.
