@@ -104,9 +104,6 @@ impl Judge {
                 });
             }
             let mut connections = by_owner.remove(&record.info.pid).unwrap_or_default();
-            if connections.is_empty() && !verdict.is_client {
-                continue;
-            }
             connections.sort_by_key(|c| c.tuple.local);
             clients.push(ClientSnapshot {
                 key,
@@ -157,9 +154,11 @@ fn observe(
         }),
         established,
         attempts,
+        // Failures before its last established connection say nothing about now.
         failures: record
             .connect_failures
             .iter()
+            .filter(|f| record.last_established.is_none_or(|e| f.at > e))
             .map(|f| Failure {
                 at: f.at,
                 endpoint: f.endpoint.to_string(),
@@ -264,6 +263,19 @@ mod tests {
         let mut lab = Lab::new();
         lab.connect(0, 0xa, 40000, 7);
         lab.connect(0, 0xb, 40001, 8);
+        let t0 = lab.t0;
+        let probe = |ms, outcome| {
+            let at = t0 + Duration::from_millis(ms);
+            BTreeMap::from([(endpoint(APISERVER), Probe { at, outcome })])
+        };
+        let mut j = judge();
+        // The probe reached it before: its failures count.
+        j.tick(
+            &lab.table,
+            &probe(5_000, ProbeOutcome::Answered(200)),
+            &no_pod,
+            lab.at(6_000),
+        );
         // Both lose their connection (apiserver down) and fail to re-dial.
         lab.peer_close(10_000, 0xa, 40000);
         lab.peer_close(10_000, 0xb, 40001);
@@ -277,27 +289,18 @@ mod tests {
                 libc::ECONNREFUSED,
             );
         }
-        let probes = BTreeMap::from([(
-            endpoint(APISERVER),
-            Probe {
-                at: lab.at(11_500),
-                outcome: ProbeOutcome::Refused,
-            },
-        )]);
-        let mut j = judge();
+        let probes = probe(11_500, ProbeOutcome::Refused);
         let snap = j.tick(&lab.table, &probes, &no_pod, lab.at(12_000));
         assert_eq!(snap.endpoints[0].unreachable_since(), Some(lab.at(11_500)));
         assert!(!snap.endpoints[0].outage);
         let snap = j.tick(&lab.table, &probes, &no_pod, lab.at(41_499));
         assert!(!snap.endpoints[0].outage);
-        let probes = BTreeMap::from([(
-            endpoint(APISERVER),
-            Probe {
-                at: lab.at(41_000),
-                outcome: ProbeOutcome::Refused,
-            },
-        )]);
-        let snap = j.tick(&lab.table, &probes, &no_pod, lab.at(41_500));
+        let snap = j.tick(
+            &lab.table,
+            &probe(41_000, ProbeOutcome::Refused),
+            &no_pod,
+            lab.at(41_500),
+        );
         assert!(snap.endpoints[0].outage, "unreachable for outage_after (30 s)");
         assert!(snap.unreachable(APISERVER).is_some());
     }
@@ -345,6 +348,34 @@ mod tests {
             .transitions
             .iter()
             .all(|t| t.transition.detection <= Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_proxy_failing_on_one_upstream_and_connecting_to_another_is_not_unreachable() {
+        // haproxy with a dead upstream: its health checks fail on one, connect to the other
+        // every second and close again.
+        let mut lab = Lab::watching(&["10.0.0.1:6443", "10.0.0.3:6443"], "10.0.0.3:6443");
+        let mut j = judge();
+        for s in 0..30u64 {
+            let ms = s * 1000;
+            let sk = 0x100 + s;
+            lab.connect(ms, sk, 40000 + s as u16, 7);
+            j.tick(&lab.table, &BTreeMap::new(), &no_pod, lab.at(ms + 10));
+            lab.close(ms + 20, sk, 40000 + s as u16);
+            lab.remote = "10.0.0.1:6443".parse().unwrap();
+            lab.syn(ms + 30, 0x1000 + s, 7);
+            lab.apply(
+                ms + 500,
+                0x1000 + s,
+                41000,
+                crate::testkit::state(tcp_state::SYN_SENT, tcp_state::CLOSE),
+                libc::ETIMEDOUT,
+            );
+            lab.remote = "10.0.0.3:6443".parse().unwrap();
+            let snap = j.tick(&lab.table, &BTreeMap::new(), &no_pod, lab.at(ms + 600));
+            let state = snap.clients.first().map(|c| c.verdict.state);
+            assert_ne!(state, Some(State::Unreachable), "at {ms} ms");
+        }
     }
 
     #[test]

@@ -207,7 +207,9 @@ impl Metrics {
         self.client_connections.reset();
         self.client_last_receive_age.reset();
         let mut worst: HashMap<[String; 4], (State, Option<f64>)> = HashMap::new();
-        for client in &snap.clients {
+        // Counter series stay while the table knows the process; gauges are for listed ones.
+        let known: HashSet<[String; 4]> = snap.clients.iter().map(|c| c.labels()).collect();
+        for client in snap.clients.iter().filter(|c| c.listed()) {
             let labels = client.labels();
             let state = client.verdict.state;
             let age = client
@@ -251,7 +253,7 @@ impl Metrics {
                 .with_label_values(&[e.endpoint.to_string().as_str()])
                 .set(value);
         }
-        let live: HashSet<[String; 4]> = worst.into_keys().collect();
+        let live = known;
         let mut exported = self.counter_labels.lock().unwrap_or_else(PoisonError::into_inner);
         exported.retain(|full| {
             let client: [String; 4] = [full[0].clone(), full[1].clone(), full[2].clone(), full[3].clone()];

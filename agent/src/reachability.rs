@@ -8,7 +8,9 @@
 //! - the agent's own probe of the endpoint ([`crate::prober`]): TCP connect, TLS handshake,
 //!   `GET /readyz`. Refused, timed out or unroutable, or a 5xx answer: failure. Connected (with
 //!   or without TLS) and answered below 500, or not speaking TLS at all: success. TLS up but no
-//!   HTTP answer in time says nothing (a gateway may hold the request);
+//!   HTTP answer in time says nothing (a gateway may hold the request). A probe's failures
+//!   count only once a probe has reached the endpoint: an agent that never could (its network
+//!   namespace has no path that its clients have) measures itself, not the endpoint;
 //! - processes on the node: a connection established to it, or inbound payload on one, is
 //!   success; failed connects by at least [`FAILING_PROCESSES`] different processes within
 //!   `connect_window`, none of which then succeeded, is failure.
@@ -120,10 +122,11 @@ impl EndpointStatus {
     }
 }
 
-/// Per-endpoint memory: when each became unreachable.
+/// Per-endpoint memory: when each became unreachable, and which the probe has reached.
 #[derive(Debug, Default)]
 pub struct Reachability {
     unreachable_since: BTreeMap<Endpoint, Instant>,
+    probe_reached: BTreeSet<Endpoint>,
 }
 
 impl Reachability {
@@ -137,6 +140,7 @@ impl Reachability {
         now: Instant,
     ) -> Vec<EndpointStatus> {
         self.unreachable_since.retain(|e, _| endpoints.contains(e));
+        self.probe_reached.retain(|e| endpoints.contains(e));
         let none = ProcessEvidence::default();
         endpoints
             .iter()
@@ -144,6 +148,11 @@ impl Reachability {
                 let probe = probes
                     .get(endpoint)
                     .filter(|p| now.saturating_duration_since(p.at) <= PROBE_MAX_AGE);
+                if probe.is_some_and(|p| p.outcome.reachable() == Some(true)) {
+                    self.probe_reached.insert(*endpoint);
+                }
+                let trusted = self.probe_reached.contains(endpoint);
+                let probe = probe.filter(|p| trusted || p.outcome.reachable() != Some(false));
                 let evidence = processes.get(endpoint).unwrap_or(&none);
                 let status = match judge(probe, evidence) {
                     Some(Verdict::Down { at, reason }) => {
@@ -380,5 +389,39 @@ mod tests {
             c.at(21),
         );
         assert_eq!(s.status, Status::Unknown);
+    }
+
+    #[test]
+    fn a_probe_that_never_reached_the_endpoint_is_no_evidence() {
+        // The agent's namespace has no route where its clients have one.
+        let c = Clock(Instant::now());
+        let mut r = Reachability::default();
+        let clients_fine = ProcessEvidence {
+            last_success: Some(c.at(0)),
+            ..Default::default()
+        };
+        for t in [5, 10, 15] {
+            let s = assess(
+                &mut r,
+                probe(&c, t, ProbeOutcome::NoRoute),
+                clients_fine.clone(),
+                c.at(t),
+            );
+            assert_eq!(s.status, Status::Reachable, "t={t}");
+        }
+        // Once it has reached it, its failures count.
+        assess(
+            &mut r,
+            probe(&c, 20, ProbeOutcome::Answered(200)),
+            clients_fine.clone(),
+            c.at(20),
+        );
+        let s = assess(
+            &mut r,
+            probe(&c, 25, ProbeOutcome::Refused),
+            clients_fine,
+            c.at(25),
+        );
+        assert_eq!(s.unreachable_since(), Some(c.at(25)));
     }
 }

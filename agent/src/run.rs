@@ -35,7 +35,7 @@ use crate::{
     sampler::{Sampler, SharedTable},
     snapshot::{Latest, Snapshot},
     table::ConnectionTable,
-    workers::{pump_events, ClusterEvictor, Command, SampleLoop},
+    workers::{pump_events, ClusterEvictor, Command, Refresher, SampleLoop},
 };
 
 /// How long start-up waits for the cluster's first discovery before going on without it.
@@ -188,12 +188,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let ready = Arc::new(AtomicBool::new(false));
     let procfs = Procfs::default();
 
+    let (commands, command_rx) = mpsc::channel();
+    let refresher = Refresher::new(commands.clone());
     let pump = tokio::spawn(pump_events(
         ring,
         table.clone(),
         metrics.clone(),
         procfs.clone(),
         cluster.clone(),
+        refresher.clone(),
     ));
 
     let dispatcher = alerts::Dispatcher::start(
@@ -213,7 +216,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let endpoint_probes = prober::start(targets_rx);
     let latest = Latest::new(Snapshot::empty());
 
-    let (commands, command_rx) = mpsc::channel();
     let feed = Arc::new(Mutex::new(EndpointFeed {
         base: base_endpoints,
         discovered: EndpointSet::default(),
@@ -238,6 +240,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         endpoint_probes,
         probe_targets,
         latest: latest.clone(),
+        refresher,
         ready: ready.clone(),
     };
     let sampler_thread = std::thread::Builder::new()

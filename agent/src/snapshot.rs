@@ -42,7 +42,8 @@ pub struct ConnectionSnapshot {
     pub retransmits: u64,
 }
 
-/// One listed process (a client, or a process holding a connection that is not judged yet).
+/// One process the table knows: a client, a process holding a connection that is not judged
+/// yet, or one that only failed to connect so far.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClientSnapshot {
     pub key: ClientKey,
@@ -59,6 +60,12 @@ pub struct ClientSnapshot {
 }
 
 impl ClientSnapshot {
+    /// Whether it is listed (API, metric gauges): a client, or holding a connection. A
+    /// process that only failed to connect a few times is not, but its counters are kept.
+    pub fn listed(&self) -> bool {
+        self.verdict.is_client || !self.connections.is_empty()
+    }
+
     /// `namespace`, `pod`, `container` (empty outside Kubernetes) and `comm`: the labels of
     /// its metric series and alerts.
     pub fn labels(&self) -> [String; 4] {
@@ -112,7 +119,7 @@ pub struct Snapshot {
     /// The tick's monotonic time, and the same moment on the wall clock.
     pub at: Instant,
     pub wall: SystemTime,
-    /// Listed processes, ordered by pid.
+    /// Every process the table knows, ordered by pid (see [`ClientSnapshot::listed`]).
     pub clients: Vec<ClientSnapshot>,
     pub transitions: Vec<ClientTransition>,
     /// The endpoint set in force, and every endpoint's reachability.

@@ -207,6 +207,10 @@ pub struct ProcessRecord {
     pub last_endpoint: Option<Endpoint>,
     /// Start of its current run of connects without an established connection.
     pub trying_since: Option<Instant>,
+    /// When it last had a connection established (failed connects before it say nothing
+    /// about now: a proxy that fails on one upstream and connects to another is not trying
+    /// in vain).
+    pub last_established: Option<Instant>,
     /// The newest failed connects (at most [`FAILURES_KEPT`]).
     pub connect_failures: VecDeque<ConnectFailure>,
     pub rhythm: Rhythm,
@@ -222,6 +226,7 @@ impl ProcessRecord {
             closed_idle_at: None,
             last_endpoint: None,
             trying_since: None,
+            last_established: None,
             connect_failures: VecDeque::new(),
             rhythm: Rhythm::default(),
         }
@@ -819,17 +824,29 @@ impl ConnectionTable {
     /// run clears its loss and attempts; its end (without a loss recorded) leaves it simply
     /// not connected.
     fn update_connected(&mut self, pid: u32, now: Instant) {
-        let established = self
+        let mut established = self
             .conns
             .values()
-            .filter(|c| c.owner == Some(pid) && c.tcp_state == tcp_state::ESTABLISHED)
-            .min_by_key(|c| c.first_seen)
-            .map(|c| (c.endpoint, c.first_seen.min(now)));
+            .filter(|c| c.owner == Some(pid) && c.tcp_state == tcp_state::ESTABLISHED);
+        let established = established.next().map(|first| {
+            established.fold(
+                (first.endpoint, first.first_seen, first.first_seen),
+                |(e, oldest, newest), c| {
+                    if c.first_seen < oldest {
+                        (c.endpoint, c.first_seen, newest.max(c.first_seen))
+                    } else {
+                        (e, oldest, newest.max(c.first_seen))
+                    }
+                },
+            )
+        });
         let Some(p) = self.processes.get_mut(&pid) else {
             return;
         };
         match established {
-            Some((endpoint, since)) => {
+            Some((endpoint, oldest, newest)) => {
+                let since = oldest.min(now);
+                p.last_established = p.last_established.max(Some(newest.min(now)));
                 if p.connected_since.is_none() {
                     p.connected_since = Some(since);
                 }
@@ -1064,12 +1081,15 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) -> Option
     conn.data_segs_in = tcp.data_segs_in;
     conn.bytes_sent = sent;
     conn.data_segs_out = segs_out;
-    // Retransmits with no acknowledgement progress stall the connection, whether or not the
-    // retransmit tracepoint fired (it does not for segments dropped on the sender's own path).
+    // Data outstanding, retransmitted or backed off, and no acknowledgement for a second: the
+    // connection is talking into a void, whether or not the retransmit tracepoint fired (it
+    // does not for segments dropped on the sender's own path, which stay "not sent" with a
+    // growing backoff). A peer with a full receive window acknowledges its probes.
     let progress = tcp.bytes_acked > conn.bytes_acked;
-    if progress || tcp.unacked == 0 {
+    let outstanding = tcp.unacked > 0 || tcp.notsent_bytes > 0;
+    if progress || !outstanding {
         conn.stalled_since = None;
-    } else if tcp.retransmits > 0 {
+    } else if (tcp.retransmits > 0 || tcp.backoff > 0) && tcp.last_ack_recv_ms >= 1000 {
         conn.stalled_since.get_or_insert(now);
     }
     conn.bytes_acked = tcp.bytes_acked;

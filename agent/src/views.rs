@@ -106,6 +106,7 @@ fn connection_view(c: &ConnectionSnapshot, snap: &Snapshot) -> ConnectionView {
 pub fn clients(snap: &Snapshot) -> Vec<ClientView> {
     snap.clients
         .iter()
+        .filter(|c| c.listed())
         .map(|c| ClientView {
             pid: c.process.pid,
             comm: c.process.comm.clone(),

@@ -36,6 +36,9 @@ use crate::{
 
 /// How often tracked sockets are sampled and clients judged.
 pub const TICK: Duration = Duration::from_secs(1);
+/// Kernel events make the tick thread judge at once, but not more often than this (an event
+/// storm must not turn into a judging storm).
+pub const REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(200);
 /// How often every network namespace is scanned again, to heal what lost kernel events left
 /// behind (a scan also follows at once whenever the kernel reports lost events).
 pub const RESCAN_EVERY: Duration = Duration::from_secs(60);
@@ -44,7 +47,37 @@ pub const RESCAN_EVERY: Duration = Duration::from_secs(60);
 pub enum Command {
     /// Scan every namespace for existing connections again (the endpoint set changed).
     Rescan,
+    /// Kernel events changed the table: judge and publish now, without waiting for the next
+    /// sample (a new connection is listed at once).
+    Refresh,
     Stop,
+}
+
+/// Asks the tick thread for a [`Command::Refresh`] after kernel events, at most one pending.
+#[derive(Clone)]
+pub struct Refresher {
+    commands: mpsc::Sender<Command>,
+    pending: Arc<AtomicBool>,
+}
+
+impl Refresher {
+    pub fn new(commands: mpsc::Sender<Command>) -> Self {
+        Self {
+            commands,
+            pending: Arc::default(),
+        }
+    }
+
+    /// Requests a refresh unless one is already pending.
+    pub fn request(&self) {
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            let _ = self.commands.send(Command::Refresh);
+        }
+    }
+
+    fn taken(&self) {
+        self.pending.store(false, Ordering::Release);
+    }
 }
 
 /// The pod a process runs in, from the cluster's pod index by container id.
@@ -67,13 +100,16 @@ pub async fn pump_events(
     metrics: Arc<Metrics>,
     procfs: Procfs,
     cluster: Option<Cluster>,
+    refresher: Refresher,
 ) -> std::io::Result<()> {
     let clock = MonotonicClock::new();
     let mut fd = crate::kernel::readable_fd(ring)?;
     loop {
         let mut guard = fd.readable_mut().await?;
         let ring = guard.get_inner_mut();
+        let mut applied = false;
         while let Some(item) = ring.next() {
+            applied = true;
             let decoded = events::decode(&item, &clock);
             drop(item);
             let ev = match decoded {
@@ -109,6 +145,9 @@ pub async fn pump_events(
                     metrics.count_connect_failure(&labels, &endpoint.to_string(), reason.as_str())
                 }
             }
+        }
+        if applied {
+            refresher.request();
         }
         guard.clear_ready();
     }
@@ -157,6 +196,7 @@ pub struct SampleLoop {
     pub probe_targets: watch::Sender<prober::Targets>,
     /// Where the HTTP API reads the latest snapshot.
     pub latest: Latest,
+    pub refresher: Refresher,
     pub ready: Arc<AtomicBool>,
 }
 
@@ -165,21 +205,42 @@ impl SampleLoop {
     pub fn run(mut self) {
         let found = self.sampler.scan(&self.table);
         tracing::info!(found, "start-up scan done");
+        // What the scan found is in the API before the agent says it is ready.
+        let first = self.judge(Instant::now());
+        self.latest.set(Arc::new(first));
         self.ready.store(true, Ordering::Release);
         let mut lost_seen = 0;
         let mut last_scan = Instant::now();
+        let mut next_tick = Instant::now() + TICK;
+        let mut last_judged = Instant::now();
         loop {
-            match self.commands.recv_timeout(TICK) {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            match self.commands.recv_timeout(wait) {
                 Ok(Command::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 Ok(Command::Rescan) => {
                     let found = self.sampler.scan(&self.table);
                     last_scan = Instant::now();
                     tracing::info!(found, "rescan after an endpoint change done");
+                    continue;
+                }
+                Ok(Command::Refresh) => {
+                    if last_judged.elapsed() < REFRESH_MIN_INTERVAL {
+                        // Too soon: wait out the interval, then judge what accumulated.
+                        std::thread::sleep(REFRESH_MIN_INTERVAL.saturating_sub(last_judged.elapsed()));
+                    }
+                    self.refresher.taken();
+                    let snap = Arc::new(self.judge(Instant::now()));
+                    last_judged = Instant::now();
+                    self.act(&snap);
+                    self.latest.set(snap);
+                    continue;
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
+            next_tick = Instant::now().max(next_tick) + TICK;
             self.sampler.sample(&self.table);
             let snap = Arc::new(self.judge(Instant::now()));
+            last_judged = Instant::now();
             self.act(&snap);
             self.latest.set(snap);
             let lost = match self

@@ -57,7 +57,7 @@ pub fn init_with(client: &str, server: &str) {
     let _ = BINS.set((client.into(), server.into()));
 }
 
-/// Panics unless the effective user is root.
+/// Panics unless the effective user is root; then keeps test traffic on this machine.
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
@@ -66,6 +66,24 @@ pub fn require_root() {
         "lifeline's integration tests load eBPF programs and create network namespaces and \
          cgroups: run them as root (e.g. `sudo -E cargo test -p lifeline-integration`)"
     );
+    contain_test_traffic();
+}
+
+/// The address ranges the suites give their namespaces. The agent probes every endpoint it
+/// watches from the host's namespace; where the host has no route of its own to a test
+/// namespace, that probe must fail here rather than leave the machine by the default route.
+pub const TEST_RANGES: [&str; 4] = ["10.250.0.0/16", "10.251.0.0/16", "10.252.0.0/16", "fd00:250::/32"];
+
+/// Blackhole routes for [`TEST_RANGES`] in the host's namespace (once per process; more
+/// specific routes a test adds, like a topology's link to the host, still win).
+pub fn contain_test_traffic() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        for range in TEST_RANGES {
+            let family = if range.contains(':') { "-6" } else { "-4" };
+            run(Command::new("ip").args([family, "route", "replace", "blackhole", range]));
+        }
+    });
 }
 
 fn bins() -> &'static (PathBuf, PathBuf) {
@@ -417,7 +435,7 @@ pub fn cgroup_path(pid: u32) -> String {
 
 /// A child process spoken to line by line over stdin/stdout (its stderr lines arrive prefixed
 /// with `stderr: `). Killed on drop.
-struct Proc {
+pub struct Proc {
     what: String,
     child: Child,
     stdin: Option<ChildStdin>,
@@ -426,7 +444,7 @@ struct Proc {
 }
 
 impl Proc {
-    fn spawn(mut cmd: Command) -> Proc {
+    pub fn spawn(mut cmd: Command) -> Proc {
         let what = format!("{cmd:?}");
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -464,7 +482,7 @@ impl Proc {
 
     /// Waits for the next line starting with one of `prefixes` (skipping others); returns the
     /// prefix and the rest of the line.
-    fn expect(&mut self, prefixes: &[&'static str]) -> (&'static str, String) {
+    pub fn expect(&mut self, prefixes: &[&'static str]) -> (&'static str, String) {
         let deadline = Instant::now() + PROC_TIMEOUT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -544,8 +562,13 @@ impl Client {
     /// Starts a client that opens no socket until [`Client::go`] (so it can be moved into a
     /// cgroup first).
     pub fn spawn_paused(ns: Option<&NetNs>, targets: &[SocketAddr]) -> Client {
+        Client::spawn_with(ns, targets, &[])
+    }
+
+    /// [`Client::spawn_paused`] with extra `ll-client` arguments (e.g. `--connect-timeout`).
+    pub fn spawn_with(ns: Option<&NetNs>, targets: &[SocketAddr], extra: &[&str]) -> Client {
         let mut cmd = command_in(ns, &bins().0);
-        cmd.arg("--wait-go");
+        cmd.arg("--wait-go").args(extra);
         for t in targets {
             cmd.arg("--connect").arg(t.to_string());
         }
@@ -586,6 +609,36 @@ impl Client {
         };
         self.conns.push(conn);
         conn
+    }
+
+    /// Starts a connect to `target` without waiting for its outcome (read it with
+    /// [`Client::connected`]).
+    pub fn start_connect(&mut self, target: SocketAddr) {
+        self.proc.send(&format!("connect {target}"));
+    }
+
+    /// The outcome of a connect started with [`Client::start_connect`]: `Ok(conn)` or the
+    /// client's error text.
+    pub fn connected(&mut self) -> Result<Conn, String> {
+        let (kind, rest) = self.proc.expect(&["connected ", "failed ", "error "]);
+        if kind != "connected " {
+            return Err(format!("{kind}{rest}"));
+        }
+        let mut addrs = rest.split_whitespace().map(|a| a.parse().expect("address"));
+        let conn = Conn {
+            local: addrs.next().expect("local"),
+            remote: addrs.next().expect("remote"),
+        };
+        self.conns.push(conn);
+        Ok(conn)
+    }
+
+    /// Writes `n` bytes on one of its connections (a request the server may or may not
+    /// answer).
+    pub fn send(&mut self, conn: Conn, n: usize) {
+        self.proc.send(&format!("send {} {n}", conn.local.port()));
+        let (kind, rest) = self.proc.expect(&["sent ", "error "]);
+        assert_eq!(kind, "sent ", "ll-client: {kind}{rest}");
     }
 
     /// Closes one of the client's connections (the process keeps running).

@@ -128,7 +128,14 @@ mod tests {
         let mut lab = Lab::new();
         lab.connect(0, 0xa, 40000, 7);
         let mut judge = Judge::new(Thresholds::default(), Select::default());
-        judge.tick(&lab.table, &BTreeMap::new(), &in_pod, lab.at(15_000));
+        let reached = BTreeMap::from([(
+            endpoint(APISERVER),
+            Probe {
+                at: lab.at(14_000),
+                outcome: ProbeOutcome::Answered(200),
+            },
+        )]);
+        judge.tick(&lab.table, &reached, &in_pod, lab.at(15_000));
         lab.peer_close(20_000, 0xa, 40000);
         let probes = BTreeMap::from([(
             endpoint(APISERVER),

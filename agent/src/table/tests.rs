@@ -386,38 +386,70 @@ fn streaming_an_upload_is_not_waiting() {
 #[test]
 fn retransmits_without_ack_progress_stall_even_without_the_tracepoint() {
     // iptables OUTPUT DROP on the client's own path: no tcp_retransmit_skb event on this
-    // kernel, but tcp_info shows the retransmits.
+    // kernel; tcp_info shows the data unsent, the backoff growing, no ACK.
     let mut lab = Lab::new();
     lab.connect(0, 0xa, 40000, 7);
     let mut tcp = watch_started();
     lab.sample(1000, 40000, tcp);
-    tcp.bytes_sent += 39;
+    tcp.bytes_sent += 100;
     tcp.data_segs_out += 1;
-    tcp.unacked = 1;
+    tcp.notsent_bytes = 100;
+    tcp.last_ack_recv_ms = 400;
     lab.sample(2000, 40000, tcp);
     assert_eq!(
         lab.table.connections().next().unwrap().stalled_since,
         None,
-        "not retransmitted yet"
+        "not retried yet"
     );
-    tcp.retransmits = 3;
-    tcp.backoff = 3;
+    tcp.backoff = 2;
+    tcp.last_ack_recv_ms = 1400;
     lab.sample(3000, 40000, tcp);
     assert_eq!(
         lab.table.connections().next().unwrap().stalled_since,
         Some(lab.at(3000))
     );
+    tcp.backoff = 3;
     lab.sample(4000, 40000, tcp);
     assert_eq!(
         lab.table.connections().next().unwrap().stalled_since,
         Some(lab.at(3000))
     );
     // The path heals: the peer acknowledges.
-    tcp.bytes_acked += 39;
-    tcp.unacked = 0;
-    tcp.retransmits = 0;
+    tcp.bytes_acked += 100;
+    tcp.notsent_bytes = 0;
+    tcp.backoff = 0;
     lab.sample(5000, 40000, tcp);
     assert_eq!(lab.table.connections().next().unwrap().stalled_since, None);
+    // Segments sent and retransmitted with no ACK (dropped further away) stall too.
+    tcp.unacked = 1;
+    tcp.retransmits = 2;
+    tcp.last_ack_recv_ms = 2000;
+    lab.sample(6000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().stalled_since,
+        Some(lab.at(6000))
+    );
+}
+
+#[test]
+fn a_full_receive_window_is_not_a_blackhole() {
+    // A slow reader: data waits, zero-window probes back off, but the peer acknowledges them.
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    tcp.notsent_bytes = 65536;
+    tcp.backoff = 4;
+    tcp.probes = 4;
+    tcp.last_ack_recv_ms = 200;
+    for ms in [2000, 3000, 30_000] {
+        lab.sample(ms, 40000, tcp);
+        assert_eq!(
+            lab.table.connections().next().unwrap().stalled_since,
+            None,
+            "at {ms}"
+        );
+    }
 }
 
 #[test]
