@@ -341,7 +341,7 @@ mod tests {
         metrics.alerts_sent.with_label_values(&["r", "ok"]).inc();
         metrics.ebpf_events.with_label_values(&["state_change"]).inc();
         let exported = exported_names(&metrics);
-        let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/");
+        let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/components/monitoring/");
         for file in ["dashboard.json", "prometheus-rules.yaml"] {
             let text = std::fs::read_to_string(format!("{deploy}{file}")).expect("deploy file");
             let referenced = referenced_names(&text);
