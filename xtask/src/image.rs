@@ -10,6 +10,8 @@
 //! | `/etc/ssl/certs/ca-certificates.crt` | public CAs (the build machine's Debian bundle), for https receivers and kubeconfigs that name no CA |
 //! | `/etc/nsswitch.conf` | `hosts: files dns`: without it glibc asks DNS before `/etc/hosts` |
 //!
+//! The same files are staged in `target/image/rootfs/` for `Containerfile`.
+//!
 //! The archive is an OCI image layout (`oci-layout`, `index.json`, `blobs/sha256/…`) that also
 //! carries Docker's `manifest.json`, so `ctr images import`, `podman load`, `docker load` and
 //! `skopeo copy oci-archive:` all read it. Entries, timestamps (the commit's time) and
@@ -94,6 +96,7 @@ pub fn image(options: Options) -> Result {
         created: &created,
         names: &names,
     };
+    stage_rootfs(&files)?;
     let archive = spec.archive(&files)?;
     let out = options.out.clone().unwrap_or_else(|| {
         workspace()
@@ -114,6 +117,24 @@ pub fn image(options: Options) -> Result {
     );
     if options.verify {
         verify(&out, &names[0], &version, &revision)?;
+    }
+    Ok(())
+}
+
+/// Where the layer's files are also written, for `Containerfile` (docker/podman/buildah).
+pub const ROOTFS: &str = "target/image/rootfs";
+
+/// Writes the layer's files under [`ROOTFS`] (replacing what was there).
+fn stage_rootfs(files: &[LayerFile]) -> Result {
+    let root = workspace().join(ROOTFS);
+    let _ = fs::remove_dir_all(&root);
+    for file in files {
+        let path = root.join(&file.path);
+        let dir = path.parent().expect("files sit in directories");
+        fs::create_dir_all(dir).map_err(|e| Failed(format!("{}: {e}", dir.display())))?;
+        fs::write(&path, &file.data).map_err(|e| Failed(format!("{}: {e}", path.display())))?;
+        fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(file.mode))
+            .map_err(|e| Failed(format!("{}: {e}", path.display())))?;
     }
     Ok(())
 }

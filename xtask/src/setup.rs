@@ -4,7 +4,7 @@ use std::{fs, os::unix::fs::symlink, path::Path, process::Command};
 use crate::{cargo, run, Failed, Result};
 
 /// Debian packages the suites and the demo use.
-const APT_PACKAGES: [&str; 10] = [
+const APT_PACKAGES: [&str; 13] = [
     "iperf3",
     "iproute2",
     "iptables",
@@ -15,6 +15,11 @@ const APT_PACKAGES: [&str; 10] = [
     "prometheus-alertmanager",
     "python3-kubernetes",
     "procps",
+    // `cargo xtask image`: the image's CA bundle; `--verify` imports into containerd; buildah
+    // proves Containerfile builds.
+    "ca-certificates",
+    "containerd",
+    "buildah",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
