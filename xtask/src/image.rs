@@ -59,6 +59,11 @@ pub fn image(options: Options) -> Result {
     let target = host_target()?;
     let arch = oci_arch(&target)?;
     if !options.no_build {
+        let linker = Command::new("bpf-linker").arg("--version").output();
+        if !linker.is_ok_and(|o| o.status.success()) {
+            // A fresh machine: the eBPF toolchain first (as `cargo xtask setup` installs it).
+            crate::setup::toolchain()?;
+        }
         build_static(&target)?;
     }
     let binary = static_binary(&target);
