@@ -766,6 +766,49 @@ users:
         assert_eq!(news(&Findings::default(), &f).len(), 3);
     }
 
+    /// The agent's periodic look at the node: the kubelet's server name resolved, and a part
+    /// that cannot be read keeps its last answer.
+    #[tokio::test]
+    #[ignore = "needs root: sock_diag through setns"]
+    async fn the_node_watch_resolves_and_keeps_answers() {
+        let proc = FakeProc::new("watch");
+        proc.process(1, "systemd", &["/sbin/init"])
+            .process(
+                30,
+                "kubelet",
+                &["kubelet", "--kubeconfig=/etc/kubernetes/kubelet.conf"],
+            )
+            .file(
+                30,
+                "/etc/kubernetes/kubelet.conf",
+                &KUBEADM_KUBELET_CONF.replace("https://127.0.0.1:6443", "https://localhost:16443"),
+            );
+        // The host's network namespace is this process's own (owners stay unknown: the fake
+        // /proc has no fds).
+        std::fs::create_dir_all(proc.dir.join("1/ns")).expect("ns dir");
+        std::os::unix::fs::symlink("/proc/self/ns/net", proc.dir.join("1/ns/net")).expect("ns link");
+        let mut watch = super::super::NodeWatch::new(proc.dir.clone());
+        let first = watch.look().await;
+        let kubelet: Vec<String> = first
+            .entries
+            .keys()
+            .filter(|(_, s)| *s == Source::KubeletKubeconfig)
+            .map(|(e, _)| e.to_string())
+            .collect();
+        assert!(kubelet.contains(&"127.0.0.1:16443".to_owned()), "{first:?}");
+        assert!(
+            first
+                .entries
+                .values()
+                .any(|why| why.contains("--kubeconfig of the kubelet, pid 30")),
+            "{first:?}"
+        );
+        // The kubeconfig becomes unreadable: the last answer stays.
+        std::fs::write(through(&proc.dir, 30, "/etc/kubernetes/kubelet.conf"), "{broken").expect("break");
+        let second = watch.look().await;
+        assert_eq!(first.entries(), second.entries());
+    }
+
     /// A process that kills its child on drop.
     struct Running(std::process::Child);
 
