@@ -214,6 +214,13 @@ pub enum Source {
     /// An address and port of the core v1 Endpoints `default/kubernetes` (apiservers without
     /// `discovery.k8s.io/v1`).
     Endpoints,
+    /// The server of the kubelet's kubeconfig on this node (`cluster/node_local.rs`).
+    #[serde(rename = "kubelet-kubeconfig")]
+    KubeletKubeconfig,
+    /// A loopback address at which an apiserver, or the node-local proxy the kubelet uses,
+    /// listens on this node (`cluster/node_local.rs`).
+    #[serde(rename = "local-apiserver")]
+    LocalApiserver,
 }
 
 impl Source {
@@ -226,6 +233,8 @@ impl Source {
             Source::Service => "service",
             Source::EndpointSlice => "endpointslice",
             Source::Endpoints => "endpoints",
+            Source::KubeletKubeconfig => "kubelet-kubeconfig",
+            Source::LocalApiserver => "local-apiserver",
         }
     }
 }

@@ -360,7 +360,7 @@ mod tests {
         metrics.ebpf_events.with_label_values(&["state_change"]).inc();
         metrics.endpoint_reachable.with_label_values(&["e"]).set(1);
         let exported = exported_names(&metrics);
-        let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/");
+        let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/components/monitoring/");
         for file in ["dashboard.json", "prometheus-rules.yaml"] {
             let text = std::fs::read_to_string(format!("{deploy}{file}")).expect("deploy file");
             let referenced = referenced_names(&text);

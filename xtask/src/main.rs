@@ -1,10 +1,11 @@
-//! Project tasks: `cargo xtask setup | test | demo`.
+//! Project tasks: `cargo xtask setup | test | bench | image | demo`.
 //!
 //! - `setup`: makes a fresh machine of this kind ready (idempotent): apt packages the suites
 //!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
 //! - `test`: the whole test command of the README and CI: format and lint checks, unit tests
 //!   (root ones included), then the root integration suites with the real eBPF programs.
 //! - `bench`: what the agent costs, in figures measured in one run.
+//! - `image`: the agent's OCI image archive, built without a container engine.
 //! - `demo`: setup, build, a small self-contained topology (an "apiserver" in a network
 //!   namespace and client processes), and the agent showing its table until Ctrl-C.
 use std::{
@@ -17,6 +18,8 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod deploy;
+mod image;
 mod setup;
 
 #[derive(Parser)]
@@ -39,9 +42,28 @@ enum Task {
         #[arg(long)]
         suite: Option<String>,
     },
+    /// Only the checks of deploy/ that `test` runs: promtool, the rules in step, the dashboard's
+    /// queries, what kustomize renders (no root needed).
+    CheckDeploy,
     /// Figures: throughput of unrelated traffic with and without the agent, and the sampling
     /// cost per tracked connection (as root).
     Bench,
+    /// The agent's container image as an OCI archive (no container engine needed):
+    /// target/image/lifeline-<version>-<arch>.tar, named localhost/lifeline:<version>.
+    Image {
+        /// Where to write the archive.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Image name REPOSITORY:TAG (repeatable; default localhost/lifeline:<version>).
+        #[arg(long = "name")]
+        names: Vec<String>,
+        /// Use the static binary already built.
+        #[arg(long)]
+        no_build: bool,
+        /// Import the archive into a private containerd and run its binary (needs containerd).
+        #[arg(long)]
+        verify: bool,
+    },
     /// Set up, build, and run the agent against a self-contained demo topology.
     Demo {
         /// Skip `setup`.
@@ -132,14 +154,8 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
                 "warnings",
             ]))?;
     }
-    // The Prometheus rules shipped in deploy/, checked and unit-tested by the real promtool.
-    let deploy = workspace().join("deploy");
-    run(Command::new("promtool")
-        .current_dir(&deploy)
-        .args(["check", "rules", "prometheus-rules.yaml"]))?;
-    run(Command::new("promtool")
-        .current_dir(&deploy)
-        .args(["test", "rules", "prometheus-rules.test.yaml"]))?;
+    // deploy/: what kustomize renders, the Prometheus rules (promtool), the dashboard's queries.
+    deploy::check()?;
     // The binaries first: some unit tests of the agent's Kubernetes side run the apiserver fixture.
     run(cargo().args(["build", "-p", "lifeline", "-p", "lifeline-integration", "--bins"]))?;
     // Unit tests, root-only ones (marked #[ignore]) included: this runs as root.
@@ -149,6 +165,8 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "lifeline",
         "-p",
         "lifeline-common",
+        "-p",
+        "xtask",
         "--",
         "--include-ignored",
     ]))?;
@@ -172,6 +190,18 @@ fn main() -> ExitCode {
         Task::Test { no_lint, suite } => test(no_lint, suite.as_deref()),
         Task::Demo { no_setup, seconds } => demo::demo(no_setup, seconds),
         Task::Bench => bench::bench(),
+        Task::CheckDeploy => deploy::check(),
+        Task::Image {
+            out,
+            names,
+            no_build,
+            verify,
+        } => image::image(image::Options {
+            out,
+            names,
+            no_build,
+            verify,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,7 @@ use std::{fs, os::unix::fs::symlink, path::Path, process::Command};
 use crate::{cargo, run, Failed, Result};
 
 /// Debian packages the suites and the demo use.
-const APT_PACKAGES: [&str; 10] = [
+const APT_PACKAGES: [&str; 13] = [
     "iperf3",
     "iproute2",
     "iptables",
@@ -15,17 +15,28 @@ const APT_PACKAGES: [&str; 10] = [
     "prometheus-alertmanager",
     "python3-kubernetes",
     "procps",
+    // `cargo xtask image`: the image's CA bundle; `--verify` imports into containerd; buildah
+    // proves Containerfile builds.
+    "ca-certificates",
+    "containerd",
+    "buildah",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// What building the agent needs beyond cargo: `rust-src` and bpf-linker (for `cargo xtask
+/// image` on a fresh machine, without the rest of setup).
+pub fn toolchain() -> Result {
+    run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
+    bpf_linker()
+}
 /// Where bpf-linker finds rustc's LLVM. It keeps an rpath to this directory: it must stay.
 const LLVM_PREFIX: &str = "/opt/lifeline-llvm";
 
 pub fn setup() -> Result {
     crate::require_root("setup")?;
     apt()?;
-    run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
-    bpf_linker()?;
+    toolchain()?;
     kubectl_1_20()?;
     tracefs()?;
     eprintln!("setup: done");
