@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{config::ThresholdsFile, endpoint::Endpoint};
+use crate::{config::ThresholdsFile, endpoint::Endpoint, logging::LogFormat};
 
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -18,6 +18,9 @@ pub const VERSION: &str = concat!(
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines on stderr as text or as one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
 }
 
 #[derive(Debug, Subcommand)]

@@ -15,9 +15,11 @@ mod endpoint;
 mod health;
 mod judge;
 mod kernel;
+mod logging;
 mod metrics;
 mod netns;
 mod process;
+mod redact;
 mod remediate;
 mod run;
 mod sampler;
@@ -44,13 +46,7 @@ pub fn chain(err: &dyn std::error::Error) -> String {
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    logging::init(cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
