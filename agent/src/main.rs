@@ -18,9 +18,11 @@ mod kernel;
 mod logging;
 mod metrics;
 mod netns;
+mod privileges;
 mod process;
 mod redact;
 mod remediate;
+mod resources;
 mod run;
 mod sampler;
 mod sock_diag;
@@ -61,16 +63,18 @@ fn main() -> ExitCode {
                     ExitCode::from(err.exit_code())
                 }
             },
-            cli::Command::Status(args) => match status::run(&args.server, args.output).await {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
+            cli::Command::Status(args) => {
+                match status::run(&args.server, args.token_file.as_deref(), args.output).await {
+                    Ok(text) => {
+                        print!("{text}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(err) => {
+                        eprintln!("lifeline status: {}", chain(&err));
+                        ExitCode::FAILURE
+                    }
                 }
-                Err(err) => {
-                    eprintln!("lifeline status: {}", chain(&err));
-                    ExitCode::FAILURE
-                }
-            },
+            }
             cli::Command::Check => {
                 let report = check::run();
                 print!("{}", report.render());
