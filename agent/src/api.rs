@@ -2,14 +2,16 @@
 //! reaches `--listen`, and the client API (`/api/v1/clients`, `/api/v1/endpoints`), which shows
 //! command lines, only to loopback peers or to requests bearing the `--api-token-file` token.
 //!
-//! The server is bounded, whoever connects: at most [`Limits::max_connections`] at once (more
-//! are closed as they arrive), a request head must arrive within [`Limits::header_timeout`]
+//! The server is bounded, whoever connects: at most [`Limits::max_connections`] at once, and
+//! [`Limits::max_per_peer`] from one address (more are closed as they arrive, so one peer
+//! cannot take every slot), a request head must arrive within [`Limits::header_timeout`]
 //! (which also closes idle keep-alive connections), a connection lives at most
 //! [`Limits::max_lifetime`], and a request head is at most [`MAX_HEAD`] bytes. Answers are
 //! bounded by the data: command lines are cut at the source (`process::MAX_CMDLINE`).
 use std::{
+    collections::HashMap,
     convert::Infallible,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -56,6 +58,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Limits {
     /// Connections open at once; more are closed at once.
     pub max_connections: usize,
+    /// Connections open at once from one IP address.
+    pub max_per_peer: usize,
     /// Time to receive a whole request head, counted from the moment the server waits for
     /// one: a slow sender (slowloris) and an idle keep-alive connection are closed after it.
     pub header_timeout: Duration,
@@ -67,6 +71,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 256,
+            max_per_peer: 32,
             header_timeout: Duration::from_secs(10),
             max_lifetime: Duration::from_secs(300),
         }
@@ -79,8 +84,10 @@ impl Limits {
     pub fn for_fd_limit(fd_limit: u64) -> Self {
         let quarter = usize::try_from(fd_limit / 4).unwrap_or(usize::MAX);
         let d = Self::default();
+        let max_connections = d.max_connections.min(quarter).max(8);
         Self {
-            max_connections: d.max_connections.min(quarter).max(8),
+            max_connections,
+            max_per_peer: d.max_per_peer.min(max_connections / 4).max(2),
             ..d
         }
     }
@@ -206,6 +213,43 @@ pub async fn serve(
     Ok(accept_loop(listener, app, limits, shutdown))
 }
 
+/// Connections open per peer address.
+#[derive(Default)]
+struct PeerCounts(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection's place in [`PeerCounts`], given back on drop.
+struct PeerSlot {
+    counts: Arc<PeerCounts>,
+    ip: IpAddr,
+}
+
+impl PeerSlot {
+    fn take(counts: &Arc<PeerCounts>, ip: IpAddr, max: usize) -> Option<Self> {
+        let mut map = counts.0.lock().expect("peer counts lock");
+        let n = map.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Self {
+            counts: counts.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.0.lock().expect("peer counts lock");
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// Refused connections are logged at most this often.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -216,6 +260,7 @@ async fn accept_loop(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let peers = Arc::new(PeerCounts::default());
     let (closing, closing_rx) = watch::channel(false);
     let refused = AtomicU64::new(0);
     let mut last_refusal_log: Option<Instant> = None;
@@ -237,12 +282,16 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let peer_slot = PeerSlot::take(&peers, peer.ip(), limits.max_per_peer);
+        let slot = slots.clone().try_acquire_owned().ok();
+        let (Some(peer_slot), Some(slot)) = (peer_slot, slot) else {
             drop(stream);
             let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
             if last_refusal_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_INTERVAL) {
                 tracing::warn!(
                     max_connections = limits.max_connections,
+                    max_per_peer = limits.max_per_peer,
+                    %peer,
                     refused_so_far = n,
                     "HTTP connection limit reached: closing new connections"
                 );
@@ -278,7 +327,7 @@ async fn accept_loop(
                     let _ = connection.as_mut().await;
                 }
             }
-            drop(slot);
+            drop((slot, peer_slot));
         });
     }
     // Stop accepting; let open connections finish what they serve.
@@ -355,7 +404,7 @@ async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
 mod tests {
     use std::{
         io::{Read, Write},
-        net::TcpStream,
+        net::{Ipv4Addr, TcpStream},
     };
 
     use super::*;
@@ -418,9 +467,13 @@ mod tests {
 
     #[test]
     fn the_connection_cap_follows_the_descriptor_limit() {
-        assert_eq!(Limits::for_fd_limit(1 << 20).max_connections, 256);
-        assert_eq!(Limits::for_fd_limit(400).max_connections, 100);
-        assert_eq!(Limits::for_fd_limit(10).max_connections, 8);
+        let limits = |fds| {
+            let l = Limits::for_fd_limit(fds);
+            (l.max_connections, l.max_per_peer)
+        };
+        assert_eq!(limits(1 << 20), (256, 32));
+        assert_eq!(limits(400), (100, 25));
+        assert_eq!(limits(10), (8, 2));
     }
 
     /// A server of `/healthz` with `limits`, stopped when the returned sender is dropped.
@@ -433,6 +486,13 @@ mod tests {
             let _ = stopped.await;
         }));
         (addr, stop)
+    }
+
+    /// A TCP socket bound to `ip` (to connect from another loopback address).
+    fn socket_from(ip: Ipv4Addr) -> socket2::Socket {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&SocketAddr::new(ip.into(), 0).into()).unwrap();
+        s
     }
 
     /// GET /healthz on a fresh connection (blocking: run in spawn_blocking).
@@ -467,20 +527,37 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn slow_and_idle_connections_are_closed_and_the_cap_holds() {
         let limits = Limits {
-            max_connections: 4,
+            max_connections: 6,
+            max_per_peer: 4,
             header_timeout: Duration::from_millis(500),
             max_lifetime: Duration::from_secs(60),
         };
         let (addr, _stop) = server(limits).await;
         tokio::task::spawn_blocking(move || {
-            // Four idle connections take every slot; a fifth is closed at once.
+            // Four idle connections take every slot of 127.0.0.1; a fifth is closed at once,
+            // while another address still gets in, up to the global cap.
             let mut idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
             std::thread::sleep(Duration::from_millis(100));
             let mut fifth = TcpStream::connect(addr).unwrap();
             assert!(
                 closed_within(&mut fifth, Duration::from_millis(300)),
-                "over the cap"
+                "over the peer cap"
             );
+            let other = || {
+                let s = socket_from(Ipv4Addr::new(127, 0, 0, 2));
+                s.connect(&addr.into()).unwrap();
+                TcpStream::from(s)
+            };
+            let mut others: Vec<TcpStream> = (0..3).map(|_| other()).collect();
+            assert!(
+                !closed_within(&mut others[0], Duration::from_millis(200)),
+                "another peer refused"
+            );
+            assert!(
+                closed_within(&mut others[2], Duration::from_millis(300)),
+                "over the global cap"
+            );
+            drop(others);
             // Idle ones are closed after the header timeout, which frees the slots.
             for s in &mut idle {
                 assert!(closed_within(s, Duration::from_secs(2)), "idle connection kept");
@@ -521,6 +598,7 @@ mod tests {
     async fn a_connection_is_closed_after_its_lifetime() {
         let limits = Limits {
             max_connections: 4,
+            max_per_peer: 4,
             header_timeout: Duration::from_secs(30),
             max_lifetime: Duration::from_millis(300),
         };

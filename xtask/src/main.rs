@@ -102,7 +102,7 @@ fn require_root(what: &str) -> Result {
 }
 
 /// The integration suites, in the order they run.
-const SUITES: [&str; 4] = ["foundation", "fixture", "scenarios", "kubernetes"];
+const SUITES: [&str; 5] = ["foundation", "fixture", "scenarios", "kubernetes", "hardening"];
 
 fn test(no_lint: bool, suite: Option<&str>) -> Result {
     require_root("the test suite")?;

@@ -1,8 +1,11 @@
 //! `ll-client`: a test TCP client driven over stdin/stdout by the integration harness.
 //!
 //! ```text
-//! ll-client [--wait-go] [--connect ADDR]...
+//! ll-client [--wait-go] [--connect ADDR]... [-- IGNORED...]
 //! ```
+//!
+//! Arguments after `--` are ignored: they only put text on the command line (secrets to be
+//! redacted, a long command line).
 //!
 //! Connects to every `--connect` address in order (the same address may repeat), printing
 //! `connected LOCAL PEER` (or `failed ADDR ERROR`) for each, then `ready`. With `--wait-go` it
@@ -30,6 +33,7 @@ fn main() {
         match arg.as_str() {
             "--wait-go" => wait_go = true,
             "--connect" => initial.push(args.next().expect("--connect needs ADDR")),
+            "--" => break,
             other => panic!("ll-client: unknown argument {other}"),
         }
     }
