@@ -221,11 +221,6 @@ fn running_out_of_descriptors_forgets_no_client() {
             LOOPBACK,
             true,
         );
-        let (soft, hard) = fd_limits(agent.pid());
-        assert_eq!(
-            soft, hard,
-            "{shell_line}: the soft limit is raised to the hard one"
-        );
         let clients: Vec<Client> = (0..4)
             .map(|_| Client::spawn(None, &[server.addr, server.addr, server.addr]))
             .collect();
@@ -265,6 +260,11 @@ fn running_out_of_descriptors_forgets_no_client() {
             !log.contains("Too many open files"),
             "{shell_line}: the agent ran out:\n{log}"
         );
+        let (soft, hard) = fd_limits(agent.pid());
+        assert_eq!(
+            soft, hard,
+            "{shell_line}: the soft limit is raised to the hard one"
+        );
     }
 }
 
@@ -275,7 +275,14 @@ fn running_out_of_descriptors_forgets_no_client() {
 fn a_zombie_client_is_forgotten() {
     init!();
     let server = loopback_server();
-    let agent = Agent::start_with(&args(&["--endpoint", &server.addr.to_string()]));
+    let agent = Agent::start_with(&args(&[
+        "--endpoint",
+        &server.addr.to_string(),
+        "--min-client-age",
+        "1s",
+        "--disconnect-grace",
+        "2s",
+    ]));
     let mut child: Child = Command::new(env!("CARGO_BIN_EXE_ll-client"))
         .args(["--connect", &server.addr.to_string()])
         .stdin(Stdio::piped())
@@ -283,7 +290,10 @@ fn a_zombie_client_is_forgotten() {
         .spawn()
         .expect("spawn ll-client");
     let pid = child.id();
-    agent.wait_clients(secs(3.0), "the client listed", |c| find_pid(c, pid).map(|_| ()));
+    agent.wait_clients(secs(4.0), "the client judged", |c| {
+        let reason = find_pid(c, pid)?["reason"].as_str()?.to_owned();
+        (!reason.contains("not judged")).then_some(())
+    });
 
     // SAFETY: plain syscall on our own child. Not reaped: it stays a zombie.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
@@ -303,7 +313,8 @@ fn a_zombie_client_is_forgotten() {
         find_pid(c, pid).is_none().then_some(())
     });
     eprintln!("zombie forgotten {:?} after the kill", killed.elapsed());
-    agent.hold_table(secs(2.0), &Table::new());
+    // Past the disconnect grace: not listed (as `disconnected`) again.
+    agent.hold_table(secs(3.0), &Table::new());
     assert!(
         fs::metadata(format!("/proc/{pid}")).is_ok(),
         "still a zombie, not reaped"
@@ -347,16 +358,7 @@ fn a_refused_reload_changes_nothing() {
     }
     write_file(&config, &huge);
     agent.signal(libc::SIGHUP);
-    wait_log(
-        &agent,
-        secs(20.0),
-        &[
-            "config not reloaded",
-            "endpoints: 100001 endpoints",
-            "at most 4096",
-        ],
-    );
-    assert_eq!(agent.endpoints(), vec![(e1.clone(), "config".to_owned())]);
+    wait_log(&agent, secs(20.0), &["config not reloaded"]);
     // A 1 s stale_after would make the silent c1 stale within 2 s: it was not applied.
     hold(secs(3.0), "c1 healthy under the old thresholds", || {
         let c = agent.clients();
@@ -365,6 +367,12 @@ fn a_refused_reload_changes_nothing() {
             _ => Err(Shown(format!("{:?}", Pretty(&c)))),
         }
     });
+    assert_eq!(agent.endpoints(), vec![(e1.clone(), "config".to_owned())]);
+    wait_log(
+        &agent,
+        secs(1.0),
+        &["endpoints: 100001 endpoints", "at most 4096"],
+    );
 
     // The kernel map still takes new endpoints: a connection to e2 is seen.
     write_file(&config, &good(&[&e1, &e2]));
@@ -600,10 +608,6 @@ fn secrets_and_hostile_names_never_reach_outputs() {
         "1s",
     ];
     let text_agent = Agent::start_with(&args(&common));
-    let mut json_args = args(&common);
-    json_args.push("--log-format".into());
-    json_args.push("json".into());
-    let json_agent = Agent::start_with(&json_args);
 
     let mut children: Vec<Child> = names
         .iter()
@@ -618,13 +622,14 @@ fn secrets_and_hostile_names_never_reach_outputs() {
         })
         .collect();
     let pids: Vec<u32> = children.iter().map(Child::id).collect();
-    for agent in [&text_agent, &json_agent] {
+    let both_stale = |agent: &Agent| {
         agent.wait_clients(secs(8.0), "both clients stale", |c| {
             pids.iter()
                 .all(|p| state_of(c, *p).as_deref() == Some("stale"))
                 .then_some(())
         });
-    }
+    };
+    both_stale(&text_agent);
 
     // The API: names exactly as they are (JSON escapes them), command lines redacted.
     let clients = text_agent.clients();
@@ -670,6 +675,11 @@ fn secrets_and_hostile_names_never_reach_outputs() {
     );
     assert!(!table.chars().any(|c| c.is_control() && c != '\n'), "{table:?}");
     // JSON logs: every line one object; the name exact.
+    let mut json_args = args(&common);
+    json_args.push("--log-format".into());
+    json_args.push("json".into());
+    let json_agent = Agent::start_with(&json_args);
+    both_stale(&json_agent);
     let json_log = json_agent.stderr();
     let events: Vec<Value> = json_log
         .lines()
@@ -729,24 +739,25 @@ fn the_client_api_answers_loopback_or_the_token_only() {
     let token = dir.path().join("token");
     fs::write(&token, "the-api-token\n").expect("token file");
     let endpoint = server.addr.to_string();
-    let closed = Agent::launch(
-        &[],
-        &args(&["--endpoint", &endpoint]),
-        IpAddr::from([0, 0, 0, 0]),
-        true,
-    );
-    let open = Agent::launch(
-        &[],
-        &args(&[
-            "--endpoint",
-            &endpoint,
-            "--api-token-file",
-            &token.display().to_string(),
-        ]),
-        IpAddr::from([0, 0, 0, 0]),
-        true,
-    );
-    for agent in [&closed, &open] {
+    let anywhere = IpAddr::from([0, 0, 0, 0]);
+    let closed = Agent::launch(&[], &args(&["--endpoint", &endpoint]), anywhere, true);
+    let mut open = None;
+    for token_file in [None, Some(&token)] {
+        // The agent with a token is started after the one without has been checked.
+        let agent = match token_file {
+            None => &closed,
+            Some(file) => open.insert(Agent::launch(
+                &[],
+                &args(&[
+                    "--endpoint",
+                    &endpoint,
+                    "--api-token-file",
+                    &file.display().to_string(),
+                ]),
+                anywhere,
+                true,
+            )),
+        };
         let outside = SocketAddr::from((link.host_ip, agent.addr.port()));
         let get = |path: &str, bearer: Option<&str>| get_as(link.host_ip, outside, path, bearer).expect(path);
         for path in ["/metrics", "/healthz", "/readyz"] {
@@ -758,7 +769,7 @@ fn the_client_api_answers_loopback_or_the_token_only() {
         let (status, body) = get("/api/v1/clients", None);
         let (wrong, _) = get("/api/v1/endpoints", Some("not-the-token"));
         let (right, listed) = get("/api/v1/clients", Some("the-api-token"));
-        if std::ptr::eq(agent, &closed) {
+        if token_file.is_none() {
             assert_eq!((status, wrong, right), (403, 403, 403), "{body}");
             assert!(body.contains("loopback peers only"), "{body}");
         } else {
@@ -767,6 +778,7 @@ fn the_client_api_answers_loopback_or_the_token_only() {
         }
     }
     // `lifeline status` from a non-loopback address needs --token-file.
+    let open = open.expect("the agent with a token");
     let url = format!("http://{}:{}", link.host_ip, open.addr.port());
     let out = lifeline(&["status", "--server", &url]);
     assert!(!out.status.success());
