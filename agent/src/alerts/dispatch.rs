@@ -249,6 +249,11 @@ impl ReceiverSpec {
         })
     }
 
+    /// The target URL as logs and errors show it: secret query parameters redacted.
+    fn shown_url(&self) -> String {
+        crate::redact::redact(&self.target.to_string())
+    }
+
     fn plain(name: &str, kind: Kind, url: &str) -> Result<Self> {
         Self::new(
             name,
@@ -486,7 +491,7 @@ impl Dispatcher {
         let mut tasks = Vec::new();
         for spec in specs {
             let tls = spec.check()?;
-            tracing::info!(receiver = %spec.name, kind = ?spec.kind, url = %spec.target, "alert receiver");
+            tracing::info!(receiver = %spec.name, kind = ?spec.kind, url = %spec.shown_url(), "alert receiver");
             let count = |result: &str| sent.with_label_values(&[spec.name.as_str(), result]);
             let receiver = Arc::new(Receiver {
                 counts: Counts {
@@ -662,7 +667,7 @@ async fn send(
     timeout: Duration,
     batch: Vec<Alert>,
 ) -> std::result::Result<(), (Vec<Alert>, Error)> {
-    let url = r.spec.target.to_string();
+    let url = r.spec.shown_url();
     match r.spec.kind {
         Kind::Alertmanager => {
             let body = wire::alertmanager_body(
@@ -702,7 +707,7 @@ async fn send(
 
 /// One POST of a JSON body; success is a 2xx answer within `timeout`.
 async fn post(client: &HttpClient, spec: &ReceiverSpec, body: Vec<u8>, timeout: Duration) -> Result<()> {
-    let url = spec.target.to_string();
+    let url = spec.shown_url();
     let mut request = Request::post(spec.target.clone())
         .header(CONTENT_TYPE, "application/json")
         .header(USER_AGENT, concat!("lifeline/", env!("CARGO_PKG_VERSION")));
