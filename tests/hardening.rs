@@ -798,40 +798,42 @@ fn the_client_api_answers_loopback_or_the_token_only() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("ll-client"));
 }
 
+/// The agent run without `cap` on `endpoint` (ready or not: it answers `/healthz`), after
+/// checking that it says it is blind to `what`: `/readyz` 503 naming the capability,
+/// `lifeline_agent_blind{what} 1` and only that one, an error in the log.
+fn blind_agent(cap: &str, endpoint: SocketAddr, what: &str) -> Agent {
+    let agent = Agent::launch(
+        &strs(&without(cap)),
+        &args(&["--endpoint", &endpoint.to_string()]),
+        LOOPBACK,
+        false,
+    );
+    let (status, body) = agent.get("/readyz");
+    assert_eq!(status, 503, "{body}");
+    let missing = format!("{} missing", cap.to_uppercase());
+    assert!(
+        body.contains(&format!("blind ({what})")) && body.contains(&missing),
+        "{body}"
+    );
+    let (_, metrics) = agent.get("/metrics");
+    for other in ["other_netns", "socket_owners"] {
+        let value = if other == what { 1 } else { 0 };
+        let series = format!("lifeline_agent_blind{{what=\"{other}\"}} {value}");
+        assert!(metrics.contains(&series), "{series}:\n{metrics}");
+    }
+    assert!(agent.stderr().contains("running blind"), "{}", agent.stderr());
+    agent
+}
+
 /// 6. Without CAP_SYS_ADMIN the agent cannot enter other network namespaces: it runs, but says
-///    so (`/readyz` 503 naming the capability, `lifeline_agent_blind{what="other_netns"} 1`, an
-///    error in the log), and still scans and samples its own namespace: a host client is found
-///    and its inbound bytes are counted.
+///    so, and still scans and samples its own namespace: a host client older than the agent is
+///    found and its inbound bytes are counted.
 #[test]
 fn without_cap_sys_admin_the_agent_is_blind_to_other_namespaces_and_says_so() {
     init!();
     let mut server = loopback_server();
     let client = Client::spawn(None, &[server.addr]);
-    let agent = Agent::launch(
-        &strs(&without("cap_sys_admin")),
-        &args(&["--endpoint", &server.addr.to_string()]),
-        LOOPBACK,
-        false,
-    );
-    thread::sleep(secs(1.5));
-    let (status, body) = agent.get("/readyz");
-    assert_eq!(status, 503, "{body}");
-    assert!(
-        body.contains("other_netns") && body.contains("CAP_SYS_ADMIN missing"),
-        "{body}"
-    );
-    let (_, metrics) = agent.get("/metrics");
-    assert!(
-        metrics.contains("lifeline_agent_blind{what=\"other_netns\"} 1"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("lifeline_agent_blind{what=\"socket_owners\"} 0"),
-        "{metrics}"
-    );
-    assert!(agent.stderr().contains("running blind"), "{}", agent.stderr());
-
-    // Its own namespace: the connection older than the agent is found and sampled.
+    let agent = blind_agent("cap_sys_admin", server.addr, "other_netns");
     agent.wait_table(secs(3.0), &expected(&[&client]));
     assert_eq!(server.send(3000), 1);
     agent.wait_clients(secs(4.0), "3000 bytes received", |c| {
@@ -847,24 +849,7 @@ fn without_cap_sys_ptrace_the_agent_is_blind_to_older_owners_and_says_so() {
     init!();
     let server = loopback_server();
     let _older = Client::spawn(None, &[server.addr]);
-    let agent = Agent::launch(
-        &strs(&without("cap_sys_ptrace")),
-        &args(&["--endpoint", &server.addr.to_string()]),
-        LOOPBACK,
-        false,
-    );
-    thread::sleep(secs(1.5));
-    let (status, body) = agent.get("/readyz");
-    assert_eq!(status, 503, "{body}");
-    assert!(
-        body.contains("socket_owners") && body.contains("CAP_SYS_PTRACE missing"),
-        "{body}"
-    );
-    let (_, metrics) = agent.get("/metrics");
-    assert!(
-        metrics.contains("lifeline_agent_blind{what=\"socket_owners\"} 1"),
-        "{metrics}"
-    );
+    let agent = blind_agent("cap_sys_ptrace", server.addr, "socket_owners");
     let newer = Client::spawn(None, &[server.addr]);
     agent.wait_table(secs(3.0), &expected(&[&newer]));
 }
