@@ -164,29 +164,30 @@ pub fn run() -> Report {
             |found| format!("netlink inet_diag answers ({} IPv4 sockets here)", found.len()),
         ),
     ));
-    // Enter another namespace if there is one (else our own: the same code path).
+    // Enter another namespace if there is one.
     let namespaces = netns::enumerate();
     let own = netns::netns_inode(Path::new("/proc/self/ns/net")).ok();
-    let target = namespaces
-        .iter()
-        .find(|(inode, _)| Some(*inode) != own)
-        .map_or_else(
-            || Path::new("/proc/self/ns/net").to_path_buf(),
-            |(_, path)| path.clone(),
-        );
+    let other = namespaces.iter().find(|(inode, _)| Some(*inode) != own);
     items.push((
         "other netns",
-        match DiagSocket::open_in(&target) {
-            Ok(_) => Outcome::Ok(format!(
-                "setns + sock_diag via {} ({} network namespaces on this node)",
-                target.display(),
-                namespaces.len()
-            )),
-            Err(err) => Outcome::Warn(format!(
-                "{}; the agent runs blind: {}",
-                crate::chain(&err),
-                Blind::OtherNetns.unseen()
-            )),
+        match other {
+            None => Outcome::Info(
+                "only this network namespace on this node: nothing to enter (entering one takes \
+                 CAP_SYS_ADMIN)"
+                    .into(),
+            ),
+            Some((_, target)) => match DiagSocket::open_in(target) {
+                Ok(_) => Outcome::Ok(format!(
+                    "setns + sock_diag via {} ({} network namespaces on this node)",
+                    target.display(),
+                    namespaces.len()
+                )),
+                Err(err) => Outcome::Warn(format!(
+                    "{}; the agent runs blind: {}",
+                    crate::chain(&err),
+                    Blind::OtherNetns.unseen()
+                )),
+            },
         },
     ));
     items.push((
