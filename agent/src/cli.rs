@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{config::ThresholdsFile, endpoint::Endpoint};
+use crate::{config::ThresholdsFile, endpoint::Endpoint, logging::LogFormat};
 
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -18,6 +18,9 @@ pub const VERSION: &str = concat!(
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines on stderr as text or as one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
 }
 
 #[derive(Debug, Subcommand)]
@@ -50,9 +53,14 @@ pub struct RunArgs {
     /// (default: $KUBECONFIG, then ~/.kube/config).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
-    /// Address of the HTTP API and /metrics [default: 0.0.0.0:9477].
+    /// Address of the HTTP server [default: 0.0.0.0:9477]: /metrics, /healthz and /readyz
+    /// answer anyone; the client API (/api/v1/*) only loopback peers and --api-token-file.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// A file holding a bearer token: requests bearing it may read the client API from any
+    /// address (without it, only loopback peers may).
+    #[arg(long, value_name = "FILE")]
+    pub api_token_file: Option<PathBuf>,
     /// Log remediation actions instead of taking them.
     #[arg(long)]
     pub dry_run: bool,
@@ -132,6 +140,10 @@ pub struct StatusArgs {
     /// The agent's HTTP address.
     #[arg(long, default_value = "http://127.0.0.1:9477")]
     pub server: String,
+    /// A file holding the bearer token of the agent's --api-token-file (needed unless the
+    /// agent is reached over loopback).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
 }

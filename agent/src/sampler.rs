@@ -14,7 +14,7 @@ use lifeline_common::tcp_state;
 
 use crate::{
     netns,
-    process::Procfs,
+    process::{Liveness, Procfs},
     sock_diag::{self, DiagSocket},
     table::{ConnectionTable, Sample, Scanned, Tuple},
 };
@@ -202,13 +202,28 @@ impl Sampler {
         found
     }
 
+    /// Forgets the owners that exited. An owner whose `/proc` entry cannot be read for any
+    /// other reason than its absence (out of descriptors, say) is kept as it is, and said.
     fn forget_exited(&self, table: &Mutex<ConnectionTable>) -> usize {
         let owners = table.lock().unwrap_or_else(PoisonError::into_inner).owners();
-        let exited: Vec<u32> = owners
-            .into_iter()
-            .filter(|(pid, start)| !self.procfs.is_alive(*pid, *start))
-            .map(|(pid, _)| pid)
-            .collect();
+        let mut exited = Vec::new();
+        let mut unknown = 0;
+        for (pid, start) in owners {
+            match self.procfs.liveness(pid, start) {
+                Liveness::Exited => exited.push(pid),
+                Liveness::Alive => {}
+                Liveness::Unknown(err) => {
+                    unknown += 1;
+                    tracing::debug!(pid, "cannot tell whether the process is alive, keeping it: {err}");
+                }
+            }
+        }
+        if unknown > 0 {
+            tracing::warn!(
+                unknown,
+                "cannot read /proc for some clients (see debug logs); what is known about them is kept"
+            );
+        }
         if !exited.is_empty() {
             let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
             let now = Instant::now();

@@ -963,12 +963,35 @@ impl Agent {
 
     /// `lifeline run ARGS --listen 127.0.0.1:PORT`; returns once `/readyz` answers 200.
     pub fn start_with(args: &[String]) -> Agent {
+        Agent::launch(&[], args, IpAddr::from([127, 0, 0, 1]), true)
+    }
+
+    /// `WRAPPER... lifeline run ARGS --listen LISTEN_IP:PORT`, where the wrapper execs its
+    /// arguments (`sh -c 'ulimit -Sn 1024; exec "$0" "$@"'`, `capsh --drop=... -- -c 'exec "$0"
+    /// "$@"'`), so the agent keeps the child's pid. Returns once `/readyz` answers 200, or only
+    /// `/healthz` unless `ready` (an agent expected to run degraded). An unspecified
+    /// `listen_ip` (`0.0.0.0`) is reached at 127.0.0.1.
+    pub fn launch(wrapper: &[&str], args: &[String], listen_ip: IpAddr, ready: bool) -> Agent {
         let dir = TempDir::new();
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let port = free_port();
+        let addr = match listen_ip {
+            ip if ip.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], port)),
+            ip => SocketAddr::new(ip, port),
+        };
         let stderr = fs::File::create(dir.path().join("agent.stderr")).expect("stderr file");
-        let mut cmd = Command::new(lifeline_bin());
-        cmd.arg("run").args(args).args(["--listen", &addr.to_string()]);
+        let mut cmd = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(wrapper_args).arg(lifeline_bin());
+                cmd
+            }
+            None => Command::new(lifeline_bin()),
+        };
+        cmd.arg("run")
+            .args(args)
+            .args(["--listen", &SocketAddr::new(listen_ip, port).to_string()]);
         let shown = format!("{cmd:?}");
+        let probe = if ready { "/readyz" } else { "/healthz" };
         let child = cmd
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
@@ -982,11 +1005,11 @@ impl Agent {
             if let Some(status) = agent.child.try_wait().expect("try_wait") {
                 panic!("{shown} exited with {status} before becoming ready");
             }
-            if matches!(http_get(addr, "/readyz"), Ok((200, _))) {
+            if matches!(http_get(addr, probe), Ok((200, _))) {
                 return agent;
             }
             if start.elapsed() > READY_TIMEOUT {
-                panic!("{shown}: /readyz not 200 within {READY_TIMEOUT:?}");
+                panic!("{shown}: {probe} not 200 within {READY_TIMEOUT:?}");
             }
             thread::sleep(POLL);
         }

@@ -124,7 +124,14 @@ fn require_root(what: &str) -> Result {
 }
 
 /// The integration suites, in the order they run.
-const SUITES: [&str; 5] = ["foundation", "judgement", "fixture", "scenarios", "kubernetes"];
+const SUITES: [&str; 6] = [
+    "foundation",
+    "judgement",
+    "fixture",
+    "scenarios",
+    "kubernetes",
+    "hardening",
+];
 
 fn test(no_lint: bool, suite: Option<&str>) -> Result {
     require_root("the test suite")?;

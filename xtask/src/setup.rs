@@ -4,8 +4,10 @@ use std::{fs, os::unix::fs::symlink, path::Path, process::Command};
 use crate::{cargo, run, Failed, Result};
 
 /// Debian packages the suites and the demo use.
-const APT_PACKAGES: [&str; 13] = [
+const APT_PACKAGES: [&str; 14] = [
     "iperf3",
+    // capsh: the hardening suite runs the agent without chosen capabilities.
+    "libcap2-bin",
     "iproute2",
     "iptables",
     "nftables",

@@ -14,7 +14,7 @@
 //! dispatcher.shutdown(GRACE).await;
 //! ```
 //!
-//! Only `http://` receivers work for now; an `https://` URL is refused at start-up.
+//! Receivers are `http://` or `https://` (a CA bundle, bearer or basic authentication).
 
 mod book;
 mod dispatch;

@@ -1,8 +1,11 @@
 //! `ll-client`: a test TCP client driven over stdin/stdout by the integration harness.
 //!
 //! ```text
-//! ll-client [--wait-go] [--connect-timeout SECS] [--connect ADDR]...
+//! ll-client [--wait-go] [--connect-timeout SECS] [--connect ADDR]... [-- IGNORED...]
 //! ```
+//!
+//! Arguments after `--` are ignored: they only put text on the command line (secrets to be
+//! redacted, a long command line).
 //!
 //! Connects (each attempt bounded by `--connect-timeout`, default 5 s) to every `--connect` address in order (the same address may repeat), printing
 //! `connected LOCAL PEER` (or `failed ADDR ERROR`) for each, then `ready`. With `--wait-go` it
@@ -39,6 +42,7 @@ fn main() {
                 timeout = Duration::from_secs(secs);
             }
             "--connect" => initial.push(args.next().expect("--connect needs ADDR")),
+            "--" => break,
             other => panic!("ll-client: unknown argument {other}"),
         }
     }
