@@ -165,6 +165,8 @@ pub struct Connection {
     pub waiting_since: Option<Instant>,
     /// Whether the previous sample saw a request too (the client is streaming, not waiting).
     pub streaming: bool,
+    /// Inbound and outbound data segments (retransmissions aside) when the wait began.
+    pub wait_base: Option<(u32, u32)>,
     pub retransmits: u64,
     /// Time of the first retransmit since the peer last acknowledged new data (None while
     /// acknowledgements make progress): how long the connection has been talking into a void.
@@ -758,6 +760,7 @@ impl ConnectionTable {
                 last_request: None,
                 waiting_since: None,
                 streaming: false,
+                wait_base: None,
                 retransmits: 0,
                 stalled_since: None,
                 vanished_at: None,
@@ -1056,20 +1059,36 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) -> Option
         if payload {
             conn.last_payload = Some(t_recv);
         }
-        match (request, payload) {
+        // An answer is payload, or more inbound data segments than the client's own keepalives
+        // asked for: every PING gets one PING ack, so inbound segments beyond the outbound ones
+        // (the request itself aside) are the server's — a HEADERS-only answer to a watch
+        // request is ~50 bytes, no bigger than keepalives. Counted since the wait began, so an
+        // ack arriving a sample after its PING cancels out.
+        let answered = payload
+            || match (request, conn.wait_base) {
+                (true, _) => segs_in + 1 > segs_out_d,
+                (false, Some((base_in, base_out))) => {
+                    tcp.data_segs_in.saturating_sub(base_in) > segs_out.saturating_sub(base_out)
+                }
+                (false, None) => false,
+            };
+        match (request, answered) {
             // The answer came after the last thing sent: nothing is pending.
             (true, true) if t_recv >= t_sent => conn.waiting_since = None,
             (true, _) => {
                 // Streaming (a request in consecutive samples: an upload) is not waiting;
-                // waiting starts when it stops sending.
-                if conn.streaming || payload {
+                // waiting starts when it stops sending. A request after an answer is a new
+                // wait.
+                if conn.streaming || answered || conn.waiting_since.is_none() {
                     conn.waiting_since = Some(t_sent);
-                } else {
-                    conn.waiting_since.get_or_insert(t_sent);
+                    conn.wait_base = Some((tcp.data_segs_in, segs_out));
                 }
             }
             (false, true) => conn.waiting_since = None,
             (false, false) => {}
+        }
+        if conn.waiting_since.is_none() {
+            conn.wait_base = None;
         }
         conn.streaming = request;
         if request {

@@ -365,6 +365,68 @@ fn a_request_waits_until_payload_answers_it() {
 }
 
 #[test]
+fn a_headers_only_answer_is_an_answer_and_keepalive_acks_are_not() {
+    // kube-proxy at a watch restart (measured on kube-apiserver 1.20): the old watch's
+    // END_STREAM (31 bytes), the new request (150), a HEADERS-only answer (50).
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    tcp.bytes_received += 31 + 50;
+    tcp.data_segs_in += 2;
+    tcp.bytes_sent += 150;
+    tcp.data_segs_out += 1;
+    tcp.last_data_recv_ms = 10;
+    tcp.last_data_sent_ms = 12;
+    lab.sample(300_000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().waiting_since,
+        None,
+        "answered"
+    );
+    // The answer alone, 46 bytes, in the request's sample.
+    tcp.bytes_received += 46;
+    tcp.data_segs_in += 1;
+    tcp.bytes_sent += 150;
+    tcp.data_segs_out += 1;
+    lab.sample(600_000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().waiting_since,
+        None,
+        "answered"
+    );
+    // Behind a gateway with a dead upstream: the request, then a PING every 30 s whose ack
+    // comes back — sometimes a sample later.
+    tcp.bytes_sent += 150;
+    tcp.data_segs_out += 1;
+    tcp.last_data_sent_ms = 100;
+    lab.sample(601_000, 40000, tcp);
+    let waiting = lab.table.connections().next().unwrap().waiting_since;
+    assert_eq!(waiting, Some(lab.at(600_900)));
+    tcp.bytes_sent += 39;
+    tcp.data_segs_out += 1;
+    lab.sample(631_000, 40000, tcp);
+    tcp.bytes_received += 39;
+    tcp.data_segs_in += 1;
+    lab.sample(632_000, 40000, tcp);
+    tcp.bytes_sent += 39;
+    tcp.data_segs_out += 1;
+    tcp.bytes_received += 39;
+    tcp.data_segs_in += 1;
+    lab.sample(661_000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().waiting_since,
+        waiting,
+        "PING acks answer PINGs, not the request"
+    );
+    // A watch event arrives: answered.
+    tcp.bytes_received += 400;
+    tcp.data_segs_in += 1;
+    lab.sample(662_000, 40000, tcp);
+    assert_eq!(lab.table.connections().next().unwrap().waiting_since, None);
+}
+
+#[test]
 fn streaming_an_upload_is_not_waiting() {
     let mut lab = Lab::new();
     lab.connect(0, 0xa, 40000, 7);

@@ -115,8 +115,11 @@ fn connect(addr: &str, timeout: Duration, conns: &mut Vec<(SocketAddr, TcpStream
         Ok(s) => s,
         Err(e) => return println!("failed {addr} {e}"),
     };
-    let local = stream.local_addr().expect("local_addr");
-    let peer = stream.peer_addr().expect("peer_addr");
+    // A connection reset right after the handshake has no peer any more.
+    let (local, peer) = match (stream.local_addr(), stream.peer_addr()) {
+        (Ok(local), Ok(peer)) => (local, peer),
+        (Err(e), _) | (_, Err(e)) => return println!("failed {addr} {e}"),
+    };
     let mut reader = stream.try_clone().expect("clone stream");
     thread::Builder::new()
         .name("ll-reader".into())
