@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod kubernetes;
 mod setup;
 
 #[derive(Parser)]

@@ -23,11 +23,12 @@ const LLVM_PREFIX: &str = "/opt/lifeline-llvm";
 
 pub fn setup() -> Result {
     crate::require_root("setup")?;
-    apt()?;
+    apt(&APT_PACKAGES)?;
     run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
     bpf_linker()?;
     kubectl_1_20()?;
     tracefs()?;
+    crate::kubernetes::setup()?;
     eprintln!("setup: done");
     Ok(())
 }
@@ -39,8 +40,9 @@ fn installed(package: &str) -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
 }
 
-fn apt() -> Result {
-    let missing: Vec<&str> = APT_PACKAGES.into_iter().filter(|p| !installed(p)).collect();
+/// Installs those of `packages` that are missing.
+pub fn apt(packages: &[&str]) -> Result {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         return Ok(());
     }
