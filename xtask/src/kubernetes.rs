@@ -167,10 +167,13 @@ fn build() -> Result {
     let gopath = work.join("gopath");
     let checkout = gopath.join("src/k8s.io/kubernetes");
     let source = checkout.as_path();
-    if !source.join("cmd/kube-apiserver").is_dir() {
+    // Written once the tree is unpacked and checked: an interrupted unpack is done again.
+    let unpacked = work.join("source-unpacked");
+    if !unpacked.is_file() {
         let parent = checkout.parent().expect("has a parent");
         Step::GoPath.io(parent, fs::create_dir_all(parent))?;
         fetch_source(&work, source)?;
+        Step::Unpack.io(&unpacked, fs::write(&unpacked, VERSION))?;
     }
     let go = |step: Step| GoEnv {
         step,
