@@ -26,6 +26,8 @@ use serde_json::Value;
 
 /// The fake kube-apiserver (`ll-apiserver`) and the real clients run against it.
 pub mod kube_fixture;
+/// A real Kubernetes 1.20 cluster (control plane, node, real clients): the real-cluster tier.
+pub mod real_cluster;
 pub mod scenario;
 pub use kube_fixture::*;
 

@@ -102,8 +102,9 @@ fn require_root(what: &str) -> Result {
     Ok(())
 }
 
-/// The integration suites, in the order they run.
-const SUITES: [&str; 4] = ["foundation", "fixture", "scenarios", "kubernetes"];
+/// The integration suites, in the order they run (`realcluster` needs the Kubernetes binaries
+/// `cargo xtask setup` builds).
+const SUITES: [&str; 5] = ["foundation", "fixture", "scenarios", "kubernetes", "realcluster"];
 
 fn test(no_lint: bool, suite: Option<&str>) -> Result {
     require_root("the test suite")?;
