@@ -242,6 +242,28 @@ impl Bench {
         }
     }
 
+    /// The clients a fault does not concern (all of `expected` but `faulty`): each judged
+    /// healthy, and no alert but those `concerned` accepts.
+    fn check_bystanders(
+        &self,
+        expected: &[Expected],
+        faulty: u32,
+        concerned: impl Fn(&Value) -> bool,
+        fault: &str,
+        findings: &mut Findings,
+    ) {
+        let clients = self.agent.clients();
+        for e in expected.iter().filter(|e| e.pid != faulty) {
+            if let Err(why) = judged_healthy(&clients, e) {
+                findings.add(format!("bystander of {fault}: {why}"));
+            }
+        }
+        let others: Vec<Value> = self.sink.alerts().into_iter().filter(|a| !concerned(a)).collect();
+        findings.check(others.is_empty(), || {
+            format!("alerts for clients {fault} does not concern: {others:#?}")
+        });
+    }
+
     /// Records an alert for every alert the sink received (none is expected).
     fn check_no_alerts(&self, findings: &mut Findings, during: &str) {
         for a in self.sink.alerts() {
@@ -596,22 +618,14 @@ fn never_redialing_client_is_disconnected_after_a_restart() {
     check_detection_metric(&bench.agent, before, "ll-stuck disconnected", &mut findings);
 
     thread::sleep(secs(SETTLE + 2));
-    let clients = bench.agent.clients();
     // The components by their current pids (one may have been restarted, see apiserver_restarts).
-    for e in bench.expected().iter().filter(|e| e.pid != stuck) {
-        if let Err(why) = judged_healthy(&clients, e) {
-            findings.add(format!("bystander after the restart: {why}"));
-        }
-    }
-    let others: Vec<Value> = bench
-        .sink
-        .alerts()
-        .into_iter()
-        .filter(|a| a["labels"]["comm"] != "ll-stuck")
-        .collect();
-    findings.check(others.is_empty(), || {
-        format!("alerts for clients that re-dialed: {others:#?}")
-    });
+    bench.check_bystanders(
+        &bench.expected(),
+        stuck,
+        |a| a["labels"]["comm"] == "ll-stuck",
+        "the restart",
+        &mut findings,
+    );
     findings.assert_none("never-redial client");
 }
 
@@ -731,21 +745,14 @@ backend apiserver\n    http-reuse always\n    server api {upstream} ssl verify r
         &mut findings,
     );
 
-    let clients = bench.agent.clients();
-    for e in expected.iter().filter(|e| e.pid != standby) {
-        if let Err(why) = judged_healthy(&clients, e) {
-            findings.add(format!("bystander of the dead gateway: {why}"));
-        }
-    }
-    let others: Vec<Value> = bench
-        .sink
-        .alerts()
-        .into_iter()
-        .filter(|a| a["labels"]["endpoint"] != gw_endpoint.to_string())
-        .collect();
-    findings.check(others.is_empty(), || {
-        format!("alerts for clients not behind the gateway: {others:#?}")
-    });
+    let gw_label = gw_endpoint.to_string();
+    bench.check_bystanders(
+        &expected,
+        standby,
+        |a| a["labels"]["endpoint"] == gw_label.as_str(),
+        "the dead gateway",
+        &mut findings,
+    );
     findings.assert_none("seed 002 gateway");
 }
 
