@@ -26,6 +26,7 @@ use lifeline_integration::{
     real_cluster::{
         clients::{self, Kind, RealClient},
         image::Image,
+        in_cluster_kubeconfig,
         monitor::{Monitor, Sighting},
         secs, ControlPlane, Node, Options, Restart, Stop,
     },
@@ -766,25 +767,7 @@ fn node_runs_a_pod_that_reaches_the_apiserver_through_the_cluster_ip() {
     let cp = ControlPlane::start(Options::default());
     let node = Node::start(&cp);
     const NS: &str = "lifeline-node-test";
-    let kubeconfig = format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: in-cluster
-  cluster:
-    server: https://{}:443
-    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
-users:
-- name: sa
-  user:
-    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
-contexts:
-- name: in-cluster
-  context: {{cluster: in-cluster, user: sa, namespace: {NS}}}
-current-context: in-cluster
-",
-        cp.service_ip
-    );
+    let kubeconfig = in_cluster_kubeconfig(cp.cluster_ip_endpoint(), NS);
     let image = Image::new("localhost/ll-kube-watch:test")
         .program_with_libraries(&scenario::sibling_bin("ll-kube-watch"), "/ll-kube-watch")
         .file("/kubeconfig", kubeconfig.into_bytes(), 0o644)

@@ -215,25 +215,7 @@ fn fetch_source(work: &Path, source: &Path) -> Result {
         let d = apt.join(sub);
         Step::AptSources.io(&d, fs::create_dir_all(&d))?;
     }
-    let mut stanzas = String::new();
-    let parts = Path::new("/etc/apt/sources.list.d");
-    let mut files: Vec<PathBuf> = Step::AptSources
-        .io(parts, fs::read_dir(parts))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "sources"))
-        .collect();
-    files.sort();
-    for file in &files {
-        let text = Step::AptSources.io(file, fs::read_to_string(file))?;
-        stanzas.push_str(&deb_src_stanzas(&text));
-    }
-    if stanzas.is_empty() {
-        return Err(Step::AptSources.fail(format!(
-            "no `Types: deb` entry in {}/*.sources ({} files) to derive deb-src entries from",
-            parts.display(),
-            files.len()
-        )));
-    }
+    let stanzas = deb_src_from(Path::new("/etc/apt/sources.list.d"))?;
     let src_file = apt.join("sources.list.d/lifeline-deb-src.sources");
     Step::AptSources.io(&src_file, fs::write(&src_file, stanzas))?;
     let empty = apt.join("sources.list");
@@ -279,6 +261,29 @@ Dir::State::Lists \"{a}/lists\";\nDir::Cache \"{a}/cache\";\nAPT::Sandbox::User 
     }
     let _ = fs::remove_dir_all(&downloads);
     Ok(())
+}
+
+/// deb-src entries for every `Types: deb` entry of the deb822 files (`*.sources`) in `parts`.
+fn deb_src_from(parts: &Path) -> Result<String> {
+    let mut files: Vec<PathBuf> = Step::AptSources
+        .io(parts, fs::read_dir(parts))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "sources"))
+        .collect();
+    files.sort();
+    let mut stanzas = String::new();
+    for file in &files {
+        let text = Step::AptSources.io(file, fs::read_to_string(file))?;
+        stanzas.push_str(&deb_src_stanzas(&text));
+    }
+    if stanzas.is_empty() {
+        return Err(Step::AptSources.fail(format!(
+            "no `Types: deb` entry in {}/*.sources ({} files) to derive deb-src entries from",
+            parts.display(),
+            files.len()
+        )));
+    }
+    Ok(stanzas)
 }
 
 /// The upstream version of a `debian/changelog` entry line: `kubernetes (1.20.5+really1.20.2-1.1)
@@ -514,6 +519,31 @@ Types: deb\nEnabled: no\nURIs: http://off\nSuites: s\nComponents: main\n";
 Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
         );
         assert_eq!(deb_src_stanzas("# nothing\n"), "");
+    }
+
+    #[test]
+    fn sources_without_deb_entries_fail_naming_the_step() {
+        let dir = std::env::temp_dir().join(format!("ll-xtask-sources-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("only.list"), "deb http://x y main\n").unwrap();
+        let Err(Failed(e)) = deb_src_from(&dir) else {
+            panic!("no deb822 entry must fail")
+        };
+        assert!(
+            e.contains("deriving deb-src entries") && e.contains("no `Types: deb` entry"),
+            "{e}"
+        );
+        fs::write(
+            dir.join("debian.sources"),
+            "Types: deb\nURIs: http://x\nSuites: s\nComponents: main\n",
+        )
+        .unwrap();
+        assert!(deb_src_from(&dir).is_ok_and(|s| s.starts_with("Types: deb-src\n")));
+        let Err(Failed(e)) = deb_src_from(&dir.join("missing")) else {
+            panic!("a missing directory must fail")
+        };
+        assert!(e.contains("missing"), "{e}");
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

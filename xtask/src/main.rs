@@ -151,6 +151,8 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "lifeline",
         "-p",
         "lifeline-common",
+        "-p",
+        "xtask",
         "--",
         "--include-ignored",
     ]))?;

@@ -31,7 +31,7 @@ pub mod supervisor;
 
 pub use control_plane::{ControlPlane, Options, Restart, Stop, User};
 pub use daemon::Daemon;
-pub use node::{Node, PAUSE_IMAGE};
+pub use node::{in_cluster_kubeconfig, Node, PAUSE_IMAGE};
 
 /// Where `cargo xtask setup` puts the Kubernetes binaries (xtask/src/kubernetes.rs).
 pub const K8S_BIN: &str = "/var/tmp/lifeline-k8s/v1.20.2/bin";

@@ -48,6 +48,31 @@ if "--bundle" in args:
 os.execv("RUNC", ["runc"] + args)
 "#;
 
+/// A kubeconfig for a program in a pod that takes no in-cluster configuration: the
+/// `kubernetes` Service at `cluster_ip`, the CA and token the kubelet mounts from the pod's
+/// service account, `namespace` as the default.
+pub fn in_cluster_kubeconfig(cluster_ip: std::net::SocketAddr, namespace: &str) -> String {
+    const SA: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: in-cluster
+  cluster:
+    server: https://{cluster_ip}
+    certificate-authority: {SA}/ca.crt
+users:
+- name: service-account
+  user:
+    tokenFile: {SA}/token
+contexts:
+- name: in-cluster
+  context: {{cluster: in-cluster, user: service-account, namespace: {namespace}}}
+current-context: in-cluster
+"
+    )
+}
+
 /// A running node. Drop it before its control plane: its teardown deletes the pods through
 /// the apiserver.
 pub struct Node {
