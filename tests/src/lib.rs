@@ -26,6 +26,8 @@ use serde_json::Value;
 
 /// The fake kube-apiserver (`ll-apiserver`) and the real clients run against it.
 pub mod kube_fixture;
+/// A real Kubernetes 1.20 cluster (control plane, node, real clients): the real-cluster tier.
+pub mod real_cluster;
 pub mod scenario;
 pub use kube_fixture::*;
 
@@ -74,14 +76,35 @@ pub fn require_root() {
 /// namespace, that probe must fail here rather than leave the machine by the default route.
 pub const TEST_RANGES: [&str; 4] = ["10.250.0.0/16", "10.251.0.0/16", "10.252.0.0/16", "fd00:250::/32"];
 
-/// Blackhole routes for [`TEST_RANGES`] in the host's namespace (once per process; more
-/// specific routes a test adds, like a topology's link to the host, still win).
+/// Keeps test traffic on this machine (once per process): blackhole routes for [`TEST_RANGES`]
+/// (more specific routes a test adds, like a topology's link to the host, still win), and a
+/// REJECT for any 10.0.0.0/8 packet that would leave by the default route's interface — a
+/// ClusterIP (10.96.0.0/12) is translated to a local address by kube-proxy before that check,
+/// but reaches the outside world while no kube-proxy runs.
 pub fn contain_test_traffic() {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
         for range in TEST_RANGES {
             let family = if range.contains(':') { "-6" } else { "-4" };
             run(Command::new("ip").args([family, "route", "replace", "blackhole", range]));
+        }
+        let routes = run(Command::new("ip").args(["-4", "route", "show", "default"]));
+        let text = String::from_utf8_lossy(&routes.stdout).into_owned();
+        let dev = text
+            .split_whitespace()
+            .skip_while(|w| *w != "dev")
+            .nth(1)
+            .map(str::to_owned);
+        if let Some(dev) = dev {
+            let rule = ["OUTPUT", "-o", dev.as_str(), "-d", "10.0.0.0/8", "-j", "REJECT"];
+            let present = Command::new("iptables")
+                .args(["-w", "-C"])
+                .args(rule)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !present {
+                run(Command::new("iptables").args(["-w", "-I"]).args(rule));
+            }
         }
     });
 }

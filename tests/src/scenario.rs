@@ -144,6 +144,12 @@ backend apiservers\n    balance first\n{servers}",
             ip = host.ip,
             pem = pem.display(),
         );
+        Gateway::start_with_config(host, port, &config, dir)
+    }
+
+    /// Starts haproxy in `host` with the configuration text `config` (whose frontend listens
+    /// on `port`); returns once it listens.
+    pub fn start_with_config(host: &Host, port: u16, config: &str, dir: &Path) -> Gateway {
         let cfg = dir.join("haproxy.cfg");
         std::fs::write(&cfg, config).expect("write haproxy.cfg");
         let log = std::fs::File::create(dir.join("haproxy.log")).expect("haproxy log");

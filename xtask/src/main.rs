@@ -20,6 +20,7 @@ mod bench;
 mod demo;
 mod deploy;
 mod image;
+mod kubernetes;
 mod setup;
 
 #[derive(Parser)]
@@ -123,14 +124,16 @@ fn require_root(what: &str) -> Result {
     Ok(())
 }
 
-/// The integration suites, in the order they run.
-const SUITES: [&str; 6] = [
+/// The integration suites, in the order they run (`realcluster` needs the Kubernetes binaries
+/// `cargo xtask setup` builds).
+const SUITES: [&str; 7] = [
     "foundation",
     "judgement",
     "fixture",
     "scenarios",
     "kubernetes",
     "hardening",
+    "realcluster",
 ];
 
 fn test(no_lint: bool, suite: Option<&str>) -> Result {

@@ -32,15 +32,17 @@ pub fn toolchain() -> Result {
     run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
     bpf_linker()
 }
+
 /// Where bpf-linker finds rustc's LLVM. It keeps an rpath to this directory: it must stay.
 const LLVM_PREFIX: &str = "/opt/lifeline-llvm";
 
 pub fn setup() -> Result {
     crate::require_root("setup")?;
-    apt()?;
+    apt(&APT_PACKAGES)?;
     toolchain()?;
     kubectl_1_20()?;
     tracefs()?;
+    crate::kubernetes::setup()?;
     eprintln!("setup: done");
     Ok(())
 }
@@ -52,8 +54,9 @@ fn installed(package: &str) -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
 }
 
-fn apt() -> Result {
-    let missing: Vec<&str> = APT_PACKAGES.into_iter().filter(|p| !installed(p)).collect();
+/// Installs those of `packages` that are missing.
+pub fn apt(packages: &[&str]) -> Result {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         return Ok(());
     }
