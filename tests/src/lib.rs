@@ -100,6 +100,7 @@ pub fn contain_test_traffic() {
             let present = Command::new("iptables")
                 .args(["-w", "-C"])
                 .args(rule)
+                .stderr(Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success());
             if !present {
