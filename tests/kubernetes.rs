@@ -180,7 +180,9 @@ fn reset_fixes_the_stale_gateway_client() {
     let gw_ep = lab.topo.host("gw").addr(PORT).to_string();
     let tail = format!("endpoints: [\"{gw_ep}\"]\nremediation:\n  mode: reset\n  cooldown: 1m\n");
     let agent = lab.agent_in_cluster("api1", &tail, &[]);
-    let client = lab.client_in("node", Kind::PyWatch, "gw", Some(&cg));
+    // Lease-like requests every second: the one in flight when the upstream dies is never
+    // answered (seed 002); a watch that only waits sends nothing to go unanswered.
+    let client = lab.client_in("node", Kind::PyLease, "gw", Some(&cg));
     let ok1 = lab.client("other", Kind::KubeWatch, "api2");
     let ok2 = lab.client("other", Kind::PyWatch, "api2");
     wait_healthy_clients(&agent, &[client.pid(), ok1.pid(), ok2.pid()]);
@@ -192,7 +194,16 @@ fn reset_fixes_the_stale_gateway_client() {
     lab.topo
         .host("gw")
         .iptables(&["INPUT", "-s", &api1_ip, "-j", "DROP"]);
-    wait_state(&agent, client.pid(), "stale", secs(15 + 5));
+    // Stale 15 s after the request that went to the dead upstream, reset in the same tick,
+    // healthy again at once: the stale state may be too short to be polled; the reset is not.
+    wait_until(secs(15 + 10), "a reset done", || {
+        let resets = remediations(&agent, "reset");
+        if resets.iter().any(|l| l.contains("result=\"done\"")) {
+            Ok(())
+        } else {
+            Err(resets)
+        }
+    });
     agent.wait_clients(
         secs(20),
         "the same process healthy again through the gateway",

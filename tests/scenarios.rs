@@ -55,30 +55,39 @@ fn a_apiserver_restart_with_redialing_clients_raises_nothing() {
     wait_healthy_clients(&agent, &[kube.pid(), py.pid()]);
 }
 
-/// b. apiserver restart with the never-redial client → it is disconnected within grace + 2 s
-///    and alerted; the re-dialing clients stay healthy and silent.
+/// b. apiserver restart (an upgrade) on a node with three never-redial clients (seeds
+///    000/004) and two that re-dial → each never-redial client is disconnected within grace +
+///    2 s and alerted on its own; the re-dialing clients stay healthy and silent, and the
+///    apiserver, back at once, is no outage.
 #[test]
-fn b_never_redialing_client_is_disconnected_after_restart() {
+fn b_never_redialing_clients_are_disconnected_after_restart() {
     init!();
     let lab = Lab::new(&["api", "client"]);
     let mut api = lab.apiserver("api");
     let agent = lab.agent(&[]);
-    let [stuck, kube, py] = stuck_and_redialers(&lab, &agent);
+    let stuck: Vec<Watched> = (0..3).map(|_| lab.client("client", Kind::Stuck, "api")).collect();
+    let kube = lab.client("client", Kind::KubeWatch, "api");
+    let py = lab.client("client", Kind::PyWatch, "api");
+    let mut all: Vec<u32> = stuck.iter().map(Watched::pid).collect();
+    all.extend([kube.pid(), py.pid()]);
+    wait_healthy_clients(&agent, &all);
 
     api.kill();
     let fault = SystemTime::now();
     thread::sleep(secs(1));
     let _api = lab.apiserver("api");
-    let (c, at) = wait_state(&agent, stuck.pid(), "disconnected", secs(GRACE + 5));
-    assert_detected(
-        "ll-stuck disconnected",
-        fault,
-        at,
-        GRACE as f64 - 0.5,
-        GRACE as f64 + 2.0,
-    );
-    assert_eq!(c["comm"], "ll-stuck");
-    assert!(connections(&c).is_empty(), "it holds no connection: {c}");
+    for s in &stuck {
+        let (c, at) = wait_state(&agent, s.pid(), "disconnected", secs(GRACE + 5));
+        assert_detected(
+            "ll-stuck disconnected",
+            fault,
+            at,
+            GRACE as f64 - 0.5,
+            GRACE as f64 + 2.0,
+        );
+        assert_eq!(c["comm"], "ll-stuck");
+        assert!(connections(&c).is_empty(), "it holds no connection: {c}");
+    }
     let alert = wait_alert(
         &lab.sink,
         "LifelineClientDisconnected",
@@ -94,8 +103,9 @@ fn b_never_redialing_client_is_disconnected_after_restart() {
     assert_eq!(
         alert["annotations"]["description"]
             .as_str()
-            .map(|d| d.contains("has not reconnected")),
-        Some(true)
+            .map(|d| d.contains("has not dialed again")),
+        Some(true),
+        "{alert:#}"
     );
 
     let clients = agent.clients();
@@ -103,20 +113,25 @@ fn b_never_redialing_client_is_disconnected_after_restart() {
         let c = find_pid(&clients, pid).expect("re-dialing client listed");
         assert_eq!(c["state"], "healthy", "{c}");
     }
+    thread::sleep(secs(SETTLE));
     let others: Vec<Value> = lab
         .sink
         .alerts()
         .into_iter()
         .filter(|a| a["labels"]["comm"] != "ll-stuck")
         .collect();
-    assert!(others.is_empty(), "only ll-stuck alerts: {others:#?}");
+    assert!(others.is_empty(), "only ll-stuck alerts, no outage: {others:#?}");
 }
 
-/// c. seed 002: the gateway's upstream is blackholed; the client's connection to the gateway
-///    stays ESTABLISHED and the gateway answers its HTTP/2 PINGs, but no payload arrives → stale
-///    within stale_after + 2 s. The PING answers grow the bytes received but are not payload.
+/// c. seed 002: the gateway's upstream is blackholed. The connections to the gateway stay
+///    ESTABLISHED and the gateway answers HTTP/2 PINGs (the bytes received grow), but a
+///    request already sent to the dead upstream is never answered → the client that makes
+///    requests (a lease renewal every second) is stale within stale_after + 2 s of the fault.
+///    The gateway marks the upstream down, so its own /readyz (the agent's probe) is answered:
+///    no outage. A watch that only waits for events sends nothing: it is not stale by this
+///    rule (rule B catches its silence after silence_floor; unit-tested).
 #[test]
-fn c_gateway_upstream_blackholed_makes_the_client_stale() {
+fn c_gateway_upstream_blackholed_makes_the_requesting_client_stale() {
     init!();
     const STALE: u64 = 40;
     let lab = Lab::new(&["api1", "api2", "gw", "client", "other"]);
@@ -132,11 +147,11 @@ fn c_gateway_upstream_blackholed_makes_the_client_stale() {
     let stale_flag = format!("{STALE}s");
     let agent = lab.agent(&["--stale-after", &stale_flag]);
     let _kubectl = lab.client("client", Kind::KubectlLoop, "gw");
-    // Healthy clients elsewhere, so one stale client is not a node-wide outage.
+    let lease = lab.client("client", Kind::PyLease, "gw");
     let kube = lab.client("other", Kind::KubeWatch, "api2");
     let py = lab.client("other", Kind::PyWatch, "api2");
     let kubectl = pid_of_comm(&agent, "kubectl");
-    wait_healthy_clients(&agent, &[kubectl, kube.pid(), py.pid()]);
+    wait_healthy_clients(&agent, &[kubectl, lease.pid(), kube.pid(), py.pid()]);
     let bytes_at = |clients: &[Value]| -> u64 {
         find_pid(clients, kubectl).map_or(0, |c| {
             connections(c)
@@ -154,12 +169,13 @@ fn c_gateway_upstream_blackholed_makes_the_client_stale() {
     thread::sleep(secs(2));
     let bytes_after_fault = bytes_at(&agent.clients());
 
-    let (c, at) = wait_state(&agent, kubectl, "stale", secs(STALE + 10));
+    let (c, at) = wait_state(&agent, lease.pid(), "stale", secs(STALE + 10));
+    // The renewal sent within a second after the fault is the one never answered.
     assert_detected(
-        "kubectl behind the gateway stale",
+        "the lease client behind the gateway stale",
         fault,
         at,
-        STALE as f64 - 2.0,
+        STALE as f64 - 1.0,
         STALE as f64 + 2.0,
     );
     let k = &connections(&c)[0];
@@ -169,12 +185,20 @@ fn c_gateway_upstream_blackholed_makes_the_client_stale() {
     );
     assert_eq!(k["endpoint"], gw.addr(PORT).to_string());
     assert!(
-        bytes_at(std::slice::from_ref(&c)) > bytes_after_fault,
-        "the gateway answered client-go's PINGs (bytes grew) yet the client is stale: {c}"
+        c["reason"].as_str().unwrap_or("").contains("sent a request"),
+        "{c}"
     );
-    let alert = wait_alert(&lab.sink, "LifelineClientStale", "kubectl", secs(SETTLE + 5));
+    let alert = wait_alert(&lab.sink, "LifelineClientStale", "python3", secs(SETTLE + 5));
     assert_eq!(alert["labels"]["severity"], "warning");
+    assert_eq!(alert["labels"]["endpoint"], gw.addr(PORT).to_string());
+    let clients = agent.clients();
+    assert!(
+        bytes_at(&clients) > bytes_after_fault,
+        "the gateway answered kubectl's PINGs (bytes grew): {:?}",
+        Pretty(&clients)
+    );
     assert_still_healthy(&agent, &[kube.pid(), py.pid()]);
+    assert!(lab.sink.named("LifelineApiserverOutage").is_empty(), "no outage");
 }
 
 /// d. The client's own path is blackholed (packets vanish on the way, as behind a broken link
@@ -290,23 +314,42 @@ fn e_failing_connects_make_clients_unreachable() {
     assert_still_healthy(&agent, &[ok1.pid(), ok2.pid()]);
 }
 
-/// f. Every apiserver down → one LifelineApiserverOutage alert, not one per client.
+/// f. The apiserver down for longer than outage_after → one LifelineApiserverOutage for its
+///    endpoint, no per-client alert; it resolves when the apiserver is back.
 #[test]
-fn f_full_outage_raises_one_node_alert() {
+fn f_full_outage_raises_one_alert_for_the_endpoint() {
     init!();
+    const OUTAGE: u64 = 10;
     let lab = Lab::new(&["api", "client"]);
     let mut api = lab.apiserver("api");
-    let agent = lab.agent(&[]);
+    let outage_flag = format!("{OUTAGE}s");
+    let agent = lab.agent(&["--outage-after", &outage_flag]);
     let [stuck, kube, py] = stuck_and_redialers(&lab, &agent);
 
     api.kill();
-    let outage = wait_until(secs(GRACE + 10), "LifelineApiserverOutage", || {
+    let fault = SystemTime::now();
+    let outage = wait_until(secs(GRACE + OUTAGE + 10), "LifelineApiserverOutage", || {
         let found = lab.sink.named("LifelineApiserverOutage");
-        found.first().cloned().ok_or_else(|| lab.sink.alerts())
+        found
+            .first()
+            .cloned()
+            .ok_or_else(|| (agent.get("/api/v1/endpoints").1, lab.sink.alerts()))
     });
+    let fired = SystemTime::now();
     assert_eq!(outage["status"], "firing");
     assert_eq!(outage["labels"]["node"], "lab");
     assert_eq!(outage["labels"]["severity"], "critical");
+    let endpoint = lab.topo.host("api").addr(PORT).to_string();
+    assert_eq!(outage["labels"]["endpoint"], endpoint.as_str());
+    // Unreachable once two re-dialing processes failed (within a second or two), then
+    // outage_after.
+    assert_detected(
+        "the outage alert",
+        fault,
+        fired,
+        OUTAGE as f64,
+        OUTAGE as f64 + 6.0,
+    );
     // Every client ends up unhealthy, and still no per-client alert.
     agent.wait_clients(secs(GRACE + 5), "all three clients unhealthy", |clients| {
         [stuck.pid(), kube.pid(), py.pid()]
@@ -330,6 +373,31 @@ fn f_full_outage_raises_one_node_alert() {
         1,
         "exactly one outage alert"
     );
+    let (_, body) = agent.get("/api/v1/endpoints");
+    let view: Value = serde_json::from_str(&body).expect("endpoints JSON");
+    let e = view["endpoints"]
+        .as_array()
+        .and_then(|list| list.iter().find(|e| e["endpoint"] == endpoint.as_str()))
+        .unwrap_or_else(|| panic!("{endpoint} in {view:#}"));
+    assert_eq!(
+        (e["reachability"].as_str(), e["outage"].as_bool()),
+        (Some("unreachable"), Some(true)),
+        "{e}"
+    );
+    // Back: the re-dialing clients reconnect, the outage resolves.
+    let _api = lab.apiserver("api");
+    wait_until(secs(20), "the outage resolved", || {
+        let resolved = lab
+            .sink
+            .named("LifelineApiserverOutage")
+            .into_iter()
+            .any(|a| a["status"] == "resolved");
+        if resolved {
+            Ok(())
+        } else {
+            Err(lab.sink.alerts())
+        }
+    });
 }
 
 /// g. The agent restarted mid-run: the new one lists every client and connection at once, and

@@ -1,17 +1,42 @@
-//! The agent's HTTP surface (SPEC.md): `/healthz`, `/readyz`, `/api/v1/clients`,
-//! `/api/v1/endpoints`, and `/metrics`.
+//! The agent's HTTP surface (SPEC.md): `/healthz`, `/readyz`, `/metrics` for anyone who
+//! reaches `--listen`, and the client API (`/api/v1/clients`, `/api/v1/endpoints`), which shows
+//! command lines, only to loopback peers or to requests bearing the `--api-token-file` token.
+//!
+//! The server is bounded, whoever connects: at most [`Limits::max_connections`] at once, and
+//! [`Limits::max_per_peer`] from one address (more are closed as they arrive, so one peer
+//! cannot take every slot), a request head must arrive within [`Limits::header_timeout`]
+//! (which also closes idle keep-alive connections), a connection lives at most
+//! [`Limits::max_lifetime`], and a request head is at most [`MAX_HEAD`] bytes. Answers are
+//! bounded by the data: command lines are cut at the source (`process::MAX_CMDLINE`).
 use std::{
-    net::SocketAddr,
+    collections::HashMap,
+    convert::Infallible,
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
-use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Json, Router};
+use axum::{
+    extract::{ConnectInfo, Request, State},
+    http::{header, StatusCode},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::get,
+    Json, Router,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use subtle::ConstantTimeEq;
+use tokio::sync::{watch, Semaphore};
+use tower_service::Service;
 
-use crate::{judge::Judge, sampler::SharedTable, views};
+use crate::{privileges::Blindness, snapshot::Latest, views};
+
+/// The longest request head (request line and headers) the server reads.
+pub const MAX_HEAD: usize = 16 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -20,85 +45,324 @@ pub enum Error {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("HTTP server on {addr} failed: {source}")]
-    Serve {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error("--api-token-file {path}: {source}")]
+    TokenFile { path: PathBuf, source: std::io::Error },
+    #[error("--api-token-file {path} is empty")]
+    EmptyToken { path: PathBuf },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Bounds of the HTTP server.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections open at once; more are closed at once.
+    pub max_connections: usize,
+    /// Connections open at once from one IP address.
+    pub max_per_peer: usize,
+    /// Time to receive a whole request head, counted from the moment the server waits for
+    /// one: a slow sender (slowloris) and an idle keep-alive connection are closed after it.
+    pub header_timeout: Duration,
+    /// A connection is closed (gracefully, after the request in flight) after this long.
+    pub max_lifetime: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 256,
+            max_per_peer: 32,
+            header_timeout: Duration::from_secs(10),
+            max_lifetime: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Limits {
+    /// The defaults, with at most a quarter of the descriptors the process may open spent on
+    /// HTTP connections (so that a flood of connections cannot starve `/proc` and sock_diag).
+    pub fn for_fd_limit(fd_limit: u64) -> Self {
+        let quarter = usize::try_from(fd_limit / 4).unwrap_or(usize::MAX);
+        let d = Self::default();
+        let max_connections = d.max_connections.min(quarter).max(8);
+        Self {
+            max_connections,
+            max_per_peer: d.max_per_peer.min(max_connections / 4).max(2),
+            ..d
+        }
+    }
+}
+
+/// Who may read the client API besides loopback peers.
+#[derive(Clone, Default)]
+pub struct Access {
+    token: Option<Arc<[u8]>>,
+}
+
+impl Access {
+    /// Loopback peers only.
+    pub fn loopback_only() -> Self {
+        Self::default()
+    }
+
+    /// Loopback peers, and requests bearing the token in `path` (surrounding whitespace
+    /// trimmed).
+    pub fn with_token_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read(path).map_err(|source| Error::TokenFile {
+            path: path.into(),
+            source,
+        })?;
+        let token = text.trim_ascii();
+        if token.is_empty() {
+            return Err(Error::EmptyToken { path: path.into() });
+        }
+        Ok(Self {
+            token: Some(token.into()),
+        })
+    }
+
+    /// Whether a request from `peer` with these headers may read the client API.
+    fn allows(&self, peer: Option<SocketAddr>, authorization: Option<&[u8]>) -> Verdict {
+        if peer.is_some_and(|p| crate::endpoint::canonical_ip(p.ip()).is_loopback()) {
+            return Verdict::Allowed;
+        }
+        let Some(token) = &self.token else {
+            return Verdict::LoopbackOnly;
+        };
+        let offered = authorization
+            .and_then(|h| h.strip_prefix(b"Bearer "))
+            .map(<[u8]>::trim_ascii);
+        match offered {
+            Some(offered) if bool::from(offered.ct_eq(token)) => Verdict::Allowed,
+            _ => Verdict::NeedsToken,
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Allowed,
+    LoopbackOnly,
+    NeedsToken,
+}
+
 /// What the handlers read.
 #[derive(Clone)]
 pub struct ApiState {
-    pub table: SharedTable,
-    pub judge: Arc<Mutex<Judge>>,
+    /// The latest tick's snapshot.
+    pub latest: Latest,
     /// Set once the probes are attached and the first scan is done.
     pub ready: Arc<AtomicBool>,
+    /// What the agent cannot see (a missing privilege): `/readyz` fails while there is any.
+    pub blindness: Arc<Blindness>,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The Kubernetes side, when there is one: pod names and the API versions in use.
     pub cluster: Option<crate::cluster::Cluster>,
 }
 
-pub fn router(state: ApiState) -> Router {
+pub fn router(state: ApiState, access: Access) -> Router {
+    let api = Router::new()
+        .route("/api/v1/clients", get(clients))
+        .route("/api/v1/endpoints", get(endpoints))
+        .route_layer(middleware::from_fn_with_state(access, guard));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/api/v1/clients", get(clients))
-        .route("/api/v1/endpoints", get(endpoints))
         .route("/metrics", get(metrics))
+        .merge(api)
         .with_state(state)
 }
 
-/// Binds first (so a bad address fails start-up), then serves until `shutdown` completes.
+/// The client API's gate: loopback peers, or the bearer token.
+async fn guard(State(access): State<Access>, request: Request, next: Next) -> Response {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(axum::http::HeaderValue::as_bytes);
+    match access.allows(peer, authorization) {
+        Verdict::Allowed => next.run(request).await,
+        Verdict::LoopbackOnly => (
+            StatusCode::FORBIDDEN,
+            "the client API answers loopback peers only (the agent was started without \
+             --api-token-file)\n",
+        )
+            .into_response(),
+        Verdict::NeedsToken => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer realm=\"lifeline\"")],
+            "the client API needs the bearer token of --api-token-file\n",
+        )
+            .into_response(),
+    }
+}
+
+/// Binds first (so a bad address fails start-up), then serves until `shutdown` completes;
+/// open connections then get [`crate::run::GRACE`]-like time from the caller to finish.
 pub async fn serve(
     addr: SocketAddr,
-    state: ApiState,
+    app: Router,
+    limits: Limits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<impl std::future::Future<Output = Result<()>>> {
+) -> Result<impl std::future::Future<Output = ()>> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| Error::Bind { addr, source })?;
     let addr = listener.local_addr().unwrap_or(addr);
-    tracing::info!(%addr, "serving the HTTP API");
-    Ok(async move {
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|source| Error::Serve { addr, source })
-    })
+    tracing::info!(%addr, max_connections = limits.max_connections, "serving the HTTP API");
+    Ok(accept_loop(listener, app, limits, shutdown))
+}
+
+/// Connections open per peer address.
+#[derive(Default)]
+struct PeerCounts(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection's place in [`PeerCounts`], given back on drop.
+struct PeerSlot {
+    counts: Arc<PeerCounts>,
+    ip: IpAddr,
+}
+
+impl PeerSlot {
+    fn take(counts: &Arc<PeerCounts>, ip: IpAddr, max: usize) -> Option<Self> {
+        let mut map = counts.0.lock().expect("peer counts lock");
+        let n = map.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Self {
+            counts: counts.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.0.lock().expect("peer counts lock");
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Refused connections are logged at most this often.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let peers = Arc::new(PeerCounts::default());
+    let (closing, closing_rx) = watch::channel(false);
+    let refused = AtomicU64::new(0);
+    let mut last_refusal_log: Option<Instant> = None;
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(err) => {
+                // Out of descriptors or memory: give the process a moment, never spin.
+                if last_refusal_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_INTERVAL) {
+                    tracing::warn!("HTTP accept failed: {err}");
+                    last_refusal_log = Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let peer_slot = PeerSlot::take(&peers, peer.ip(), limits.max_per_peer);
+        let slot = slots.clone().try_acquire_owned().ok();
+        let (Some(peer_slot), Some(slot)) = (peer_slot, slot) else {
+            drop(stream);
+            let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
+            if last_refusal_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_INTERVAL) {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    max_per_peer = limits.max_per_peer,
+                    %peer,
+                    refused_so_far = n,
+                    "HTTP connection limit reached: closing new connections"
+                );
+                last_refusal_log = Some(Instant::now());
+            }
+            continue;
+        };
+        let app = app.clone();
+        let mut closing = closing_rx.clone();
+        tokio::spawn(async move {
+            let service =
+                hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    let mut app = app.clone();
+                    async move { Ok::<_, Infallible>(app.call(request).await.unwrap_or_else(|e| match e {})) }
+                });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .max_buf_size(MAX_HEAD)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let deadline = tokio::time::sleep(limits.max_lifetime);
+            tokio::pin!(deadline);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                () = &mut deadline => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(5), connection.as_mut()).await;
+                }
+                _ = async { closing.wait_for(|c| *c).await.map(|_| ()) } => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.as_mut().await;
+                }
+            }
+            drop((slot, peer_slot));
+        });
+    }
+    // Stop accepting; let open connections finish what they serve.
+    drop(listener);
+    let _ = closing.send(true);
+    let _ = slots.acquire_many(limits.max_connections as u32).await;
 }
 
 async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
-    if state.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n")
+    let mut not_ready = Vec::new();
+    if !state.ready.load(Ordering::Acquire) {
+        not_ready.push("starting: probes not attached or first scan not done".to_owned());
+    }
+    for (what, reason) in state.blindness.reasons() {
+        not_ready.push(format!("blind ({}): {reason}", what.label()));
+    }
+    if not_ready.is_empty() {
+        (StatusCode::OK, "ready\n".to_owned())
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "starting: probes not attached or first scan not done\n",
-        )
+        let body: String = not_ready
+            .iter()
+            .map(|line| format!("not ready: {line}\n"))
+            .collect();
+        (StatusCode::SERVICE_UNAVAILABLE, body)
     }
 }
 
 async fn clients(State(state): State<ApiState>) -> Json<Vec<views::ClientView>> {
-    let cluster = state.cluster.clone();
-    let pods = |info: &crate::process::ProcessInfo| crate::workers::pod_of(cluster.as_ref(), info);
-    let judge = state.judge.lock().expect("judge lock");
-    let table = state.table.lock().expect("table lock");
-    Json(views::clients(
-        &table,
-        judge.verdicts(),
-        judge.thresholds().connect_window,
-        Instant::now(),
-        &pods,
-    ))
+    Json(views::clients(&state.latest.get()))
 }
 
 async fn endpoints(State(state): State<ApiState>) -> Json<views::EndpointsView> {
-    let table = state.table.lock().expect("table lock");
+    let snap = state.latest.get();
     Json(views::EndpointsView {
-        endpoints: views::endpoints(table.endpoints()),
+        endpoints: views::endpoints(&snap.endpoint_set, &snap),
         api_versions: state
             .cluster
             .as_ref()
@@ -107,16 +371,233 @@ async fn endpoints(State(state): State<ApiState>) -> Json<views::EndpointsView> 
 }
 
 async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
-    match state.metrics.render() {
-        Ok(body) => (
+    match (state.metrics.render(), state.blindness.render()) {
+        (Ok(body), Ok(blind)) => (
             StatusCode::OK,
             [("content-type", "text/plain; version=0.0.4")],
-            body,
+            body + &blind,
         ),
-        Err(err) => (
+        (Err(err), _) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             [("content-type", "text/plain")],
             err.to_string(),
         ),
+        (_, Err(err)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [("content-type", "text/plain")],
+            err.to_string(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io::{Read, Write},
+        net::{Ipv4Addr, TcpStream},
+    };
+
+    use super::*;
+
+    #[test]
+    fn loopback_peers_and_the_token_bearers_read_the_client_api() {
+        let peer = |ip: &str| Some(SocketAddr::new(ip.parse().unwrap(), 40000));
+        let closed = Access::loopback_only();
+        for ip in ["127.0.0.1", "127.1.2.3", "::1", "::ffff:127.0.0.1"] {
+            assert_eq!(closed.allows(peer(ip), None), Verdict::Allowed, "{ip}");
+        }
+        assert_eq!(closed.allows(peer("10.0.0.7"), None), Verdict::LoopbackOnly);
+        assert_eq!(
+            closed.allows(peer("10.0.0.7"), Some(b"Bearer x")),
+            Verdict::LoopbackOnly
+        );
+        assert_eq!(closed.allows(None, None), Verdict::LoopbackOnly, "unknown peer");
+
+        let open = Access {
+            token: Some((*b"s3cr3t").into()),
+        };
+        assert_eq!(
+            open.allows(peer("10.0.0.7"), Some(b"Bearer s3cr3t")),
+            Verdict::Allowed
+        );
+        assert_eq!(
+            open.allows(peer("10.0.0.7"), Some(b"Bearer s3cr3t ")),
+            Verdict::Allowed
+        );
+        for wrong in [
+            &b"Bearer s3cr3"[..],
+            b"Bearer s3cr3tt",
+            b"Basic s3cr3t",
+            b"s3cr3t",
+            b"",
+        ] {
+            assert_eq!(open.allows(peer("10.0.0.7"), Some(wrong)), Verdict::NeedsToken);
+        }
+        assert_eq!(open.allows(peer("10.0.0.7"), None), Verdict::NeedsToken);
+    }
+
+    #[test]
+    fn the_token_file_is_trimmed_and_must_not_be_empty() {
+        let dir = std::env::temp_dir().join(format!("lifeline-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "abc\n").unwrap();
+        let access = Access::with_token_file(&file).unwrap();
+        assert_eq!(access.token.as_deref(), Some(&b"abc"[..]));
+        std::fs::write(&file, " \n").unwrap();
+        let err = Access::with_token_file(&file).err().unwrap().to_string();
+        assert!(err.contains("is empty"), "{err}");
+        let err = Access::with_token_file(&dir.join("missing"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("missing"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_connection_cap_follows_the_descriptor_limit() {
+        let limits = |fds| {
+            let l = Limits::for_fd_limit(fds);
+            (l.max_connections, l.max_per_peer)
+        };
+        assert_eq!(limits(1 << 20), (256, 32));
+        assert_eq!(limits(400), (100, 25));
+        assert_eq!(limits(10), (8, 2));
+    }
+
+    /// A server of `/healthz` with `limits`, stopped when the returned sender is dropped.
+    async fn server(limits: Limits) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let app = Router::new().route("/healthz", get(|| async { "ok\n" }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(accept_loop(listener, app, limits, async move {
+            let _ = stopped.await;
+        }));
+        (addr, stop)
+    }
+
+    /// A TCP socket bound to `ip` (to connect from another loopback address).
+    fn socket_from(ip: Ipv4Addr) -> socket2::Socket {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&SocketAddr::new(ip.into(), 0).into()).unwrap();
+        s
+    }
+
+    /// GET /healthz on a fresh connection (blocking: run in spawn_blocking).
+    fn healthz(addr: SocketAddr) -> std::io::Result<String> {
+        let mut s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    }
+
+    /// Whether the server closed `s` (read returns 0 or an error) within `within`.
+    fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+        s.set_read_timeout(Some(within)).unwrap();
+        let mut buf = [0u8; 256];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    return false
+                }
+                Err(_) => return true,
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slow_and_idle_connections_are_closed_and_the_cap_holds() {
+        let limits = Limits {
+            max_connections: 6,
+            max_per_peer: 4,
+            header_timeout: Duration::from_millis(500),
+            max_lifetime: Duration::from_secs(60),
+        };
+        let (addr, _stop) = server(limits).await;
+        tokio::task::spawn_blocking(move || {
+            // Four idle connections take every slot of 127.0.0.1; a fifth is closed at once,
+            // while another address still gets in, up to the global cap.
+            let mut idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
+            std::thread::sleep(Duration::from_millis(100));
+            let mut fifth = TcpStream::connect(addr).unwrap();
+            assert!(
+                closed_within(&mut fifth, Duration::from_millis(300)),
+                "over the peer cap"
+            );
+            let other = || {
+                let s = socket_from(Ipv4Addr::new(127, 0, 0, 2));
+                s.connect(&addr.into()).unwrap();
+                TcpStream::from(s)
+            };
+            let mut others: Vec<TcpStream> = (0..3).map(|_| other()).collect();
+            assert!(
+                !closed_within(&mut others[0], Duration::from_millis(200)),
+                "another peer refused"
+            );
+            assert!(
+                closed_within(&mut others[2], Duration::from_millis(300)),
+                "over the global cap"
+            );
+            drop(others);
+            // Idle ones are closed after the header timeout, which frees the slots.
+            for s in &mut idle {
+                assert!(closed_within(s, Duration::from_secs(2)), "idle connection kept");
+            }
+            assert!(healthz(addr).unwrap().ends_with("ok\n"));
+
+            // Slowloris: a byte every 100 ms never completes a head within 500 ms.
+            let mut slow = TcpStream::connect(addr).unwrap();
+            let started = Instant::now();
+            let mut closed = false;
+            for b in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+                if slow.write_all(&[*b]).is_err() || closed_within(&mut slow, Duration::from_millis(100)) {
+                    closed = true;
+                    break;
+                }
+            }
+            assert!(closed, "slow sender kept for {:?}", started.elapsed());
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{:?}",
+                started.elapsed()
+            );
+
+            // Oversized heads are refused.
+            let mut big = TcpStream::connect(addr).unwrap();
+            let mut request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+            request.extend(std::iter::repeat_n(b'a', 4 * MAX_HEAD));
+            let _ = big.write_all(&request);
+            let mut answer = String::new();
+            let _ = big.read_to_string(&mut answer);
+            assert!(!answer.contains("200 OK"), "{answer}");
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_is_closed_after_its_lifetime() {
+        let limits = Limits {
+            max_connections: 4,
+            max_per_peer: 4,
+            header_timeout: Duration::from_secs(30),
+            max_lifetime: Duration::from_millis(300),
+        };
+        let (addr, _stop) = server(limits).await;
+        tokio::task::spawn_blocking(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            assert!(closed_within(&mut s, Duration::from_secs(3)));
+        })
+        .await
+        .unwrap();
     }
 }

@@ -1,6 +1,10 @@
 //! `lifeline check`: can the agent run on this kernel with these privileges? Each check is
 //! tried for real (load and attach the programs, open sock_diag in another namespace) rather
 //! than inferred from version numbers. Optional techniques are probed and reported only.
+//!
+//! Privileges follow `privileges::REQUIREMENTS`, as `lifeline run` does: FAIL (exit 1) only for
+//! what the agent cannot run without; WARN for what leaves it running blind (and not ready);
+//! info for what only an optional mode needs, and for what it does not need at all.
 use std::{fmt::Write as _, path::Path};
 
 use aya::{programs::ProgramType, sys::is_program_supported};
@@ -11,7 +15,9 @@ use crate::{
         offsets,
         programs::{Probes, TRACEPOINTS},
     },
+    logging::escape_controls,
     netns,
+    privileges::{Blind, Capabilities, Without, REQUIREMENTS},
     process::Procfs,
     sock_diag::DiagSocket,
 };
@@ -19,8 +25,11 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Ok(String),
+    /// The agent cannot run (`run` refuses to start).
     Fail(String),
-    /// Optional: reported, never fatal.
+    /// The agent runs degraded: blind to something, `/readyz` failing.
+    Warn(String),
+    /// Optional, or only an optional mode is limited: reported, never fatal.
     Info(String),
 }
 
@@ -33,20 +42,26 @@ impl Report {
         !self.items.iter().any(|(_, o)| matches!(o, Outcome::Fail(_)))
     }
 
+    fn degraded(&self) -> bool {
+        self.items.iter().any(|(_, o)| matches!(o, Outcome::Warn(_)))
+    }
+
+    /// The report, control characters escaped (it quotes process names and kernel errors).
     pub fn render(&self) -> String {
         let mut out = String::from("lifeline check\n");
         for (name, outcome) in &self.items {
             let (tag, text) = match outcome {
                 Outcome::Ok(t) => ("ok  ", t),
                 Outcome::Fail(t) => ("FAIL", t),
+                Outcome::Warn(t) => ("WARN", t),
                 Outcome::Info(t) => ("info", t),
             };
-            let _ = writeln!(out, "  [{tag}] {name:<22} {text}");
+            let _ = writeln!(out, "  [{tag}] {name:<22} {}", escape_controls(text));
         }
-        let verdict = if self.can_run() {
-            "the agent can run here"
-        } else {
-            "the agent cannot run here"
+        let verdict = match (self.can_run(), self.degraded()) {
+            (false, _) => "the agent cannot run here",
+            (true, true) => "the agent can run here, degraded: blind to what WARN says, and /readyz fails",
+            (true, false) => "the agent can run here",
         };
         let _ = writeln!(out, "{verdict}");
         out
@@ -60,35 +75,36 @@ fn outcome<T, E: std::error::Error>(r: Result<T, E>, ok: impl FnOnce(T) -> Strin
     }
 }
 
-/// Capabilities the agent uses, from `CapEff` in /proc/self/status.
-fn capabilities() -> Outcome {
-    const NEEDED: [(u32, &str); 4] = [
-        (21, "CAP_SYS_ADMIN"),
-        (12, "CAP_NET_ADMIN"),
-        (19, "CAP_SYS_PTRACE"),
-        (39, "CAP_BPF"),
-    ];
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let Some(eff) = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-    else {
-        return Outcome::Fail("cannot read CapEff from /proc/self/status".into());
-    };
-    let missing: Vec<&str> = NEEDED
+/// One line per privileged need ([`REQUIREMENTS`]): present, or what its absence costs.
+fn privileges(caps: Capabilities) -> Vec<(&'static str, Outcome)> {
+    REQUIREMENTS
         .iter()
-        .filter(|(bit, _)| eff & (1 << bit) == 0)
-        .map(|(_, n)| *n)
-        .collect();
-    if missing.is_empty() {
-        Outcome::Ok("CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_SYS_PTRACE, CAP_BPF".into())
-    } else {
-        Outcome::Fail(format!(
-            "missing {} (run as root, or grant them)",
-            missing.join(", ")
-        ))
-    }
+        .map(|r| {
+            let needs = r.needs();
+            let outcome = match (r.satisfied(caps), r.without) {
+                (_, Without::Nothing) => {
+                    Outcome::Info(format!("{needs}: not needed; it would only {}", r.purpose))
+                }
+                (true, _) => Outcome::Ok(format!("{needs}: {}", r.purpose)),
+                (false, Without::Refuse) => Outcome::Fail(format!("{needs} missing: cannot {}", r.purpose)),
+                (false, Without::Blind(b)) => Outcome::Warn(format!(
+                    "{needs} missing: cannot {}; the agent runs blind: {}",
+                    r.purpose,
+                    b.unseen()
+                )),
+                (false, Without::Mode(_)) => Outcome::Info(format!(
+                    "{needs} missing: cannot {}; only remediation.mode reset and restart need it \
+                     (refused at start-up when configured)",
+                    r.purpose
+                )),
+                (false, Without::SignalOthers) => Outcome::Info(format!(
+                    "{needs} missing: cannot {}; only remediation.mode restart of such processes needs it",
+                    r.purpose
+                )),
+            };
+            ("privileges", outcome)
+        })
+        .collect()
 }
 
 fn optional_program(kind: ProgramType, what: &str) -> Outcome {
@@ -105,7 +121,11 @@ fn optional_program(kind: ProgramType, what: &str) -> Outcome {
 
 /// Runs every check. Must run inside a tokio runtime (program loading spawns a log task).
 pub fn run() -> Report {
-    let mut items = vec![("privileges", capabilities())];
+    let caps = Capabilities::current();
+    let mut items = match caps {
+        Ok(caps) => privileges(caps),
+        Err(err) => vec![("privileges", Outcome::Fail(err.to_string()))],
+    };
     items.push((
         "kernel BTF",
         match std::fs::metadata(offsets::VMLINUX_BTF) {
@@ -152,25 +172,31 @@ pub fn run() -> Report {
             |found| format!("netlink inet_diag answers ({} IPv4 sockets here)", found.len()),
         ),
     ));
-    // Enter another namespace if there is one (else our own: the same code path).
+    // Enter another namespace if there is one.
     let namespaces = netns::enumerate();
     let own = netns::netns_inode(Path::new("/proc/self/ns/net")).ok();
-    let target = namespaces
-        .iter()
-        .find(|(inode, _)| Some(*inode) != own)
-        .map_or_else(
-            || Path::new("/proc/self/ns/net").to_path_buf(),
-            |(_, path)| path.clone(),
-        );
+    let other = namespaces.iter().find(|(inode, _)| Some(*inode) != own);
     items.push((
         "other netns",
-        outcome(DiagSocket::open_in(&target), |_| {
-            format!(
-                "setns + sock_diag via {} ({} network namespaces on this node)",
-                target.display(),
-                namespaces.len()
-            )
-        }),
+        match other {
+            None => Outcome::Info(
+                "only this network namespace on this node: nothing to enter (entering one takes \
+                 CAP_SYS_ADMIN)"
+                    .into(),
+            ),
+            Some((_, target)) => match DiagSocket::open_in(target) {
+                Ok(_) => Outcome::Ok(format!(
+                    "setns + sock_diag via {} ({} network namespaces on this node)",
+                    target.display(),
+                    namespaces.len()
+                )),
+                Err(err) => Outcome::Warn(format!(
+                    "{}; the agent runs blind: {}",
+                    crate::chain(&err),
+                    Blind::OtherNetns.unseen()
+                )),
+            },
+        },
     ));
     items.push((
         "/proc",
@@ -192,4 +218,87 @@ pub fn run() -> Report {
         )),
     ));
     Report { items }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::privileges::Cap;
+
+    fn report(caps: Capabilities) -> Report {
+        Report {
+            items: privileges(caps),
+        }
+    }
+
+    fn lines_tagged(r: &Report, tag: &str) -> Vec<String> {
+        r.render()
+            .lines()
+            .filter(|l| l.contains(tag))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn only_what_the_agent_cannot_run_without_fails() {
+        // This VM's root: everything but CAP_SYS_RESOURCE, which is not needed.
+        let root = report(Capabilities::ALL.without(&[Cap::SysResource]));
+        assert!(root.can_run());
+        assert_eq!(
+            lines_tagged(&root, "[FAIL]").len() + lines_tagged(&root, "[WARN]").len(),
+            0
+        );
+        let info = lines_tagged(&root, "[info]");
+        assert!(
+            info.iter().any(|l| l.contains("CAP_SYS_RESOURCE: not needed")),
+            "{info:?}"
+        );
+        assert!(root.render().ends_with("the agent can run here\n"));
+
+        let no_net_admin = report(Capabilities::ALL.without(&[Cap::NetAdmin]));
+        assert!(no_net_admin.can_run(), "{}", no_net_admin.render());
+        let info = lines_tagged(&no_net_admin, "CAP_NET_ADMIN missing");
+        assert!(
+            info[0].contains("[info]") && info[0].contains("reset and restart"),
+            "{info:?}"
+        );
+
+        let no_kill = report(Capabilities::ALL.without(&[Cap::Kill]));
+        assert!(no_kill.can_run());
+        assert!(lines_tagged(&no_kill, "CAP_KILL missing")[0].contains("[info]"));
+
+        for (cap, blind) in [
+            (Cap::SysAdmin, "other network namespaces"),
+            (Cap::SysPtrace, "older than the agent"),
+        ] {
+            let r = report(Capabilities::ALL.without(&[cap]));
+            assert!(r.can_run(), "{}", r.render());
+            let warn = lines_tagged(&r, "[WARN]");
+            assert_eq!(warn.len(), 1, "{}", r.render());
+            assert!(
+                warn[0].contains(cap.name()) && warn[0].contains(blind),
+                "{warn:?}"
+            );
+            assert!(r.render().contains("degraded"), "{}", r.render());
+        }
+
+        let cannot_load = report(Capabilities::ALL.without(&[Cap::Bpf, Cap::SysAdmin]));
+        assert!(!cannot_load.can_run());
+        let fail = lines_tagged(&cannot_load, "[FAIL]");
+        assert!(
+            fail[0].contains("CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN missing"),
+            "{fail:?}"
+        );
+        assert!(cannot_load.render().ends_with("the agent cannot run here\n"));
+    }
+
+    #[test]
+    fn the_report_escapes_what_it_quotes() {
+        let r = Report {
+            items: vec![("/proc", Outcome::Ok("pid 1 is a\nFAKE [ok  ]\u{1b}[2J".into()))],
+        };
+        let text = r.render();
+        assert_eq!(text.lines().count(), 3, "{text}");
+        assert!(!text.contains('\u{1b}'));
+    }
 }

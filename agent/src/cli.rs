@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{config::ThresholdsFile, endpoint::Endpoint};
+use crate::{config::ThresholdsFile, endpoint::Endpoint, logging::LogFormat};
 
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -18,6 +18,9 @@ pub const VERSION: &str = concat!(
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines on stderr as text or as one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
 }
 
 #[derive(Debug, Subcommand)]
@@ -50,9 +53,14 @@ pub struct RunArgs {
     /// (default: $KUBECONFIG, then ~/.kube/config).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
-    /// Address of the HTTP API and /metrics [default: 0.0.0.0:9477].
+    /// Address of the HTTP server [default: 0.0.0.0:9477]: /metrics, /healthz and /readyz
+    /// answer anyone; the client API (/api/v1/*) only loopback peers and --api-token-file.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// A file holding a bearer token: requests bearing it may read the client API from any
+    /// address (without it, only loopback peers may).
+    #[arg(long, value_name = "FILE")]
+    pub api_token_file: Option<PathBuf>,
     /// Log remediation actions instead of taking them.
     #[arg(long)]
     pub dry_run: bool,
@@ -79,9 +87,15 @@ pub struct ThresholdArgs {
     /// No connection for this long after losing one: disconnected [default: 15s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub disconnect_grace: Option<Duration>,
-    /// No inbound payload for this long: stale [default: 90s].
+    /// A request unanswered for this long: stale [default: 90s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub stale_after: Option<Duration>,
+    /// Silence never counts as stale before this, whatever the client's rhythm [default: 11m].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub silence_floor: Option<Duration>,
+    /// Silence this long is stale while the client's rhythm is not known [default: 65m].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub silence_max: Option<Duration>,
     /// Retransmitting without ACK progress for this long: blackholed [default: 20s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub blackhole_after: Option<Duration>,
@@ -94,6 +108,9 @@ pub struct ThresholdArgs {
     /// A process is judged once it held a connection this long [default: 10s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub min_client_age: Option<Duration>,
+    /// An endpoint unreachable this long: LifelineApiserverOutage [default: 30s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub outage_after: Option<Duration>,
 }
 
 impl ThresholdArgs {
@@ -101,10 +118,13 @@ impl ThresholdArgs {
         ThresholdsFile {
             disconnect_grace: self.disconnect_grace,
             stale_after: self.stale_after,
+            silence_floor: self.silence_floor,
+            silence_max: self.silence_max,
             blackhole_after: self.blackhole_after,
             connect_failures: self.connect_failures,
             connect_window: self.connect_window,
             min_client_age: self.min_client_age,
+            outage_after: self.outage_after,
         }
     }
 }
@@ -120,6 +140,10 @@ pub struct StatusArgs {
     /// The agent's HTTP address.
     #[arg(long, default_value = "http://127.0.0.1:9477")]
     pub server: String,
+    /// A file holding the bearer token of the agent's --api-token-file (needed unless the
+    /// agent is reached over loopback).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
 }

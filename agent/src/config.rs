@@ -1,10 +1,16 @@
 //! The config file (YAML, SPEC.md) and its merge with the command line. Unknown keys and bad
-//! values are errors that name the key (with line and column) and the reason.
+//! values are errors that name the key (with line and column) and the reason. An empty file is
+//! an error too (`{}` is the file with every default): a ConfigMap key emptied by mistake must
+//! not silently drop every configured endpoint and receiver. [`Watch`] notices when the file
+//! changes, for a reload without SIGHUP.
 use std::{
     net::SocketAddr,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     time::Duration,
 };
+
+use lifeline_common::MAX_ENDPOINTS;
 
 use serde::{Deserialize, Deserializer};
 
@@ -19,6 +25,8 @@ pub const DEFAULT_LISTEN: &str = "0.0.0.0:9477";
 pub enum Error {
     #[error("cannot read config file {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path} is empty (write `{{}}` for a file with every default)")]
+    Empty { path: PathBuf },
     #[error("config file {path}: {source}")]
     Parse {
         path: PathBuf,
@@ -61,12 +69,18 @@ pub struct ThresholdsFile {
     #[serde(default, deserialize_with = "duration")]
     pub stale_after: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
+    pub silence_floor: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub silence_max: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
     pub blackhole_after: Option<Duration>,
     pub connect_failures: Option<u32>,
     #[serde(default, deserialize_with = "duration")]
     pub connect_window: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
     pub min_client_age: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub outage_after: Option<Duration>,
 }
 
 /// Processes that are clients besides auto-detection: patterns matched against the process
@@ -115,12 +129,48 @@ pub struct Receiver {
     pub webhook: Option<UrlTarget>,
 }
 
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+/// Where a receiver is and how to reach it. The TLS and authentication keys are those of
+/// Prometheus' and Alertmanager's `http_config`; secrets only from files (re-read per request,
+/// so a rotated token is picked up).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct UrlTarget {
     pub url: String,
     #[serde(default, deserialize_with = "duration")]
     pub timeout: Option<Duration>,
+    /// `https://` only: the CA bundle (PEM) that signs the receiver's certificate; the
+    /// system's roots when absent.
+    pub tls_config: Option<TlsConfig>,
+    /// `Authorization: Bearer <contents of credentials_file>`.
+    pub authorization: Option<Authorization>,
+    /// `Authorization: Basic`, the password from `password_file`.
+    pub basic_auth: Option<BasicAuth>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Authorization {
+    /// Only `Bearer` (the default).
+    #[serde(rename = "type", default = "bearer")]
+    pub kind: String,
+    pub credentials_file: PathBuf,
+}
+
+fn bearer() -> String {
+    "Bearer".into()
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuth {
+    pub username: String,
+    pub password_file: PathBuf,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -188,14 +238,17 @@ impl ConfigFile {
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Self> {
-        let file: ConfigFile = if text.trim().is_empty() {
-            ConfigFile::default()
-        } else {
-            serde_yaml::from_str(text).map_err(|source| Error::Parse {
-                path: path.into(),
-                source,
-            })?
+        let blank = |line: &str| {
+            let line = line.trim();
+            line.is_empty() || line.starts_with('#') || line == "---" || line == "..."
         };
+        if text.lines().all(blank) {
+            return Err(Error::Empty { path: path.into() });
+        }
+        let file: ConfigFile = serde_yaml::from_str(text).map_err(|source| Error::Parse {
+            path: path.into(),
+            source,
+        })?;
         file.validate(path)?;
         Ok(file)
     }
@@ -210,8 +263,11 @@ impl ConfigFile {
         for (key, value) in [
             ("thresholds.disconnect_grace", t.disconnect_grace),
             ("thresholds.stale_after", t.stale_after),
+            ("thresholds.silence_floor", t.silence_floor),
+            ("thresholds.silence_max", t.silence_max),
             ("thresholds.blackhole_after", t.blackhole_after),
             ("thresholds.connect_window", t.connect_window),
+            ("thresholds.outage_after", t.outage_after),
         ] {
             if value == Some(Duration::ZERO) {
                 return Err(invalid(key, "must be longer than 0s"));
@@ -231,8 +287,24 @@ impl ConfigFile {
                 _ => return Err(invalid(&key, "needs exactly one of alertmanager or webhook")),
             };
             check_url(&target.url).map_err(|reason| invalid(&format!("{key}.url"), &reason))?;
+            let kind = if r.alertmanager.is_some() {
+                "alertmanager"
+            } else {
+                "webhook"
+            };
+            check_target(target)
+                .map_err(|(what, reason)| invalid(&format!("{key}.{kind}.{what}"), &reason))?;
         }
-        self.endpoint_list(path)?;
+        let endpoints = self.endpoint_list(path)?;
+        if endpoints.len() > MAX_ENDPOINTS as usize {
+            return Err(invalid(
+                "endpoints",
+                &format!(
+                    "{} endpoints (after resolving names); the kernel map holds at most {MAX_ENDPOINTS}",
+                    endpoints.len()
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -254,30 +326,66 @@ impl ConfigFile {
         let t = ThresholdsFile {
             disconnect_grace: overrides.disconnect_grace.or(self.thresholds.disconnect_grace),
             stale_after: overrides.stale_after.or(self.thresholds.stale_after),
+            silence_floor: overrides.silence_floor.or(self.thresholds.silence_floor),
+            silence_max: overrides.silence_max.or(self.thresholds.silence_max),
             blackhole_after: overrides.blackhole_after.or(self.thresholds.blackhole_after),
             connect_failures: overrides.connect_failures.or(self.thresholds.connect_failures),
             connect_window: overrides.connect_window.or(self.thresholds.connect_window),
             min_client_age: overrides.min_client_age.or(self.thresholds.min_client_age),
+            outage_after: overrides.outage_after.or(self.thresholds.outage_after),
         };
         Thresholds {
             disconnect_grace: t.disconnect_grace.unwrap_or(d.disconnect_grace),
             stale_after: t.stale_after.unwrap_or(d.stale_after),
+            silence_floor: t.silence_floor.unwrap_or(d.silence_floor),
+            silence_max: t.silence_max.unwrap_or(d.silence_max),
             blackhole_after: t.blackhole_after.unwrap_or(d.blackhole_after),
             connect_failures: t.connect_failures.unwrap_or(d.connect_failures),
             connect_window: t.connect_window.unwrap_or(d.connect_window),
             min_client_age: t.min_client_age.unwrap_or(d.min_client_age),
+            outage_after: t.outage_after.unwrap_or(d.outage_after),
         }
     }
 }
 
-/// Only http(s) URLs with a host.
+/// Only http(s) URLs with a host (messages show the URL redacted).
 pub fn check_url(url: &str) -> std::result::Result<(), String> {
+    let shown = crate::redact::redact(url);
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))
-        .ok_or_else(|| format!("{url:?} is not an http:// or https:// URL"))?;
+        .ok_or_else(|| format!("{shown:?} is not an http:// or https:// URL"))?;
     if rest.split('/').next().is_none_or(str::is_empty) {
-        return Err(format!("{url:?} has no host"));
+        return Err(format!("{shown:?} has no host"));
+    }
+    Ok(())
+}
+
+/// A receiver's TLS and authentication keys: `(key, reason)` of the first problem.
+fn check_target(target: &UrlTarget) -> std::result::Result<(), (&'static str, String)> {
+    let https = target.url.starts_with("https://");
+    if target.tls_config.is_some() && !https {
+        return Err((
+            "tls_config",
+            format!("only for https:// URLs, not {:?}", target.url),
+        ));
+    }
+    if let Some(auth) = &target.authorization {
+        if auth.kind != "Bearer" {
+            return Err((
+                "authorization.type",
+                format!("{:?}: only Bearer is supported", auth.kind),
+            ));
+        }
+        if target.basic_auth.is_some() {
+            return Err((
+                "authorization",
+                "give authorization or basic_auth, not both".into(),
+            ));
+        }
+    }
+    if target.basic_auth.as_ref().is_some_and(|b| b.username.is_empty()) {
+        return Err(("basic_auth.username", "must not be empty".into()));
     }
     Ok(())
 }
@@ -292,6 +400,71 @@ pub fn endpoint_set(flags: &[Endpoint], file: &[Endpoint]) -> EndpointSet {
         set.insert(*e, Source::Config);
     }
     set
+}
+
+/// How often [`Watch`] looks at the config file.
+pub const WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Notices when the config file changes, without inotify: a Kubernetes ConfigMap volume swaps
+/// a `..data` symlink (the file's path resolves to a new inode), an editor rewrites or renames,
+/// `kubectl cp` writes in place. Each [`Watch::poll`] compares the resolved file's identity,
+/// size and times; only when they differ is the file read, and only a different content counts
+/// as a change (a `touch` does not reload).
+#[derive(Debug)]
+pub struct Watch {
+    path: PathBuf,
+    stamp: Option<Stamp>,
+    content: Option<Vec<u8>>,
+}
+
+/// What `stat` says about the file the path resolves to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Self> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+impl Watch {
+    /// Starts watching `path` as it is now.
+    pub fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            stamp: Stamp::of(path),
+            content: std::fs::read(path).ok(),
+        }
+    }
+
+    /// True when the file's content differs from the last poll's (or it became readable or
+    /// unreadable): time to reload.
+    pub fn poll(&mut self) -> bool {
+        let stamp = Stamp::of(&self.path);
+        if stamp == self.stamp && stamp.is_some() {
+            return false;
+        }
+        self.stamp = stamp;
+        let content = std::fs::read(&self.path).ok();
+        if content == self.content {
+            return false;
+        }
+        self.content = content;
+        true
+    }
 }
 
 #[cfg(test)]
@@ -370,8 +543,129 @@ remediation:
     }
 
     #[test]
-    fn empty_file_means_defaults() {
-        assert_eq!(parse("").unwrap(), ConfigFile::default());
+    fn an_empty_file_is_rejected_and_braces_mean_defaults() {
+        for empty in ["", "\n  \n", "# only a comment\n---\n"] {
+            let err = parse(empty).expect_err(empty).to_string();
+            assert!(err.contains("/etc/lifeline.yaml is empty"), "{err}");
+        }
+        assert_eq!(parse("{}").unwrap(), ConfigFile::default());
+    }
+
+    #[test]
+    fn more_endpoints_than_the_kernel_map_holds_are_refused_naming_the_key_and_the_limit() {
+        let list: Vec<String> = (0..=MAX_ENDPOINTS)
+            .map(|i| format!("\"10.{}.{}.1:443\"", i / 256, i % 256))
+            .collect();
+        let err = parse(&format!("endpoints: [{}]", list.join(",")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("endpoints: 4097 endpoints"), "{err}");
+        assert!(err.contains("at most 4096"), "{err}");
+        let fits = list[..MAX_ENDPOINTS as usize].join(",");
+        assert_eq!(
+            parse(&format!("endpoints: [{fits}]")).unwrap().endpoints.len(),
+            4096
+        );
+    }
+
+    #[test]
+    fn receivers_take_a_ca_bundle_and_bearer_or_basic_auth() {
+        let file = parse(
+            r#"
+receivers:
+  - name: am
+    alertmanager:
+      url: https://am.example:9093
+      tls_config: { ca_file: /etc/lifeline/ca.pem }
+      authorization: { credentials_file: /run/secrets/token }
+  - name: hook
+    webhook:
+      url: https://hook.example/x
+      basic_auth: { username: lifeline, password_file: /run/secrets/pw }
+"#,
+        )
+        .unwrap();
+        let am = file.receivers[0].alertmanager.as_ref().unwrap();
+        assert_eq!(
+            am.tls_config.as_ref().unwrap().ca_file.as_deref(),
+            Some(Path::new("/etc/lifeline/ca.pem"))
+        );
+        assert_eq!(am.authorization.as_ref().unwrap().kind, "Bearer");
+        let hook = file.receivers[1].webhook.as_ref().unwrap();
+        assert_eq!(hook.basic_auth.as_ref().unwrap().username, "lifeline");
+        for (text, needles) in [
+            (
+                "receivers:\n  - { name: a, webhook: { url: \"http://x\", tls_config: { ca_file: /c } } }",
+                vec!["receivers[0].webhook.tls_config", "only for https://"],
+            ),
+            (
+                "receivers:\n  - { name: a, webhook: { url: \"https://x\", authorization: { type: Digest, credentials_file: /t } } }",
+                vec!["receivers[0].webhook.authorization.type", "only Bearer"],
+            ),
+            (
+                "receivers:\n  - { name: a, alertmanager: { url: \"https://x\", authorization: { credentials_file: /t }, basic_auth: { username: u, password_file: /p } } }",
+                vec!["receivers[0].alertmanager.authorization", "not both"],
+            ),
+            (
+                "receivers:\n  - { name: a, webhook: { url: \"https://x\", basic_auth: { username: u, password: p } } }",
+                vec!["unknown field `password`"],
+            ),
+        ] {
+            let err = parse(text).expect_err(text).to_string();
+            for needle in needles {
+                assert!(err.contains(needle), "{text:?}: {err:?} lacks {needle:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_watch_sees_content_changes_renames_and_configmap_symlink_swaps() {
+        let dir = std::env::temp_dir().join(format!("lifeline-watch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
+
+        // In place, and by rename.
+        let plain = dir.join("plain.yaml");
+        write("plain.yaml", "endpoints: []\n");
+        let mut watch = Watch::new(&plain);
+        assert!(!watch.poll(), "nothing changed");
+        write("plain.yaml", "endpoints: [\"10.0.0.1:443\"]\n");
+        assert!(watch.poll(), "written in place");
+        assert!(!watch.poll(), "seen once");
+        let before = std::fs::metadata(&plain).unwrap().modified().unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&plain)
+            .unwrap()
+            .set_modified(before + Duration::from_secs(5))
+            .unwrap();
+        assert!(!watch.poll(), "a touch without a new content is no change");
+        write("plain.tmp", "endpoints: [\"10.0.0.2:443\"]\n");
+        std::fs::rename(dir.join("plain.tmp"), &plain).unwrap();
+        assert!(watch.poll(), "renamed over");
+
+        // A ConfigMap volume: config.yaml -> ..data/config.yaml, ..data -> ..v1, then ..v2.
+        std::fs::create_dir_all(dir.join("..v1")).unwrap();
+        std::fs::create_dir_all(dir.join("..v2")).unwrap();
+        write("..v1/config.yaml", "endpoints: []\n");
+        write("..v2/config.yaml", "endpoints: [\"10.0.0.3:443\"]\n");
+        std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/config.yaml", dir.join("config.yaml")).unwrap();
+        let mut watch = Watch::new(&dir.join("config.yaml"));
+        assert!(!watch.poll());
+        std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        assert!(watch.poll(), "..data swapped");
+        assert!(!watch.poll());
+
+        // Gone, then back.
+        std::fs::remove_file(&plain).unwrap();
+        let mut watch_plain = Watch::new(&plain);
+        assert!(!watch_plain.poll(), "still missing");
+        write("plain.yaml", "{}\n");
+        assert!(watch_plain.poll(), "appeared");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

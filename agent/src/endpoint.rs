@@ -135,6 +135,11 @@ impl Endpoint {
         )
     }
 
+    /// The one address of a host endpoint; `None` for a CIDR.
+    pub fn host_addr(&self) -> Option<SocketAddr> {
+        self.is_host().then_some(SocketAddr::new(self.addr, self.port))
+    }
+
     fn is_host(&self) -> bool {
         self.prefix_len == if self.addr.is_ipv4() { 32 } else { 128 }
     }
@@ -209,6 +214,13 @@ pub enum Source {
     /// An address and port of the core v1 Endpoints `default/kubernetes` (apiservers without
     /// `discovery.k8s.io/v1`).
     Endpoints,
+    /// The server of the kubelet's kubeconfig on this node (`cluster/node_local.rs`).
+    #[serde(rename = "kubelet-kubeconfig")]
+    KubeletKubeconfig,
+    /// A loopback address at which an apiserver, or the node-local proxy the kubelet uses,
+    /// listens on this node (`cluster/node_local.rs`).
+    #[serde(rename = "local-apiserver")]
+    LocalApiserver,
 }
 
 impl Source {
@@ -221,6 +233,8 @@ impl Source {
             Source::Service => "service",
             Source::EndpointSlice => "endpointslice",
             Source::Endpoints => "endpoints",
+            Source::KubeletKubeconfig => "kubelet-kubeconfig",
+            Source::LocalApiserver => "local-apiserver",
         }
     }
 }

@@ -1,35 +1,63 @@
 //! Client health: the states of SPEC.md, judged per process from what the connection table
 //! observed. Pure logic: no sockets, no eBPF, no clock of its own (every call gets `now`).
 //!
-//! | state          | rule (thresholds configurable)                                            |
-//! |----------------|---------------------------------------------------------------------------|
-//! | `healthy`      | an established connection with payload within `stale_after`              |
-//! | `stale`        | established, but no payload on any connection for `stale_after`          |
-//! | `blackholed`   | established, retransmitting with no ACK progress for `blackhole_after`   |
-//! | `disconnected` | had a connection, has none for `disconnect_grace`, no successful reconnect |
-//! | `unreachable`  | `connect_failures` failed connects within `connect_window`, none established |
+//! | state          | rule (thresholds configurable)                                                  |
+//! |----------------|---------------------------------------------------------------------------------|
+//! | `healthy`      | connected and not waiting for an answer (a quiet watch is healthy)              |
+//! | `blackholed`   | a connection retransmits with no ACK progress for `blackhole_after`             |
+//! | `stale`        | A: a request unanswered for `stale_after`; B: silence beyond the client's rhythm |
+//! | `disconnected` | the peer or the network ended its connection, none for `disconnect_grace`, no attempt since |
+//! | `unreachable`  | not connected and trying: `connect_failures` failures in `connect_window`, or attempts failing/in flight after a loss, or in flight for a whole `connect_window` |
+//!
+//! Rule A (*request unanswered*): the table marks a connection as waiting from the first
+//! outbound payload (a request, more than keepalive-sized records) that no inbound payload has
+//! answered yet. The apiserver answers every request within its 60 s request timeout, and a
+//! long-running one (watch, logs) at once with headers, so `stale_after` (90 s) is crossed only
+//! by a path where nothing answers (seed 002: a gateway that answers PINGs, not requests).
+//!
+//! Rule B (*silence beyond the rhythm*): a watch that hangs sends no request at all. Every
+//! client restarts its watches: client-go within 10 min (server-side `timeoutSeconds`, random
+//! in 5–10 min), the kube crate after 290 s, a watch without timeout within twice the
+//! apiserver's `--min-request-timeout` (30–60 min). Those lifetimes are random in `[T, 2T]`, so
+//! twice the longest interval between the client's requests seen so far bounds the next one.
+//! A client that has sent no request and received no payload for that long (never less than
+//! `silence_floor`; `silence_max` until two intervals were seen) is stale.
 //!
 //! Only *clients* are judged: a process becomes one when it has held a connection for
-//! `min_client_age`, failed `connect_failures` times within `connect_window`, or was selected
-//! by configuration. Until then it is listed as `healthy` with a reason saying it is not
-//! judged yet, so short-lived tools (`kubectl get`) never raise an alarm.
+//! `min_client_age`, failed `connect_failures` times within `connect_window`, tried without
+//! success for a whole `connect_window`, lost a connection the start-up scan found closed by
+//! the peer, or was selected by configuration. Until then it is listed as `healthy` with a
+//! reason saying it is not judged yet, so short-lived tools (`kubectl get`) never alarm.
 use std::{
     collections::HashMap,
     fmt,
+    net::SocketAddr,
     time::{Duration, Instant},
 };
 
 use serde::Serialize;
 
-/// The thresholds of SPEC.md, with its defaults.
+/// An attempt in flight this long has retransmitted its SYN (the first SYN timeout is 1 s): no
+/// answer from the endpoint.
+pub const SYN_RETRANSMITTED_AFTER: Duration = Duration::from_secs(1);
+
+/// The thresholds of SPEC.md, with their defaults (README "Client states" says why each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Thresholds {
     pub disconnect_grace: Duration,
+    /// Rule A: a request unanswered this long.
     pub stale_after: Duration,
+    /// Rule B never fires sooner than this (client-go restarts every watch within 10 min).
+    pub silence_floor: Duration,
+    /// Rule B before the client's rhythm is known (2 × the apiserver's default 30 min
+    /// `--min-request-timeout`, plus 5 min).
+    pub silence_max: Duration,
     pub blackhole_after: Duration,
     pub connect_failures: u32,
     pub connect_window: Duration,
     pub min_client_age: Duration,
+    /// How long an endpoint is unreachable before `LifelineApiserverOutage` fires.
+    pub outage_after: Duration,
 }
 
 impl Default for Thresholds {
@@ -37,15 +65,18 @@ impl Default for Thresholds {
         Self {
             disconnect_grace: Duration::from_secs(15),
             stale_after: Duration::from_secs(90),
+            silence_floor: Duration::from_secs(11 * 60),
+            silence_max: Duration::from_secs(65 * 60),
             blackhole_after: Duration::from_secs(20),
             connect_failures: 3,
             connect_window: Duration::from_secs(60),
             min_client_age: Duration::from_secs(10),
+            outage_after: Duration::from_secs(30),
         }
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
     Healthy,
@@ -84,11 +115,81 @@ impl fmt::Display for State {
 /// One established connection, as the engine needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectionFacts {
+    /// The connection's local address: which socket a reset would destroy.
+    pub local: SocketAddr,
     pub endpoint: String,
     /// Last inbound payload, or when the connection was first seen if none arrived yet.
     pub last_payload: Instant,
+    /// The first request (outbound payload) that no inbound payload has answered yet.
+    pub waiting_since: Option<Instant>,
     /// First retransmit since the last ACK progress.
     pub stalled_since: Option<Instant>,
+    /// The connection's `tcp_info` could not be read lately: its payload and request evidence
+    /// is unknown, and no rule is applied from it.
+    pub unreadable: bool,
+}
+
+/// How the client's requests have been spaced so far (rule B).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rhythm {
+    pub last_request: Option<Instant>,
+    /// The longest interval between two consecutive requests seen.
+    pub longest_gap: Duration,
+    /// How many intervals were seen.
+    pub gaps: u32,
+}
+
+/// Who or what ended a connection that was not ended by the client's own choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossCause {
+    /// The peer closed it (FIN: the socket went to CLOSE_WAIT).
+    PeerClosed,
+    /// Reset by the peer or the path (RST, ECONNRESET).
+    Reset,
+    /// Timed out (ETIMEDOUT: unacknowledged retransmits, keepalive).
+    TimedOut,
+    /// The client closed it right after data arrived: an HTTP/2 GOAWAY or a server's close.
+    Prompted,
+    /// Destroyed on the host (ECONNABORTED: `ss -K`, lifeline's own reset).
+    Aborted,
+    /// The start-up scan found it closed by the peer and still held (CLOSE_WAIT): the loss
+    /// happened before the agent started.
+    FoundClosed,
+}
+
+impl LossCause {
+    pub fn describe(self) -> &'static str {
+        match self {
+            LossCause::PeerClosed => "closed by the apiserver side",
+            LossCause::Reset => "reset",
+            LossCause::TimedOut => "timed out",
+            LossCause::Prompted => "closed after the apiserver asked it to (GOAWAY)",
+            LossCause::Aborted => "destroyed on this host",
+            LossCause::FoundClosed => "found closed by the apiserver side when the agent started",
+        }
+    }
+}
+
+/// The end of a client's last established connection, when it was not the client's choice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Loss {
+    pub at: Instant,
+    pub cause: LossCause,
+    pub endpoint: String,
+}
+
+/// A connect in flight (SYN_SENT) since `since`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    pub since: Instant,
+    pub endpoint: String,
+}
+
+/// A failed connect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub at: Instant,
+    pub endpoint: String,
 }
 
 /// What the table knows about one process at `now`.
@@ -96,12 +197,20 @@ pub struct ConnectionFacts {
 pub struct Observation {
     /// Selected by configuration (comm/cmdline pattern, pod annotation).
     pub selected: bool,
+    /// Since when it has held at least one established connection (None: it holds none).
     pub connected_since: Option<Instant>,
-    pub connection_lost_at: Option<Instant>,
+    /// How its last connection was lost, when the peer or the network ended it and it holds
+    /// none since (None: it never had one, has one, or closed it itself).
+    pub loss: Option<Loss>,
     /// Established connections to apiserver endpoints.
     pub established: Vec<ConnectionFacts>,
-    /// Failed connects (time, endpoint), oldest first.
-    pub failures: Vec<(Instant, String)>,
+    /// Connects in flight.
+    pub attempts: Vec<Attempt>,
+    /// Failed connects, oldest first (the table keeps a bounded number).
+    pub failures: Vec<Failure>,
+    /// Start of the current run of attempts without an established connection.
+    pub trying_since: Option<Instant>,
+    pub rhythm: Rhythm,
 }
 
 /// The engine's judgement of one process.
@@ -113,6 +222,11 @@ pub struct Verdict {
     pub reason: String,
     /// Whether the process is a client (judged, may alert).
     pub is_client: bool,
+    /// The endpoint the evidence is about, when there is one.
+    pub endpoint: Option<String>,
+    /// Local addresses of the connections that are the evidence of `stale`/`blackholed` (what
+    /// a reset destroys).
+    pub suspects: Vec<SocketAddr>,
 }
 
 /// A state change of a client.
@@ -130,6 +244,21 @@ pub struct Transition {
 pub struct HealthEngine<K> {
     thresholds: Thresholds,
     clients: HashMap<K, Verdict>,
+}
+
+/// What the rules decided for a client.
+enum Judgement {
+    /// This state, with the instant the evidence crossed its threshold.
+    State {
+        state: State,
+        reason: String,
+        evidence: Instant,
+        endpoint: Option<String>,
+        suspects: Vec<SocketAddr>,
+    },
+    /// No new state from this evidence: keep the previous one (a lost connection inside the
+    /// grace, or evidence that could not be read), saying why.
+    Keep { reason: String },
 }
 
 impl<K: std::hash::Hash + Eq + Clone> HealthEngine<K> {
@@ -154,18 +283,19 @@ impl<K: std::hash::Hash + Eq + Clone> HealthEngine<K> {
         let t = self.thresholds;
         let previous = self.clients.get(key).cloned();
         let was_client = previous.as_ref().is_some_and(|v| v.is_client);
-        let recent: Vec<&(Instant, String)> = obs
-            .failures
-            .iter()
-            .filter(|(at, _)| now.saturating_duration_since(*at) <= t.connect_window)
-            .collect();
+        let recent_failures = recent(&t, obs, now);
         let held = obs
             .connected_since
             .map(|since| now.saturating_duration_since(since));
         let is_client = was_client
             || obs.selected
             || held.is_some_and(|h| h >= t.min_client_age)
-            || recent.len() >= t.connect_failures as usize;
+            || recent_failures.len() >= t.connect_failures as usize
+            || trying_for_a_window(&t, obs, now).is_some()
+            || obs
+                .loss
+                .as_ref()
+                .is_some_and(|l| l.cause == LossCause::FoundClosed);
 
         if !is_client {
             let reason = match held {
@@ -176,28 +306,35 @@ impl<K: std::hash::Hash + Eq + Clone> HealthEngine<K> {
                 ),
                 None => "not connected; not a client yet".to_owned(),
             };
-            let since = previous.map_or(now, |p| p.since);
             let verdict = Verdict {
                 state: State::Healthy,
-                since,
+                since: previous.map_or(now, |p| p.since),
                 reason,
                 is_client: false,
+                endpoint: any_endpoint(obs),
+                suspects: Vec::new(),
             };
             self.clients.insert(key.clone(), verdict.clone());
             return (verdict, None);
         }
 
-        let (state, reason, evidence) = match judge(&t, obs, &recent, now) {
-            Some(judged) => judged,
-            // In the disconnect grace period: keep the previous state (a re-dial is expected).
-            None => match &previous {
-                Some(p) if p.is_client => (p.state, p.reason.clone(), now),
-                _ => (State::Healthy, "reconnecting".to_owned(), now),
+        let previous_client = previous.filter(|p| p.is_client);
+        let (state, reason, evidence, endpoint, suspects) = match judge(&t, obs, &recent_failures, now) {
+            Judgement::State {
+                state,
+                reason,
+                evidence,
+                endpoint,
+                suspects,
+            } => (state, reason, evidence, endpoint, suspects),
+            Judgement::Keep { reason } => match &previous_client {
+                Some(p) => (p.state, reason, now, p.endpoint.clone(), p.suspects.clone()),
+                None => (State::Healthy, reason, now, any_endpoint(obs), Vec::new()),
             },
         };
-        let changed = previous.as_ref().is_none_or(|p| p.state != state || !p.is_client);
-        let since = match &previous {
-            Some(p) if !changed => p.since,
+        let from = previous_client.as_ref().map_or(State::Healthy, |p| p.state);
+        let since = match &previous_client {
+            Some(p) if p.state == state => p.since,
             _ => now,
         };
         let verdict = Verdict {
@@ -205,12 +342,11 @@ impl<K: std::hash::Hash + Eq + Clone> HealthEngine<K> {
             since,
             reason: reason.clone(),
             is_client: true,
+            endpoint,
+            suspects,
         };
         self.clients.insert(key.clone(), verdict.clone());
-        let from = previous
-            .filter(|p| p.is_client)
-            .map_or(State::Healthy, |p| p.state);
-        let transition = (changed && from != state).then(|| Transition {
+        let transition = (from != state).then(|| Transition {
             from,
             to: state,
             reason,
@@ -229,352 +365,304 @@ impl<K: std::hash::Hash + Eq + Clone> HealthEngine<K> {
     }
 }
 
-/// The state of a client and the instant its evidence crossed the threshold; `None` while a
-/// lost connection is still inside `disconnect_grace`.
-fn judge(
-    t: &Thresholds,
-    obs: &Observation,
-    recent_failures: &[&(Instant, String)],
-    now: Instant,
-) -> Option<(State, String, Instant)> {
-    let secs = |d: Duration| d.as_secs();
-    if !obs.established.is_empty() {
-        let stalled = obs
-            .established
-            .iter()
-            .filter_map(|c| c.stalled_since.map(|s| (s, c)))
-            .min_by_key(|(s, _)| *s)
-            .filter(|(s, _)| now.saturating_duration_since(*s) >= t.blackhole_after);
-        if let Some((since, conn)) = stalled {
-            let reason = format!(
+/// Some endpoint the process is about: connected to, lost, or connecting to.
+fn any_endpoint(obs: &Observation) -> Option<String> {
+    obs.established
+        .first()
+        .map(|c| c.endpoint.clone())
+        .or_else(|| obs.loss.as_ref().map(|l| l.endpoint.clone()))
+        .or_else(|| obs.attempts.first().map(|a| a.endpoint.clone()))
+}
+
+/// Failed connects within `connect_window`.
+fn recent<'a>(t: &Thresholds, obs: &'a Observation, now: Instant) -> Vec<&'a Failure> {
+    obs.failures
+        .iter()
+        .filter(|f| now.saturating_duration_since(f.at) <= t.connect_window)
+        .collect()
+}
+
+/// The oldest attempt in flight that has retransmitted its SYN.
+fn slow_attempt(obs: &Observation, now: Instant) -> Option<&Attempt> {
+    obs.attempts
+        .iter()
+        .filter(|a| now.saturating_duration_since(a.since) >= SYN_RETRANSMITTED_AFTER)
+        .min_by_key(|a| a.since)
+}
+
+/// A process that never held a connection but has been trying, with an unanswered attempt in
+/// flight, for a whole `connect_window` (connects into a blackhole take up to 130 s each, so
+/// fewer than `connect_failures` of them fit the window). Returns the attempt.
+fn trying_for_a_window<'a>(t: &Thresholds, obs: &'a Observation, now: Instant) -> Option<&'a Attempt> {
+    let trying_since = obs.trying_since?;
+    (obs.established.is_empty() && now.saturating_duration_since(trying_since) >= t.connect_window)
+        .then(|| slow_attempt(obs, now))
+        .flatten()
+}
+
+fn secs(d: Duration) -> u64 {
+    d.as_secs()
+}
+
+/// The state of a client from its evidence.
+fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: Instant) -> Judgement {
+    if obs.established.is_empty() {
+        return judge_not_connected(t, obs, recent_failures, now);
+    }
+    // Blackholed: retransmits without ACK progress (kernel events and tcp_info alike).
+    let stalled = obs
+        .established
+        .iter()
+        .filter_map(|c| c.stalled_since.map(|s| (s, c)))
+        .min_by_key(|(s, _)| *s)
+        .filter(|(s, _)| now.saturating_duration_since(*s) >= t.blackhole_after);
+    if let Some((since, conn)) = stalled {
+        return Judgement::State {
+            state: State::Blackholed,
+            reason: format!(
                 "retransmitting to {} for {}s with no acknowledgement (blackhole_after {}s)",
                 conn.endpoint,
                 secs(now.saturating_duration_since(since)),
                 secs(t.blackhole_after)
-            );
-            return Some((State::Blackholed, reason, since + t.blackhole_after));
-        }
-        let freshest = obs
-            .established
-            .iter()
-            .max_by_key(|c| c.last_payload)
-            .expect("non-empty");
-        let quiet = now.saturating_duration_since(freshest.last_payload);
-        if quiet >= t.stale_after {
-            let reason = format!(
-                "connected to {} but no payload received for {}s (stale_after {}s)",
-                freshest.endpoint,
-                secs(quiet),
+            ),
+            evidence: since + t.blackhole_after,
+            endpoint: Some(conn.endpoint.clone()),
+            suspects: vec![conn.local],
+        };
+    }
+    let readable: Vec<&ConnectionFacts> = obs.established.iter().filter(|c| !c.unreadable).collect();
+    let Some(freshest) = readable.iter().max_by_key(|c| c.last_payload) else {
+        return Judgement::Keep {
+            reason: format!(
+                "connected to {}, but its connection statistics could not be read: not judged",
+                obs.established[0].endpoint
+            ),
+        };
+    };
+    // Rule A: a request left unanswered.
+    let waiting = readable
+        .iter()
+        .filter_map(|c| c.waiting_since.map(|w| (w, c)))
+        .min_by_key(|(w, _)| *w)
+        .filter(|(w, _)| now.saturating_duration_since(*w) >= t.stale_after);
+    if let Some((since, conn)) = waiting {
+        return Judgement::State {
+            state: State::Stale,
+            reason: format!(
+                "sent a request to {} {}s ago and nothing but keepalives came back (stale_after {}s)",
+                conn.endpoint,
+                secs(now.saturating_duration_since(since)),
                 secs(t.stale_after)
-            );
-            return Some((State::Stale, reason, freshest.last_payload + t.stale_after));
+            ),
+            evidence: since + t.stale_after,
+            endpoint: Some(conn.endpoint.clone()),
+            suspects: readable
+                .iter()
+                .filter(|c| {
+                    c.waiting_since
+                        .is_some_and(|w| now.saturating_duration_since(w) >= t.stale_after)
+                })
+                .map(|c| c.local)
+                .collect(),
+        };
+    }
+    // Rule B: silence beyond the client's own rhythm.
+    let last_activity = obs
+        .rhythm
+        .last_request
+        .map_or(freshest.last_payload, |r| r.max(freshest.last_payload));
+    let silent = now.saturating_duration_since(last_activity);
+    let (limit, basis) = silence_limit(t, &obs.rhythm);
+    if silent >= limit {
+        return Judgement::State {
+            state: State::Stale,
+            reason: format!(
+                "connected to {} but has neither sent a request nor received payload for {}s ({basis})",
+                freshest.endpoint,
+                secs(silent),
+            ),
+            evidence: last_activity + limit,
+            endpoint: Some(freshest.endpoint.clone()),
+            suspects: readable.iter().map(|c| c.local).collect(),
+        };
+    }
+    let quiet = now.saturating_duration_since(freshest.last_payload);
+    Judgement::State {
+        state: State::Healthy,
+        reason: match readable.iter().filter_map(|c| c.waiting_since).min() {
+            Some(w) => format!(
+                "connected to {}; waiting {}s for an answer",
+                freshest.endpoint,
+                secs(now.saturating_duration_since(w))
+            ),
+            None => format!(
+                "connected to {}; last payload {}s ago",
+                freshest.endpoint,
+                secs(quiet)
+            ),
+        },
+        evidence: now,
+        endpoint: Some(freshest.endpoint.clone()),
+        suspects: Vec::new(),
+    }
+}
+
+/// How long a client may be silent (rule B), and a phrase saying why.
+fn silence_limit(t: &Thresholds, rhythm: &Rhythm) -> (Duration, String) {
+    if rhythm.gaps >= 2 {
+        let learned = rhythm.longest_gap * 2;
+        let limit = learned.max(t.silence_floor);
+        (
+            limit,
+            format!(
+                "twice its longest interval between requests, {}s, is {}s; silence_floor {}s",
+                secs(rhythm.longest_gap),
+                secs(learned),
+                secs(t.silence_floor)
+            ),
+        )
+    } else {
+        (
+            t.silence_max,
+            format!(
+                "its request rhythm is not known yet; silence_max {}s",
+                secs(t.silence_max)
+            ),
+        )
+    }
+}
+
+fn judge_not_connected(
+    t: &Thresholds,
+    obs: &Observation,
+    recent_failures: &[&Failure],
+    now: Instant,
+) -> Judgement {
+    let slow = slow_attempt(obs, now);
+    if let (Some(attempt), None) = (obs.attempts.first(), slow) {
+        // A connect just started: it will be established or fail within a second or two.
+        return Judgement::Keep {
+            reason: format!("connecting to {}", attempt.endpoint),
+        };
+    }
+    if let Some(loss) = &obs.loss {
+        let lost_for = now.saturating_duration_since(loss.at);
+        let grace_end = loss.at + t.disconnect_grace;
+        if lost_for < t.disconnect_grace {
+            // A client that just lost its connection gets the grace to re-dial: failed
+            // attempts inside it (an apiserver restarting, a library's quick retries) are not
+            // unreachability yet.
+            return Judgement::Keep {
+                reason: format!(
+                    "its connection to {} was {} {}s ago; re-dialing (disconnect_grace {}s)",
+                    loss.endpoint,
+                    loss.cause.describe(),
+                    secs(lost_for),
+                    secs(t.disconnect_grace)
+                ),
+            };
         }
-        let reason = format!(
-            "connected to {}; last payload {}s ago",
-            freshest.endpoint,
-            secs(quiet)
-        );
-        return Some((State::Healthy, reason, now));
-    }
-    // A client that just lost its connection gets the disconnect grace to re-dial: failed
-    // attempts inside it (an apiserver restarting, a client library's quick retries) are not
-    // yet unreachability.
-    let lost_within_grace = obs
-        .connection_lost_at
-        .is_some_and(|lost| now.saturating_duration_since(lost) < t.disconnect_grace);
-    if recent_failures.len() >= t.connect_failures as usize && !lost_within_grace {
-        let (_, endpoint) = recent_failures.last().expect("at least connect_failures >= 1");
-        let reason = format!(
-            "{} failed connects to {} in the last {}s and no established connection",
-            recent_failures.len(),
-            endpoint,
-            secs(t.connect_window)
-        );
-        let nth = recent_failures[t.connect_failures.max(1) as usize - 1].0;
-        let evidence = obs
-            .connection_lost_at
-            .map_or(nth, |lost| nth.max(lost + t.disconnect_grace));
-        return Some((State::Unreachable, reason, evidence));
-    }
-    match obs.connection_lost_at {
-        Some(lost) if now.saturating_duration_since(lost) >= t.disconnect_grace => {
-            let reason = format!(
-                "lost its apiserver connection {}s ago and has not reconnected (disconnect_grace {}s)",
-                secs(now.saturating_duration_since(lost)),
+        // After the grace: trying (a failed connect within the window, or one in flight with
+        // its SYN unanswered) is unreachable; no attempt at all is disconnected (seeds 000/004).
+        if let Some(last) = recent_failures.last() {
+            return Judgement::State {
+                state: State::Unreachable,
+                reason: format!(
+                    "lost its connection to {} {}s ago ({}) and its connects keep failing: {} in the last {}s, the last to {}",
+                    loss.endpoint,
+                    secs(lost_for),
+                    loss.cause.describe(),
+                    recent_failures.len(),
+                    secs(t.connect_window),
+                    last.endpoint
+                ),
+                evidence: grace_end.max(recent_failures[0].at),
+                endpoint: Some(last.endpoint.clone()),
+                suspects: Vec::new(),
+            };
+        }
+        if let Some(attempt) = slow {
+            return Judgement::State {
+                state: State::Unreachable,
+                reason: format!(
+                    "lost its connection to {} {}s ago ({}) and its connect to {} has been unanswered for {}s",
+                    loss.endpoint,
+                    secs(lost_for),
+                    loss.cause.describe(),
+                    attempt.endpoint,
+                    secs(now.saturating_duration_since(attempt.since))
+                ),
+                evidence: grace_end.max(attempt.since + SYN_RETRANSMITTED_AFTER),
+                endpoint: Some(attempt.endpoint.clone()),
+                suspects: Vec::new(),
+            };
+        }
+        return Judgement::State {
+            state: State::Disconnected,
+            reason: format!(
+                "its connection to {} was {} {}s ago and it has not dialed again (disconnect_grace {}s)",
+                loss.endpoint,
+                loss.cause.describe(),
+                secs(lost_for),
                 secs(t.disconnect_grace)
-            );
-            Some((State::Disconnected, reason, lost + t.disconnect_grace))
-        }
-        Some(_) => None,
-        None => Some((State::Healthy, "no apiserver connection yet".to_owned(), now)),
+            ),
+            evidence: grace_end,
+            endpoint: Some(loss.endpoint.clone()),
+            suspects: Vec::new(),
+        };
     }
-}
-
-/// Node-level verdict: most clients lost the apiserver at once.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outage {
-    pub affected: usize,
-    pub clients: usize,
-}
-
-/// At least two clients, and more than half of them are not healthy.
-pub fn assess_outage<'a>(verdicts: impl IntoIterator<Item = &'a Verdict>) -> Option<Outage> {
-    let (mut clients, mut affected) = (0, 0);
-    for v in verdicts.into_iter().filter(|v| v.is_client) {
-        clients += 1;
-        if v.state != State::Healthy {
-            affected += 1;
-        }
+    if recent_failures.len() >= t.connect_failures as usize {
+        let last = recent_failures.last().expect("connect_failures >= 1 failures");
+        let nth = recent_failures[t.connect_failures.max(1) as usize - 1].at;
+        return Judgement::State {
+            state: State::Unreachable,
+            reason: format!(
+                "{} failed connects to {} in the last {}s and no established connection",
+                recent_failures.len(),
+                last.endpoint,
+                secs(t.connect_window)
+            ),
+            evidence: nth,
+            endpoint: Some(last.endpoint.clone()),
+            suspects: Vec::new(),
+        };
     }
-    (clients >= 2 && affected * 2 > clients).then_some(Outage { affected, clients })
+    if let Some(attempt) = trying_for_a_window(t, obs, now) {
+        let trying_since = obs.trying_since.expect("checked by trying_for_a_window");
+        return Judgement::State {
+            state: State::Unreachable,
+            reason: format!(
+                "has been trying to connect to {} for {}s without success; its current connect is unanswered for {}s",
+                attempt.endpoint,
+                secs(now.saturating_duration_since(trying_since)),
+                secs(now.saturating_duration_since(attempt.since))
+            ),
+            evidence: (trying_since + t.connect_window).max(attempt.since + SYN_RETRANSMITTED_AFTER),
+            endpoint: Some(attempt.endpoint.clone()),
+            suspects: Vec::new(),
+        };
+    }
+    Judgement::State {
+        state: State::Healthy,
+        reason: match (obs.attempts.first(), recent_failures.last()) {
+            (Some(a), _) => format!("connecting to {}", a.endpoint),
+            (None, Some(f)) => format!(
+                "not connected; {} failed connect(s) to {} in the last {}s",
+                recent_failures.len(),
+                f.endpoint,
+                secs(t.connect_window)
+            ),
+            (None, None) => "not connected (no connection lost to the apiserver side)".to_owned(),
+        },
+        evidence: now,
+        endpoint: obs
+            .attempts
+            .first()
+            .map(|a| a.endpoint.clone())
+            .or_else(|| recent_failures.last().map(|f| f.endpoint.clone())),
+        suspects: Vec::new(),
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A fake clock: instants relative to a fixed origin.
-    struct Clock(Instant);
-    impl Clock {
-        fn at(&self, secs: u64) -> Instant {
-            self.0 + Duration::from_secs(secs)
-        }
-    }
-
-    fn setup() -> (HealthEngine<u32>, Clock) {
-        (HealthEngine::new(Thresholds::default()), Clock(Instant::now()))
-    }
-
-    fn conn(last_payload: Instant, stalled_since: Option<Instant>) -> ConnectionFacts {
-        ConnectionFacts {
-            endpoint: "10.0.0.1:6443".into(),
-            last_payload,
-            stalled_since,
-        }
-    }
-
-    fn connected(c: &Clock, since: u64, payload: u64) -> Observation {
-        Observation {
-            connected_since: Some(c.at(since)),
-            established: vec![conn(c.at(payload), None)],
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn young_process_is_listed_but_not_judged() {
-        let (mut e, c) = setup();
-        let (v, t) = e.evaluate(&1, &connected(&c, 0, 0), c.at(5));
-        assert_eq!((v.state, v.is_client, t), (State::Healthy, false, None));
-        assert!(v.reason.contains("not judged yet"), "{}", v.reason);
-        // A short-lived tool that disconnects before min_client_age never alerts.
-        let gone = Observation {
-            connection_lost_at: Some(c.at(6)),
-            ..Default::default()
-        };
-        let (v, t) = e.evaluate(&1, &gone, c.at(60));
-        assert_eq!((v.state, v.is_client, t), (State::Healthy, false, None));
-    }
-
-    #[test]
-    fn becomes_client_after_min_age_and_goes_stale_then_recovers() {
-        let (mut e, c) = setup();
-        let (v, t) = e.evaluate(&1, &connected(&c, 0, 5), c.at(10));
-        assert_eq!((v.state, v.is_client), (State::Healthy, true));
-        assert_eq!(t, None, "healthy at qualification is not a transition");
-        let (v, t) = e.evaluate(&1, &connected(&c, 0, 5), c.at(94));
-        assert_eq!(v.state, State::Healthy, "89 s quiet < stale_after");
-        assert_eq!(t, None);
-        let (v, t) = e.evaluate(&1, &connected(&c, 0, 5), c.at(96));
-        assert_eq!(v.state, State::Stale);
-        let t = t.expect("transition to stale");
-        assert_eq!((t.from, t.to), (State::Healthy, State::Stale));
-        assert_eq!(
-            t.detection,
-            Duration::from_secs(1),
-            "evidence crossed at 95 s, judged at 96 s"
-        );
-        assert!(v.reason.contains("no payload received for 91s"), "{}", v.reason);
-        assert_eq!(v.since, c.at(96));
-        let (v, _) = e.evaluate(&1, &connected(&c, 0, 5), c.at(120));
-        assert_eq!(v.since, c.at(96), "since does not move while the state holds");
-        let (v, t) = e.evaluate(&1, &connected(&c, 0, 121), c.at(122));
-        assert_eq!(v.state, State::Healthy);
-        assert_eq!(
-            t.map(|t| (t.from, t.detection)),
-            Some((State::Stale, Duration::ZERO))
-        );
-    }
-
-    #[test]
-    fn blackholed_wins_over_stale_and_clears_with_ack_progress() {
-        let (mut e, c) = setup();
-        e.evaluate(&1, &connected(&c, 0, 0), c.at(10));
-        let mut obs = connected(&c, 0, 30);
-        obs.established[0].stalled_since = Some(c.at(31));
-        let (v, _) = e.evaluate(&1, &obs, c.at(50));
-        assert_eq!(v.state, State::Healthy, "19 s of retransmits < blackhole_after");
-        let (v, t) = e.evaluate(&1, &obs, c.at(52));
-        assert_eq!(v.state, State::Blackholed);
-        assert_eq!(t.unwrap().detection, Duration::from_secs(1));
-        assert!(
-            v.reason.contains("retransmitting to 10.0.0.1:6443 for 21s"),
-            "{}",
-            v.reason
-        );
-        obs.established[0].stalled_since = None;
-        obs.established[0].last_payload = c.at(53);
-        assert_eq!(e.evaluate(&1, &obs, c.at(54)).0.state, State::Healthy);
-    }
-
-    #[test]
-    fn disconnected_after_grace_unless_it_redials() {
-        let (mut e, c) = setup();
-        e.evaluate(&1, &connected(&c, 0, 0), c.at(20));
-        let lost = Observation {
-            connection_lost_at: Some(c.at(30)),
-            ..Default::default()
-        };
-        let (v, t) = e.evaluate(&1, &lost, c.at(44));
-        assert_eq!((v.state, t), (State::Healthy, None), "inside disconnect_grace");
-        let (v, t) = e.evaluate(&1, &lost, c.at(46));
-        assert_eq!(v.state, State::Disconnected);
-        assert_eq!(t.unwrap().detection, Duration::from_secs(1));
-        assert!(v.reason.contains("16s ago"), "{}", v.reason);
-        // A re-dial inside the grace period never leaves healthy.
-        let (mut e, c) = setup();
-        e.evaluate(&2, &connected(&c, 0, 0), c.at(20));
-        let lost = Observation {
-            connection_lost_at: Some(c.at(30)),
-            ..Default::default()
-        };
-        e.evaluate(&2, &lost, c.at(31));
-        let (v, t) = e.evaluate(&2, &connected(&c, 32, 32), c.at(33));
-        assert_eq!((v.state, t), (State::Healthy, None));
-    }
-
-    #[test]
-    fn repeated_failures_make_a_never_connected_process_unreachable() {
-        let (mut e, c) = setup();
-        let mut obs = Observation::default();
-        for (i, at) in [1u64, 3].iter().enumerate() {
-            obs.failures.push((c.at(*at), "10.0.0.9:6443".into()));
-            let (v, t) = e.evaluate(&1, &obs, c.at(*at));
-            assert_eq!((v.is_client, t), (false, None), "after {} failures", i + 1);
-        }
-        obs.failures.push((c.at(5), "10.0.0.9:6443".into()));
-        let (v, t) = e.evaluate(&1, &obs, c.at(6));
-        assert_eq!((v.state, v.is_client), (State::Unreachable, true));
-        assert_eq!(t.unwrap().detection, Duration::from_secs(1));
-        assert!(
-            v.reason.starts_with("3 failed connects to 10.0.0.9:6443"),
-            "{}",
-            v.reason
-        );
-        // Failures older than the window no longer count; it was never connected: healthy
-        // again ("no connection yet"), still a client.
-        let (v, t) = e.evaluate(&1, &obs, c.at(70));
-        assert_eq!((v.state, v.is_client), (State::Healthy, true));
-        assert_eq!(t.map(|t| t.from), Some(State::Unreachable));
-    }
-
-    #[test]
-    fn a_client_that_lost_its_connection_gets_the_grace_before_failures_count() {
-        let (mut e, c) = setup();
-        e.evaluate(&1, &connected(&c, 0, 0), c.at(20));
-        // The apiserver restarts at 30 s; the client library retries three times at once.
-        let mut obs = Observation {
-            connection_lost_at: Some(c.at(30)),
-            ..Default::default()
-        };
-        obs.failures = [30u64, 30, 31]
-            .iter()
-            .map(|s| (c.at(*s), "10.0.0.1:6443".to_owned()))
-            .collect();
-        let (v, t) = e.evaluate(&1, &obs, c.at(32));
-        assert_eq!(
-            (v.state, t),
-            (State::Healthy, None),
-            "inside disconnect_grace: re-dialing"
-        );
-        // Still failing when the grace is over: unreachable (it is trying), not disconnected.
-        obs.failures.push((c.at(44), "10.0.0.1:6443".to_owned()));
-        let (v, t) = e.evaluate(&1, &obs, c.at(46));
-        assert_eq!(v.state, State::Unreachable);
-        assert_eq!(
-            t.unwrap().detection,
-            Duration::from_secs(1),
-            "evidence: lost + grace = 45 s"
-        );
-    }
-
-    #[test]
-    fn failures_spread_wider_than_the_window_do_not_qualify() {
-        let (mut e, c) = setup();
-        let obs = Observation {
-            failures: vec![
-                (c.at(0), "e".into()),
-                (c.at(40), "e".into()),
-                (c.at(80), "e".into()),
-            ],
-            ..Default::default()
-        };
-        assert!(!e.evaluate(&1, &obs, c.at(81)).0.is_client);
-    }
-
-    #[test]
-    fn selected_processes_are_clients_from_the_start() {
-        let (mut e, c) = setup();
-        let obs = Observation {
-            selected: true,
-            ..connected(&c, 0, 0)
-        };
-        assert!(e.evaluate(&1, &obs, c.at(1)).0.is_client);
-    }
-
-    #[test]
-    fn forgotten_processes_start_over() {
-        let (mut e, c) = setup();
-        e.evaluate(&1, &connected(&c, 0, 0), c.at(20));
-        e.retain(|k| *k != 1);
-        assert!(!e.evaluate(&1, &connected(&c, 19, 19), c.at(20)).0.is_client);
-    }
-
-    #[test]
-    fn outage_needs_most_of_at_least_two_clients() {
-        let v = |state, is_client| Verdict {
-            state,
-            since: Instant::now(),
-            reason: String::new(),
-            is_client,
-        };
-        assert_eq!(
-            assess_outage(&[v(State::Disconnected, true)]),
-            None,
-            "one client is not a node"
-        );
-        let two = [v(State::Disconnected, true), v(State::Unreachable, true)];
-        assert_eq!(
-            assess_outage(&two),
-            Some(Outage {
-                affected: 2,
-                clients: 2
-            })
-        );
-        let half = [v(State::Disconnected, true), v(State::Healthy, true)];
-        assert_eq!(assess_outage(&half), None);
-        let with_non_clients = [
-            v(State::Disconnected, true),
-            v(State::Stale, true),
-            v(State::Healthy, true),
-            v(State::Healthy, false),
-        ];
-        assert_eq!(
-            assess_outage(&with_non_clients),
-            Some(Outage {
-                affected: 2,
-                clients: 3
-            })
-        );
-    }
-}
+mod tests;

@@ -15,15 +15,24 @@ mod endpoint;
 mod health;
 mod judge;
 mod kernel;
+mod logging;
 mod metrics;
 mod netns;
+mod privileges;
+mod prober;
 mod process;
+mod reachability;
+mod redact;
 mod remediate;
+mod resources;
 mod run;
 mod sampler;
+mod snapshot;
 mod sock_diag;
 mod status;
 mod table;
+#[cfg(test)]
+mod testkit;
 mod views;
 mod workers;
 
@@ -44,13 +53,7 @@ pub fn chain(err: &dyn std::error::Error) -> String {
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    logging::init(cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -65,16 +68,18 @@ fn main() -> ExitCode {
                     ExitCode::from(err.exit_code())
                 }
             },
-            cli::Command::Status(args) => match status::run(&args.server, args.output).await {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
+            cli::Command::Status(args) => {
+                match status::run(&args.server, args.token_file.as_deref(), args.output).await {
+                    Ok(text) => {
+                        print!("{text}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(err) => {
+                        eprintln!("lifeline status: {}", chain(&err));
+                        ExitCode::FAILURE
+                    }
                 }
-                Err(err) => {
-                    eprintln!("lifeline status: {}", chain(&err));
-                    ExitCode::FAILURE
-                }
-            },
+            }
             cli::Command::Check => {
                 let report = check::run();
                 print!("{}", report.render());

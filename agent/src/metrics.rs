@@ -2,14 +2,17 @@
 //! part that records something. Client series carry `namespace`, `pod`, `container`, `comm`
 //! (never `pid`), and are rebuilt from the live client list each tick, so a client that goes
 //! away loses its series.
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::PoisonError,
+};
 
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
 
-use crate::{health::State, views::ClientView};
+use crate::{health::State, reachability::Status, snapshot::Snapshot};
 
 const CLIENT_LABELS: [&str; 4] = ["namespace", "pod", "container", "comm"];
 
@@ -38,6 +41,9 @@ pub struct Metrics {
     pub ebpf_events: IntCounterVec,
     pub ebpf_events_lost: IntCounter,
     pub detection: Histogram,
+    /// 1 while an endpoint is reachable from the node, 0 while it is unreachable (no series
+    /// before there is evidence either way).
+    pub endpoint_reachable: IntGaugeVec,
     /// Label sets of client counters currently exported, to remove those of gone clients.
     counter_labels: std::sync::Mutex<HashSet<Vec<String>>>,
 }
@@ -169,6 +175,17 @@ impl Metrics {
                     .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0]),
                 ),
             )?,
+            endpoint_reachable: register(
+                &r,
+                "lifeline_endpoint_reachable",
+                IntGaugeVec::new(
+                    Opts::new(
+                        "lifeline_endpoint_reachable",
+                        "1 while the apiserver endpoint is reachable from the node, 0 while it is not",
+                    ),
+                    &["endpoint"],
+                ),
+            )?,
             registry: r,
             counter_labels: Default::default(),
         })
@@ -182,42 +199,32 @@ impl Metrics {
         Ok(String::from_utf8_lossy(&buf).into_owned())
     }
 
-    /// The four client labels of a view.
-    pub fn client_labels(view: &ClientView) -> [String; 4] {
-        [
-            view.namespace.clone().unwrap_or_default(),
-            view.pod.clone().unwrap_or_default(),
-            view.container.clone().unwrap_or_default(),
-            view.comm.clone(),
-        ]
-    }
-
-    /// Rebuilds the client gauges from the current client list, and drops counter series of
-    /// clients that went away. Processes that share all four labels are summed (connections)
-    /// or reported by their worst state.
-    pub fn update_clients(&self, clients: &[ClientView]) {
+    /// Rebuilds the client gauges and the endpoint gauge from a tick's snapshot, and drops
+    /// counter series of clients that went away. Processes that share all four labels are
+    /// summed (connections) or reported by their worst state.
+    pub fn update(&self, snap: &Snapshot) {
         self.client_state.reset();
         self.client_connections.reset();
         self.client_last_receive_age.reset();
         let mut worst: HashMap<[String; 4], (State, Option<f64>)> = HashMap::new();
-        for view in clients {
-            let labels = Self::client_labels(view);
-            let state = State::ALL
-                .iter()
-                .copied()
-                .find(|s| s.as_str() == view.state)
-                .unwrap_or(State::Healthy);
-            let age = view
+        // Counter series stay while the table knows the process; gauges are for listed ones.
+        let known: HashSet<[String; 4]> = snap.clients.iter().map(|c| c.labels()).collect();
+        for client in snap.clients.iter().filter(|c| c.listed()) {
+            let labels = client.labels();
+            let state = client.verdict.state;
+            let age = client
                 .connections
                 .iter()
-                .filter_map(|c| c.last_receive_age_seconds)
+                .filter_map(|c| c.last_payload)
+                .map(|at| snap.at.saturating_duration_since(at).as_secs_f64())
                 .min_by(f64::total_cmp);
             let entry = worst.entry(labels.clone()).or_insert((state, age));
             if severity(state) > severity(entry.0) {
                 entry.0 = state;
             }
-            for c in view.connections.iter().filter(|c| c.tcp_state == "ESTABLISHED") {
-                let l = [&labels[0], &labels[1], &labels[2], &labels[3], &c.endpoint].map(String::as_str);
+            for c in client.established() {
+                let endpoint = c.endpoint.to_string();
+                let l = [&labels[0], &labels[1], &labels[2], &labels[3], &endpoint].map(String::as_str);
                 self.client_connections.with_label_values(&l).inc();
             }
         }
@@ -235,8 +242,19 @@ impl Metrics {
                 self.client_last_receive_age.with_label_values(&l).set(*age);
             }
         }
-        let live: HashSet<[String; 4]> = worst.into_keys().collect();
-        let mut exported = self.counter_labels.lock().expect("metrics lock");
+        self.endpoint_reachable.reset();
+        for e in &snap.endpoints {
+            let value = match e.status {
+                Status::Reachable => 1,
+                Status::Unreachable { .. } => 0,
+                Status::Unknown => continue,
+            };
+            self.endpoint_reachable
+                .with_label_values(&[e.endpoint.to_string().as_str()])
+                .set(value);
+        }
+        let live = known;
+        let mut exported = self.counter_labels.lock().unwrap_or_else(PoisonError::into_inner);
         exported.retain(|full| {
             let client: [String; 4] = [full[0].clone(), full[1].clone(), full[2].clone(), full[3].clone()];
             if live.contains(&client) {
@@ -261,17 +279,22 @@ impl Metrics {
 
     /// Counts a failed connect of a client to `endpoint`.
     pub fn count_connect_failure(&self, client: &[String; 4], endpoint: &str, reason: &str) {
+        self.count_connect_failures(client, endpoint, reason, 1);
+    }
+
+    /// `n` failed connects at once (a storm the kernel counted instead of reporting each).
+    pub fn count_connect_failures(&self, client: &[String; 4], endpoint: &str, reason: &str, n: u32) {
         let l = self.remember([&client[0], &client[1], &client[2], &client[3], endpoint, reason]);
         self.client_connect_failures
             .with_label_values(&l.iter().map(String::as_str).collect::<Vec<_>>())
-            .inc();
+            .inc_by(u64::from(n));
     }
 
     fn remember<const N: usize>(&self, labels: [&str; N]) -> Vec<String> {
         let owned: Vec<String> = labels.iter().map(|s| (*s).to_owned()).collect();
         self.counter_labels
             .lock()
-            .expect("metrics lock")
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(owned.clone());
         owned
     }
@@ -340,8 +363,9 @@ mod tests {
         metrics.remediations.with_label_values(&["reset", "done"]).inc();
         metrics.alerts_sent.with_label_values(&["r", "ok"]).inc();
         metrics.ebpf_events.with_label_values(&["state_change"]).inc();
+        metrics.endpoint_reachable.with_label_values(&["e"]).set(1);
         let exported = exported_names(&metrics);
-        let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/");
+        let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/components/monitoring/");
         for file in ["dashboard.json", "prometheus-rules.yaml"] {
             let text = std::fs::read_to_string(format!("{deploy}{file}")).expect("deploy file");
             let referenced = referenced_names(&text);
@@ -365,6 +389,7 @@ mod tests {
             "lifeline_ebpf_events_lost_total",
             "lifeline_detection_seconds",
             "lifeline_build_info",
+            "lifeline_endpoint_reachable",
         ] {
             assert!(exported.contains(name), "{name} not exported");
         }

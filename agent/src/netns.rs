@@ -63,9 +63,18 @@ pub fn enumerate() -> Vec<(u64, PathBuf)> {
 /// Runs `f` on a short-lived thread that first enters the network namespace
 /// opened from `ns_path`, and returns its result. A panic in `f` is propagated.
 /// Sockets created by `f` stay in that namespace after the thread exits.
+///
+/// When `ns_path` is the caller's own namespace, `f` runs right here: entering a namespace
+/// takes `CAP_SYS_ADMIN`, and an agent without it still sees its own (the host's) namespace.
 pub fn run_in_netns<T: Send, F: FnOnce() -> T + Send>(ns_path: &Path, f: F) -> Result<T> {
     let path = || ns_path.to_path_buf();
     let ns = File::open(ns_path).map_err(|source| Error::Open { path: path(), source })?;
+    let same = |a: &fs::Metadata, b: &fs::Metadata| a.dev() == b.dev() && a.ino() == b.ino();
+    if let (Ok(target), Ok(own)) = (ns.metadata(), stat(Path::new("/proc/thread-self/ns/net"))) {
+        if same(&target, &own) {
+            return Ok(f());
+        }
+    }
     std::thread::scope(|scope| {
         let thread = std::thread::Builder::new()
             .name("netns-enter".into())

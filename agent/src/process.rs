@@ -2,12 +2,19 @@
 //! start time, and which processes hold a given socket.
 //!
 //! Everything goes through [`Procfs`], which holds the procfs root so tests can point it at a
-//! fake tree. The parsing is done by pure functions over strings ([`parse_stat_start_time`],
+//! fake tree. The parsing is done by pure functions over strings ([`parse_stat`],
 //! [`parse_status_tgid`], [`format_cmdline`], [`select_cgroup_path`], [`parse_socket_link`]).
+//!
+//! Only "no such process" (`ENOENT`, `ESRCH`), a recycled pid and a zombie mean a process is
+//! gone: any other failure (out of file descriptors, memory, permission) is an unknown, never an
+//! exit ([`Liveness`]).
+//!
+//! The command line is redacted ([`crate::redact`]) and bounded ([`MAX_CMDLINE`]) here, where
+//! it is read, so every output (API, logs, alerts, Events) gets it that way.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -16,6 +23,13 @@ use std::ptr::NonNull;
 use serde::Serialize;
 
 use crate::container::{self, ContainerRef};
+use crate::redact;
+
+/// The longest command line the agent keeps, in bytes (after redaction); longer ones are cut
+/// and end with [`redact::TRUNCATED`]. Bounds every answer, log line and alert that shows it.
+pub const MAX_CMDLINE: usize = 4096;
+/// How much of `/proc/<pid>/cmdline` is read at most (a process may have megabytes of argv).
+const CMDLINE_READ: u64 = 64 * 1024;
 
 /// Failures reading a process's procfs entries.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +62,8 @@ pub struct ProcessInfo {
     /// name of whichever thread made a connection.
     pub comm: String,
     /// The arguments from `/proc/<pid>/cmdline` joined by single spaces, trailing NULs
-    /// dropped; empty for kernel threads (and zombies). Not valid UTF-8 is replaced lossily.
+    /// dropped, secret-looking values redacted ([`crate::redact`]), at most [`MAX_CMDLINE`]
+    /// bytes; empty for kernel threads (and zombies). Not valid UTF-8 is replaced lossily.
     pub cmdline: String,
     /// The process's cgroup path as chosen by [`select_cgroup_path`] (in practice the cgroup
     /// v2 path on unified systems); empty if `/proc/<pid>/cgroup` lists none.
@@ -101,7 +116,7 @@ impl Procfs {
 
         let comm = self.read_string(tgid, "comm").map_err(gone)?;
         let comm = comm.strip_suffix('\n').unwrap_or(&comm).to_owned();
-        let cmdline = format_cmdline(&self.read(tgid, "cmdline").map_err(gone)?);
+        let cmdline = shown_cmdline(&self.read_prefix(tgid, "cmdline", CMDLINE_READ).map_err(gone)?);
         let cgroups = self.read_string(tgid, "cgroup").map_err(gone)?;
         let cgroup = select_cgroup_path(&cgroups).unwrap_or_default().to_owned();
         let container = container::container_id_from_cgroup(&cgroup);
@@ -123,9 +138,11 @@ impl Procfs {
         };
 
         // Everything above was read from whatever process had the pid at the time: make sure
-        // it is still the one whose start time we read first.
-        if !self.is_alive(tgid, start_time_ticks) {
-            return Err(Error::Gone { pid });
+        // it is still the one whose start time we read first (and not a zombie by now).
+        match self.liveness(tgid, start_time_ticks) {
+            Liveness::Alive => {}
+            Liveness::Exited => return Err(Error::Gone { pid }),
+            Liveness::Unknown(err) => return Err(err),
         }
 
         Ok(ProcessInfo {
@@ -150,10 +167,33 @@ impl Procfs {
         })
     }
 
-    /// Whether process `pid` exists and is the process that started at `start_time_ticks`
-    /// (not a later process that was given the recycled pid). Zombies count as existing.
+    /// Whether process `pid` is known to be alive and to be the process that started at
+    /// `start_time_ticks` (not a later process that was given the recycled pid). False when it
+    /// exited (zombies included) *and* when that cannot be told: see [`Procfs::liveness`].
     pub fn is_alive(&self, pid: u32, start_time_ticks: u64) -> bool {
-        matches!(self.start_time(pid), Ok(t) if t == start_time_ticks)
+        matches!(self.liveness(pid, start_time_ticks), Liveness::Alive)
+    }
+
+    /// Whether process `pid`, started at `start_time_ticks`, still runs. It has
+    /// [`Liveness::Exited`] only on evidence: no such process (`ENOENT`/`ESRCH`), its pid
+    /// belongs to a process started at another time, or it is a zombie (state `Z`/`X` with no
+    /// thread left: a process whose main thread exited while other threads run shows `Z` too,
+    /// and is alive). Any other failure to read (`EMFILE`, `ENOMEM`, ...) is
+    /// [`Liveness::Unknown`]: keep what is known about the process.
+    pub fn liveness(&self, pid: u32, start_time_ticks: u64) -> Liveness {
+        let stat = match self.read_string(pid, "stat") {
+            Ok(stat) => stat,
+            Err(Error::Gone { .. }) => return Liveness::Exited,
+            Err(err) => return Liveness::Unknown(err),
+        };
+        match parse_stat(&stat) {
+            None => Liveness::Unknown(Error::Malformed {
+                path: self.pid_path(pid, "stat"),
+                problem: "no valid state, thread count and start time",
+            }),
+            Some(s) if s.start_time != start_time_ticks || s.is_dead() => Liveness::Exited,
+            Some(_) => Liveness::Alive,
+        }
     }
 
     /// For each socket inode in `inodes` held open by some process, every process (tgid)
@@ -249,6 +289,16 @@ impl Procfs {
         std::fs::read(&path).map_err(|e| io_error(pid, path, e))
     }
 
+    /// At most the first `limit` bytes of `<root>/<pid>/<file>`.
+    fn read_prefix(&self, pid: u32, file: &str, limit: u64) -> Result<Vec<u8>> {
+        let path = self.pid_path(pid, file);
+        let mut bytes = Vec::new();
+        std::fs::File::open(&path)
+            .and_then(|f| f.take(limit).read_to_end(&mut bytes))
+            .map_err(|e| io_error(pid, path, e))?;
+        Ok(bytes)
+    }
+
     /// The text of `<root>/<pid>/<file>`, invalid UTF-8 replaced lossily.
     fn read_string(&self, pid: u32, file: &str) -> Result<String> {
         let bytes = self.read(pid, file)?;
@@ -259,8 +309,20 @@ impl Procfs {
     }
 }
 
+/// Whether a process still runs, as far as procfs can tell ([`Procfs::liveness`]).
+#[derive(Debug)]
+pub enum Liveness {
+    Alive,
+    /// Gone, replaced by another process with the same pid, or a zombie.
+    Exited,
+    /// Its procfs entry could not be read for another reason than its absence: what is known
+    /// about it stays as it is.
+    Unknown(Error),
+}
+
 /// Maps an I/O error on a file of process `pid` to [`Error::Gone`] when it means the process
-/// does not exist (`ENOENT`, or `ESRCH` for a process exiting while being read).
+/// does not exist (`ENOENT`, or `ESRCH` for a process exiting while being read). Every other
+/// error (`EMFILE`, `ENFILE`, `ENOMEM`, `EACCES`, ...) says nothing about the process.
 fn io_error(pid: u32, path: PathBuf, source: io::Error) -> Error {
     if source.kind() == io::ErrorKind::NotFound || source.raw_os_error() == Some(libc::ESRCH) {
         Error::Gone { pid }
@@ -269,13 +331,47 @@ fn io_error(pid: u32, path: PathBuf, source: io::Error) -> Error {
     }
 }
 
-/// The start time in clock ticks, field 22 of a `/proc/<pid>/stat` line. The command name
-/// (field 2) is in parentheses and may itself contain spaces and parentheses, so fields are
-/// counted from the last `)`.
-pub fn parse_stat_start_time(stat: &str) -> Option<u64> {
+/// The fields of a `/proc/<pid>/stat` line the agent uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat {
+    /// Field 3: `R`, `S`, `D`, `Z` (zombie), `X` (dead), ...
+    pub state: char,
+    /// Field 20: threads in the group (a zombie main thread counts while others run).
+    pub num_threads: u64,
+    /// Field 22: start time in clock ticks since boot.
+    pub start_time: u64,
+}
+
+impl Stat {
+    /// A zombie or dead process with no thread left running: it has exited, only its parent
+    /// has not reaped it yet.
+    pub fn is_dead(&self) -> bool {
+        matches!(self.state, 'Z' | 'X') && self.num_threads <= 1
+    }
+}
+
+/// Fields 3, 20 and 22 of a `/proc/<pid>/stat` line. The command name (field 2) is in
+/// parentheses and may itself contain spaces and parentheses, so fields are counted from the
+/// last `)`.
+pub fn parse_stat(stat: &str) -> Option<Stat> {
     let (_, after_comm) = stat.rsplit_once(')')?;
-    // Field 3 (state) is the first after the command name, so field 22 is the 20th.
-    after_comm.split_ascii_whitespace().nth(22 - 3)?.parse().ok()
+    // Field 3 (state) is the first after the command name.
+    let fields: Vec<&str> = after_comm.split_ascii_whitespace().take(22 - 2).collect();
+    let field = |n: usize| fields.get(n - 3).copied();
+    let mut state = field(3)?.chars();
+    let (Some(state), None) = (state.next(), state.next()) else {
+        return None;
+    };
+    Some(Stat {
+        state,
+        num_threads: field(20)?.parse().ok()?,
+        start_time: field(22)?.parse().ok()?,
+    })
+}
+
+/// The start time in clock ticks, field 22 of a `/proc/<pid>/stat` line.
+pub fn parse_stat_start_time(stat: &str) -> Option<u64> {
+    parse_stat(stat).map(|s| s.start_time)
 }
 
 /// The thread group id from the `Tgid:` line of a `/proc/<tid>/status` file.
@@ -301,6 +397,12 @@ pub fn format_cmdline(raw: &[u8]) -> String {
         Ok(text) => text,
         Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
     }
+}
+
+/// A command line as the agent shows it: [`format_cmdline`], then redacted
+/// ([`redact::redact`]) and cut to [`MAX_CMDLINE`] bytes.
+pub fn shown_cmdline(raw: &[u8]) -> String {
+    redact::truncate(redact::redact(&format_cmdline(raw)), MAX_CMDLINE)
 }
 
 /// The cgroup path to attribute a process by, from the lines (`<hierarchy>:<controllers>:<path>`)
@@ -528,6 +630,30 @@ mod tests {
     }
 
     #[test]
+    fn stat_fields() {
+        let line = |state: &str, threads: u32| {
+            format!("7 (a) b) {state} 1 7 7 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 {threads} 0 4242 1 2\n")
+        };
+        assert_eq!(
+            parse_stat(&line("S", 3)),
+            Some(Stat {
+                state: 'S',
+                num_threads: 3,
+                start_time: 4242
+            })
+        );
+        assert!(parse_stat(&line("Z", 1)).unwrap().is_dead());
+        assert!(parse_stat(&line("X", 0)).unwrap().is_dead());
+        assert!(
+            !parse_stat(&line("Z", 2)).unwrap().is_dead(),
+            "main thread exited, another runs: alive"
+        );
+        assert!(!parse_stat(&line("R", 1)).unwrap().is_dead());
+        assert_eq!(parse_stat(&line("SS", 1)), None);
+        assert_eq!(parse_stat(&line("S", 1).replace(" 1 0 4242", " x 0 4242")), None);
+    }
+
+    #[test]
     fn status_tgid() {
         assert_eq!(
             parse_status_tgid("Name:\tx\nUmask:\t0022\nState:\tS\nTgid:\t1234\nNgid:\t0\nPid:\t1240\n"),
@@ -702,6 +828,140 @@ mod tests {
             procfs.process(303),
             Err(Error::Read { pid: 303, path, .. }) if path == fake.root.join("303/stat")
         ));
+    }
+
+    #[test]
+    fn liveness_says_exited_only_on_evidence() {
+        let fake = FakeProc::new();
+        let procfs = fake.procfs();
+        fake.process(100, 100, "app", b"app\0", 5555, "0::/\n");
+        assert!(matches!(procfs.liveness(100, 5555), Liveness::Alive));
+        assert!(
+            matches!(procfs.liveness(100, 5554), Liveness::Exited),
+            "pid recycled"
+        );
+        assert!(matches!(procfs.liveness(999, 1), Liveness::Exited), "no such pid");
+
+        let stat = |state: &str, threads: u32| {
+            format!("101 (app) {state} 1 101 101 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 {threads} 0 77 1 2\n")
+        };
+        fake.file(101, "stat", stat("Z", 1));
+        assert!(matches!(procfs.liveness(101, 77), Liveness::Exited), "zombie");
+        assert!(!procfs.is_alive(101, 77));
+        fake.file(101, "stat", stat("Z", 4));
+        assert!(
+            matches!(procfs.liveness(101, 77), Liveness::Alive),
+            "main thread gone, others running"
+        );
+
+        // A stat that cannot be read for another reason than absence says nothing.
+        fake.file(102, "stat/x", "");
+        assert!(matches!(
+            procfs.liveness(102, 1),
+            Liveness::Unknown(Error::Read { pid: 102, .. })
+        ));
+        assert!(!procfs.is_alive(102, 1), "unknown is not known alive");
+        fake.file(103, "stat", "garbage");
+        assert!(matches!(
+            procfs.liveness(103, 1),
+            Liveness::Unknown(Error::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn a_real_zombie_has_exited() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let pid = child.id();
+        let procfs = Procfs::default();
+        // Not reaped yet: a zombie once it has exited.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let start = loop {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).expect("zombie stat");
+            let stat = parse_stat(&stat).expect("stat parses");
+            if stat.state == 'Z' {
+                break stat.start_time;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{pid} never became a zombie"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert!(matches!(procfs.liveness(pid, start), Liveness::Exited));
+        assert!(matches!(procfs.process(pid), Err(Error::Gone { .. })));
+        child.wait().expect("reap");
+    }
+
+    /// Set in the child process of [`out_of_descriptors_is_unknown_not_exited`].
+    const EMFILE_CHILD: &str = "LIFELINE_TEST_EMFILE_CHILD";
+
+    #[test]
+    fn out_of_descriptors_is_unknown_not_exited() {
+        // Exhausting descriptors would disturb the tests running beside this one: do it in a
+        // child process running only `emfile_child`.
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "process::tests::emfile_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(EMFILE_CHILD, "1")
+            .output()
+            .expect("run the child");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("EMFILE seen"), "the child did not run: {text}");
+    }
+
+    /// Runs only as the child of [`out_of_descriptors_is_unknown_not_exited`].
+    #[test]
+    fn emfile_child() {
+        if std::env::var_os(EMFILE_CHILD).is_none() {
+            return;
+        }
+        // A low limit of this child's own, whatever the hard limit.
+        let low = libc::rlimit {
+            rlim_cur: 256,
+            rlim_max: 256,
+        };
+        // SAFETY: a valid rlimit; lowering needs no privilege.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+        let procfs = Procfs::default();
+        let me = procfs.process(std::process::id()).expect("own process");
+        let mut held = Vec::new();
+        let emfile = loop {
+            match fs::File::open("/dev/null") {
+                Ok(f) => held.push(f),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 256, "no descriptor limit?");
+        };
+        assert_eq!(emfile.raw_os_error(), Some(libc::EMFILE));
+        let liveness = procfs.liveness(me.pid, me.start_time_ticks);
+        drop(held);
+        assert!(
+            matches!(&liveness, Liveness::Unknown(Error::Read { source, .. }) if source.raw_os_error() == Some(libc::EMFILE)),
+            "{liveness:?}"
+        );
+        assert!(matches!(
+            procfs.liveness(me.pid, me.start_time_ticks),
+            Liveness::Alive
+        ));
+        println!("EMFILE seen");
+    }
+
+    #[test]
+    fn shown_command_lines_are_redacted_and_bounded() {
+        assert_eq!(
+            shown_cmdline(b"app\0--token=s3cr3t\0--password\0hunter2\0--v=2\0"),
+            "app --token=<redacted> --password <redacted> --v=2"
+        );
+        let mut huge = b"app\0".to_vec();
+        huge.extend(std::iter::repeat_n(b'a', 200 * 1024));
+        let shown = shown_cmdline(&huge);
+        assert!(shown.len() <= MAX_CMDLINE, "{}", shown.len());
+        assert!(shown.starts_with("app aaa") && shown.ends_with(redact::TRUNCATED));
     }
 
     #[test]

@@ -7,17 +7,25 @@
 //! Start-up order closes the blind spot of a restart: the kernel filter is active *before*
 //! the scan of existing connections, so a connection is either seen by the scan or by an
 //! event (or both: the table merges them by network namespace + 4-tuple).
+//!
+//! Before anything is loaded, the privileges are assessed (`privileges`): the agent refuses to
+//! start without what it cannot work without, and runs blind (and not ready) without what
+//! only limits its sight. A config reload (SIGHUP, or the file changing) is all or nothing:
+//! everything is parsed, validated and installed in the kernel first, and only then do the
+//! thresholds and remediation settings change.
 use std::{
     path::PathBuf,
     sync::{atomic::AtomicBool, mpsc, Arc, Mutex},
     time::{Duration, Instant},
 };
 
+use lifeline_common::MAX_ENDPOINTS;
+
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     alerts::{self, Alerter},
-    api::{self, ApiState},
+    api::{self, Access, ApiState},
     cli::RunArgs,
     cluster::{self, Cluster},
     config::{self, ConfigFile, ThresholdsFile},
@@ -30,11 +38,14 @@ use crate::{
         pump::{KernelStats, Pump, PumpContext},
     },
     metrics::{self, Metrics},
+    privileges::{self, Assessment, Blindness, Capabilities},
+    prober,
     process::Procfs,
     remediate::{self, Remediation},
     sampler::{Sampler, SharedTable},
+    snapshot::{Latest, Snapshot},
     table::ConnectionTable,
-    workers::{ClusterEvictor, Command, SampleLoop},
+    workers::{ClusterEvictor, Command, Refresher, SampleLoop},
 };
 
 /// How long start-up waits for the cluster's first discovery before going on without it.
@@ -53,6 +64,13 @@ pub enum Error {
     NoEndpoints(String),
     #[error(transparent)]
     Offsets(#[from] offsets::Error),
+    #[error(
+        "too many apiserver endpoints: {0} from --endpoint, the config file's `endpoints` and \
+         discovery; the kernel map holds at most {MAX_ENDPOINTS}"
+    )]
+    TooManyEndpoints(usize),
+    #[error(transparent)]
+    Privileges(#[from] privileges::Error),
     #[error(transparent)]
     Probes(#[from] programs::Error),
     #[error(transparent)]
@@ -71,7 +89,12 @@ impl Error {
     /// Usage errors (bad config, no endpoints, bad receivers) exit 2 like bad flags; the rest 1.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Config(_) | Error::NoEndpoints(_) | Error::Alerts(_) => 2,
+            Error::Config(_)
+            | Error::NoEndpoints(_)
+            | Error::TooManyEndpoints(_)
+            | Error::Alerts(_)
+            | Error::Privileges(privileges::Error::Remediation { .. }) => 2,
+            Error::Api(api::Error::TokenFile { .. } | api::Error::EmptyToken { .. }) => 2,
             _ => 1,
         }
     }
@@ -151,7 +174,30 @@ async fn start_cluster(args: &RunArgs, node: &str) -> Option<Cluster> {
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
+    let fd_limit = match crate::resources::raise_nofile() {
+        Ok(l) => {
+            if l.before < l.soft {
+                tracing::info!("open-file limit raised from {} to {}", l.before, l.soft);
+            }
+            l.soft
+        }
+        Err(err) => {
+            tracing::warn!("cannot raise the open-file limit, keeping it: {err}");
+            1024
+        }
+    };
+    let privileges = Assessment::of(Capabilities::current()?);
+    privileges.check_can_run()?;
+    let mut watch = args.config.as_deref().map(config::Watch::new);
     let mut settings = Settings::load(&args)?;
+    privileges.check_remediation(
+        settings.file.remediation.mode,
+        args.dry_run || settings.file.remediation.dry_run,
+    )?;
+    let access = match &args.api_token_file {
+        Some(path) => Access::with_token_file(path)?,
+        None => Access::loopback_only(),
+    };
     let base_endpoints = settings.endpoints()?;
     let listen = args
         .listen
@@ -165,6 +211,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     if endpoints.is_empty() {
         return Err(Error::NoEndpoints("none from flags, config or discovery".into()));
+    }
+    let count = endpoints.iter().count();
+    if count > MAX_ENDPOINTS as usize {
+        return Err(Error::TooManyEndpoints(count));
+    }
+    let blindness = Arc::new(Blindness::new()?);
+    for (what, reason) in &privileges.blind {
+        blindness.set(*what, reason.clone());
+    }
+    if privileges.no_signal_others {
+        tracing::warn!("without CAP_KILL, remediation cannot restart host processes of other users");
     }
     let metrics = Arc::new(Metrics::new(
         env!("CARGO_PKG_VERSION"),
@@ -183,7 +240,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         tracing::info!(endpoint = %e, sources = ?sources, "watching");
     }
 
-    let table: SharedTable = Arc::new(Mutex::new(ConnectionTable::new(endpoints)));
+    let table: SharedTable = Arc::new(Mutex::new(
+        ConnectionTable::new(endpoints).ignoring(std::process::id()),
+    ));
     let judge = Arc::new(Mutex::new(Judge::new(
         settings.thresholds(),
         settings.file.select.clone(),
@@ -191,6 +250,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let ready = Arc::new(AtomicBool::new(false));
     let procfs = Procfs::default();
 
+    let (commands, command_rx) = mpsc::channel();
+    let refresher = Refresher::new(commands.clone());
     let stats = Arc::new(KernelStats::default());
     let pump = Pump::spawn(
         feed,
@@ -201,6 +262,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             cluster: cluster.clone(),
             probes: probes.clone(),
             stats: stats.clone(),
+            refresher: refresher.clone(),
         },
     )
     .map_err(Error::Pump)?;
@@ -218,7 +280,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
         &metrics,
     );
 
-    let (commands, command_rx) = mpsc::channel();
+    let (probe_targets, targets_rx) = tokio::sync::watch::channel(prober::Targets::new());
+    let endpoint_probes = prober::start(targets_rx);
+    let latest = Latest::new(Snapshot::empty());
+
     let endpoint_feed = Arc::new(Mutex::new(EndpointFeed {
         base: base_endpoints,
         discovered: EndpointSet::default(),
@@ -239,7 +304,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
         cluster: cluster.clone(),
         node,
         metrics: metrics.clone(),
-        probes: probes.clone(),
+        endpoint_probes,
+        probe_targets,
+        latest: latest.clone(),
+        refresher,
         ready: ready.clone(),
     };
     let sampler_thread = std::thread::Builder::new()
@@ -249,33 +317,58 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let state = ApiState {
-        table,
-        judge: judge.clone(),
+        latest,
         ready,
+        blindness,
         metrics,
         cluster: cluster.clone(),
     };
     let server = tokio::spawn(
-        api::serve(listen, state, async move {
-            let _ = stop_rx.await;
-        })
+        api::serve(
+            listen,
+            api::router(state, access),
+            api::Limits::for_fd_limit(fd_limit),
+            async move {
+                let _ = stop_rx.await;
+            },
+        )
         .await?,
     );
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| Error::Signal("SIGTERM", e))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::Signal("SIGINT", e))?;
     let mut hup = signal(SignalKind::hangup()).map_err(|e| Error::Signal("SIGHUP", e))?;
+    let mut watch_tick = tokio::time::interval(config::WATCH_INTERVAL);
+    watch_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
+        let why = tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break }
             _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break }
-            _ = hup.recv() => match reload(&settings, &endpoint_feed, &judge) {
-                Ok(new) => {
-                    settings = new;
-                    remediation.reconfigure(remediate::Settings::new(&settings.file.remediation, args.dry_run));
+            _ = hup.recv() => "SIGHUP",
+            _ = watch_tick.tick(), if watch.is_some() => {
+                if !watch.as_mut().is_some_and(config::Watch::poll) {
+                    continue;
                 }
-                Err(err) => tracing::error!("config not reloaded, keeping the previous one: {}", crate::chain(&err)),
-            },
+                "the config file changed"
+            }
+        };
+        let reloaded = Reload {
+            feed: &endpoint_feed,
+            judge: &judge,
+            remediation: &remediation,
+            privileges: &privileges,
+            dry_run: args.dry_run,
+        }
+        .apply(&settings);
+        match reloaded {
+            Ok(new) => {
+                tracing::info!("config reloaded ({why})");
+                settings = new;
+            }
+            Err(err) => tracing::error!(
+                "config not reloaded ({why}), keeping the previous one entirely: {}",
+                crate::chain(&err)
+            ),
         }
     }
 
@@ -297,18 +390,41 @@ pub async fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn reload(settings: &Settings, feed: &Mutex<EndpointFeed>, judge: &Mutex<Judge>) -> Result<Settings> {
-    let new = settings.reload()?;
-    let base = new.endpoints()?;
-    judge
-        .lock()
-        .expect("judge lock")
-        .reconfigure(new.thresholds(), new.file.select.clone());
-    let mut feed = feed.lock().expect("feed lock");
-    feed.base = base;
-    feed.apply()?;
-    tracing::info!("config reloaded");
-    Ok(new)
+/// What a config reload changes.
+struct Reload<'a> {
+    feed: &'a Mutex<EndpointFeed>,
+    judge: &'a Mutex<Judge>,
+    remediation: &'a Remediation,
+    privileges: &'a Assessment,
+    dry_run: bool,
+}
+
+impl Reload<'_> {
+    /// Re-reads the config file and applies it all or nothing: the file is parsed and
+    /// validated, the remediation mode checked against the privileges, the endpoints installed
+    /// in the kernel (rolled back there if that fails) — and only then are the thresholds,
+    /// selectors and remediation settings swapped. On any error nothing has changed.
+    fn apply(&self, settings: &Settings) -> Result<Settings> {
+        let new = settings.reload()?;
+        let base = new.endpoints()?;
+        let dry_run = self.dry_run || new.file.remediation.dry_run;
+        self.privileges
+            .check_remediation(new.file.remediation.mode, dry_run)?;
+        self.feed.lock().expect("feed lock").set_base(base)?;
+        self.judge
+            .lock()
+            .expect("judge lock")
+            .reconfigure(new.thresholds(), new.file.select.clone());
+        self.remediation
+            .reconfigure(remediate::Settings::new(&new.file.remediation, self.dry_run));
+        if new.file.listen != settings.file.listen {
+            tracing::warn!("`listen` changed in the config file: it takes effect at the next restart");
+        }
+        if new.file.receivers != settings.file.receivers {
+            tracing::warn!("`receivers` changed in the config file: they take effect at the next restart");
+        }
+        Ok(new)
+    }
 }
 
 /// Where the endpoint set in force comes from: flags and the config file (`base`) and the
@@ -324,9 +440,29 @@ struct EndpointFeed {
 }
 
 impl EndpointFeed {
-    fn apply(&self) -> Result<()> {
-        let mut set = self.base.clone();
-        cluster::endpoints::merge_into(&mut set, &self.discovered);
+    /// New endpoints from flags and the config file; on error the previous ones stay in force.
+    fn set_base(&mut self, base: EndpointSet) -> Result<()> {
+        self.install(&base, &self.discovered)?;
+        self.base = base;
+        Ok(())
+    }
+
+    /// New endpoints from discovery; on error the previous ones stay in force.
+    fn set_discovered(&mut self, discovered: EndpointSet) -> Result<()> {
+        self.install(&self.base, &discovered)?;
+        self.discovered = discovered;
+        Ok(())
+    }
+
+    /// Puts `base` ∪ `discovered` in force: the kernel map first (all or nothing), then the
+    /// table, then a rescan for connections older than the change.
+    fn install(&self, base: &EndpointSet, discovered: &EndpointSet) -> Result<()> {
+        let mut set = base.clone();
+        cluster::endpoints::merge_into(&mut set, discovered);
+        let count = set.iter().count();
+        if count > MAX_ENDPOINTS as usize {
+            return Err(Error::TooManyEndpoints(count));
+        }
         if set.is_empty() {
             tracing::warn!("no apiserver endpoint left to watch");
         }
@@ -350,9 +486,11 @@ async fn follow_discovery(cluster: Cluster, feed: Arc<Mutex<EndpointFeed>>) {
         {
             let mut feed = feed.lock().expect("feed lock");
             if feed.discovered != discovered {
-                feed.discovered = discovered;
-                if let Err(err) = feed.apply() {
-                    tracing::error!("applying discovered endpoints: {}", crate::chain(&err));
+                if let Err(err) = feed.set_discovered(discovered) {
+                    tracing::error!(
+                        "discovered endpoints not applied, keeping the previous ones: {}",
+                        crate::chain(&err)
+                    );
                 }
             }
         }

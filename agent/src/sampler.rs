@@ -16,7 +16,7 @@
 use std::{
     collections::{hash_map::Entry, BTreeSet, HashMap, HashSet},
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -25,9 +25,9 @@ use lifeline_common::tcp_state;
 use crate::{
     kernel::pump::KernelStats,
     netns,
-    process::Procfs,
+    process::{Liveness, Procfs},
     sock_diag::{self, DiagSocket},
-    table::{ConnectionTable, Sample, Tuple},
+    table::{ConnectionTable, Sample, Scanned, Tuple},
 };
 
 /// How often every namespace is scanned again although no event was lost.
@@ -97,7 +97,7 @@ impl Sampler {
         self.last_scan = Some(Instant::now());
         let ports: BTreeSet<u16> = table
             .lock()
-            .expect("table lock")
+            .unwrap_or_else(PoisonError::into_inner)
             .endpoints()
             .iter()
             .map(|(e, _)| e.port)
@@ -118,29 +118,36 @@ impl Sampler {
                     }
                 },
             };
+            let started = Instant::now();
             let mut found = Vec::new();
+            let mut complete = true;
             for family in [libc::AF_INET as u16, libc::AF_INET6 as u16] {
                 for &port in &ports {
                     match socket.dump_to_port(family, WATCHED_STATES, port) {
-                        Ok(sockets) => found.extend(sockets.into_iter().map(|s| {
-                            let tuple = Tuple {
+                        Ok(sockets) => found.extend(sockets.into_iter().map(|s| Scanned {
+                            tuple: Tuple {
                                 netns: inode,
                                 local: s.local,
                                 remote: s.remote,
-                            };
-                            (tuple, s.inode, u32::from(s.state))
+                            },
+                            inode: s.inode,
+                            tcp_state: u32::from(s.state),
                         })),
                         Err(err) => {
-                            tracing::warn!(netns = inode, family, port, "sock_diag dump failed: {err}")
+                            complete = false;
+                            tracing::warn!(netns = inode, family, port, "sock_diag dump failed: {err}");
                         }
                     }
                 }
             }
-            if !found.is_empty() {
-                added += table
-                    .lock()
-                    .expect("table lock")
-                    .reconcile_scan(inode, &found, Instant::now());
+            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
+            if complete {
+                added += table.reconcile_scan(inode, &found, started);
+            } else {
+                // A partial dump proves nothing gone: only add what it found.
+                for s in found {
+                    added += usize::from(table.insert_scanned(s.tuple, s.inode, s.tcp_state, started));
+                }
             }
         }
         self.resolve_owners(table);
@@ -174,7 +181,10 @@ impl Sampler {
             round.resync_added = Some(self.scan(table));
         }
         let t0 = Instant::now();
-        let targets = table.lock().expect("table lock").sample_targets();
+        let targets = table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sample_targets();
         let mut by_netns: HashMap<u64, Vec<Tuple>> = HashMap::new();
         for t in targets {
             by_netns.entry(t.netns).or_default().push(t);
@@ -214,7 +224,7 @@ impl Sampler {
         let t1 = Instant::now();
         let now = Instant::now();
         {
-            let mut table = table.lock().expect("table lock");
+            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
             for (tuple, sample) in samples {
                 table.apply_sample(&tuple, sample, now);
             }
@@ -248,7 +258,7 @@ impl Sampler {
 
     /// Attributes connections that no `connect()` event named, through their socket inode.
     fn resolve_owners(&self, table: &Mutex<ConnectionTable>) -> usize {
-        let ownerless = table.lock().expect("table lock").ownerless();
+        let ownerless = table.lock().unwrap_or_else(PoisonError::into_inner).ownerless();
         let inodes: HashSet<u64> = ownerless.iter().filter_map(|(_, inode)| *inode).collect();
         if inodes.is_empty() {
             return 0;
@@ -266,10 +276,11 @@ impl Sampler {
             };
             match self.procfs.process(*pid) {
                 Ok(info) => {
-                    table
-                        .lock()
-                        .expect("table lock")
-                        .set_owner(&tuple, info, Instant::now());
+                    table.lock().unwrap_or_else(PoisonError::into_inner).set_owner(
+                        &tuple,
+                        info,
+                        Instant::now(),
+                    );
                     found += 1;
                 }
                 Err(err) => tracing::debug!(pid, "owner vanished: {err}"),
@@ -278,15 +289,30 @@ impl Sampler {
         found
     }
 
+    /// Forgets the owners that exited. An owner whose `/proc` entry cannot be read for any
+    /// other reason than its absence (out of descriptors, say) is kept as it is, and said.
     fn forget_exited(&self, table: &Mutex<ConnectionTable>) -> usize {
-        let owners = table.lock().expect("table lock").owners();
-        let exited: Vec<u32> = owners
-            .into_iter()
-            .filter(|(pid, start)| !self.procfs.is_alive(*pid, *start))
-            .map(|(pid, _)| pid)
-            .collect();
+        let owners = table.lock().unwrap_or_else(PoisonError::into_inner).owners();
+        let mut exited = Vec::new();
+        let mut unknown = 0;
+        for (pid, start) in owners {
+            match self.procfs.liveness(pid, start) {
+                Liveness::Exited => exited.push(pid),
+                Liveness::Alive => {}
+                Liveness::Unknown(err) => {
+                    unknown += 1;
+                    tracing::debug!(pid, "cannot tell whether the process is alive, keeping it: {err}");
+                }
+            }
+        }
+        if unknown > 0 {
+            tracing::warn!(
+                unknown,
+                "cannot read /proc for some clients (see debug logs); what is known about them is kept"
+            );
+        }
         if !exited.is_empty() {
-            let mut table = table.lock().expect("table lock");
+            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
             let now = Instant::now();
             for pid in &exited {
                 table.forget_process(*pid, now);
@@ -365,12 +391,18 @@ mod tests {
         let t0 = Instant::now();
         assert!(!sampler.resync_due(t0), "the start-up scan is the caller's");
         sampler.last_scan = Some(t0);
-        assert!(!sampler.resync_due(t0 + RESYNC_MIN_GAP), "losses before start are not ours");
+        assert!(
+            !sampler.resync_due(t0 + RESYNC_MIN_GAP),
+            "losses before start are not ours"
+        );
         stats.set(KernelCounters {
             lost: 9,
             ..Default::default()
         });
-        assert!(!sampler.resync_due(t0 + RESYNC_MIN_GAP / 2), "at most one per gap");
+        assert!(
+            !sampler.resync_due(t0 + RESYNC_MIN_GAP / 2),
+            "at most one per gap"
+        );
         assert!(sampler.resync_due(t0 + RESYNC_MIN_GAP), "events lost: rescan");
         sampler.lost_seen = 9;
         assert!(!sampler.resync_due(t0 + RESYNC_EVERY / 2));

@@ -120,6 +120,8 @@ pub struct TcpInfo {
     pub rtt_us: u32,
     /// Segments sent and not yet acknowledged.
     pub unacked: u32,
+    /// Bytes written by the process and not sent yet (`tcpi_notsent_bytes`).
+    pub notsent_bytes: u32,
     /// Unanswered zero-window or keepalive probes.
     pub probes: u8,
     /// Current RTO backoff exponent.
@@ -598,6 +600,7 @@ impl TcpInfo {
             bytes_acked: u64_at(120),
             bytes_received: u64_at(128),
             segs_in: read_u32(raw, 140),
+            notsent_bytes: read_u32(raw, 144),
             data_segs_in: read_u32(raw, 152),
             data_segs_out: read_u32(raw, 156),
             bytes_sent: u64_at(200),
@@ -750,6 +753,7 @@ mod tests {
             (68, 8),
             (100, 9),
             (140, 10),
+            (144, 15),
             (152, 11),
             (156, 14),
         ] {
@@ -777,6 +781,7 @@ mod tests {
             rtt_us: 8,
             total_retrans: 9,
             segs_in: 10,
+            notsent_bytes: 15,
             data_segs_in: 11,
             last_data_sent_ms: 12,
             last_ack_recv_ms: 13,

@@ -1,12 +1,21 @@
 //! The connection table: every TCP connection that a process on this node holds to an
-//! apiserver endpoint, with its owner and inbound activity, merged from three sources:
+//! apiserver endpoint, with its owner and the evidence the health engine judges from, merged
+//! from three sources:
 //!
 //! - kernel events (connect, establish, close, retransmit), keyed by the socket's kernel
 //!   address while it lives;
-//! - the start-up scan of sock_diag in every network namespace (connections older than the
-//!   agent), keyed by network namespace + 4-tuple, so a later event for the same socket finds
-//!   the same entry and nothing is listed twice;
-//! - the periodic inbound sampler (`tcp_info` of tracked sockets only).
+//! - scans of sock_diag (at start-up, after lost events, periodically), keyed by network
+//!   namespace + 4-tuple, so a later event for the same socket finds the same entry and nothing
+//!   is listed twice; a scan also heals what lost events left behind;
+//! - the once-a-second sampler (`tcp_info` of tracked sockets only).
+//!
+//! Evidence kept per connection: the last inbound *payload* and the first *request* (outbound
+//! payload) it has not answered yet, told apart from HTTP/2 keepalives by record size (see
+//! [`KEEPALIVE_RECORD_BYTES`]); retransmits without ACK progress (from the kernel's retransmit
+//! events and from `tcp_info`, which also sees segments dropped on the client's own path).
+//! Per process: how its last connection ended (a *loss* only when the peer or the network ended
+//! it, or a GOAWAY prompted the close — never an idle close of its own), its connects in flight
+//! and its recent failures (bounded), and the rhythm of its requests.
 //!
 //! The table does no I/O: callers resolve owners (`/proc`) and samples (sock_diag) first and
 //! hand in the results, so every merge rule here is unit-tested with plain values.
@@ -20,21 +29,41 @@ use lifeline_common::tcp_state;
 
 use crate::{
     endpoint::{Endpoint, EndpointSet},
+    health::{LossCause, Rhythm},
     kernel::events::{Change, KernelEvent},
     process::ProcessInfo,
     sock_diag::TcpInfo,
 };
 
-/// Reads whose average size per data segment is at most this many bytes are keepalive
-/// traffic (a TLS record carrying an HTTP/2 PING, SETTINGS ack or WINDOW_UPDATE is 31–39
-/// bytes; two coalesced are under 80), not payload. Watch events and bookmarks are hundreds of
-/// bytes. See README "Inbound payload".
-pub const KEEPALIVE_MAX_BYTES_PER_SEGMENT: u64 = 80;
+/// Bytes per data segment that one keepalive-sized TLS record takes at most: an HTTP/2 PING,
+/// PING ack, SETTINGS ack, WINDOW_UPDATE or RST_STREAM frame (13–17 bytes) in a TLS 1.3
+/// record is 35–39 bytes, in a TLS 1.2 AES-GCM record 42–46. Between two samples, inbound bytes
+/// beyond this allowance per segment are payload (an answer: headers, events, bookmarks are
+/// 100 bytes and more); outbound bytes beyond it by more than one record's worth are a request.
+/// See README "Client states".
+pub const KEEPALIVE_RECORD_BYTES: u64 = 48;
 
-/// How long connect failures are remembered per process (the longest window any rule uses).
+/// How many failed connects a process keeps (the newest): rules look at `connect_window`
+/// only, so a tight refused-connect loop costs a bounded amount of memory and work.
+pub const FAILURES_KEPT: usize = 32;
+
+/// Failed connects older than this are dropped even when fewer than [`FAILURES_KEPT`].
 pub const FAILURE_MEMORY: Duration = Duration::from_secs(600);
 
-/// A socket's identity that userspace can see everywhere: network namespace and 4-tuple.
+/// A close by the client counts as prompted by the apiserver side (a GOAWAY during a graceful
+/// shutdown) when, within this long before or after it, another connection to the same
+/// endpoint was closed by the peer or a connect to it failed.
+pub const PROMPT_WINDOW: Duration = Duration::from_secs(5);
+
+/// A tracked socket that a sample no longer finds is removed after this long, unless a kernel
+/// event about its end arrives meanwhile (the event knows who ended it; the sample does not).
+pub const VANISH_GRACE: Duration = Duration::from_secs(1);
+
+/// A connection whose `tcp_info` has not been read for this long has no readable evidence.
+pub const SAMPLE_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// A socket's identity that userspace can see everywhere: network namespace and 4-tuple, in
+/// the socket's own address family (a dual-stack socket keeps its `::ffff:` addresses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tuple {
     pub netns: u64,
@@ -42,14 +71,18 @@ pub struct Tuple {
     pub remote: SocketAddr,
 }
 
-/// Why a connection attempt failed, as far as the kernel's state change tells.
+/// Why a connection attempt failed (SPEC.md `reason` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FailureReason {
-    /// SYN_SENT → CLOSE after a reset before any retransmit: nothing listening.
+    /// Answered by a reset: nothing listening (ECONNREFUSED).
     Refused,
-    /// SYN_SENT → CLOSE after SYN retransmits: no answer.
+    /// No answer: the SYN timed out, or the client gave up waiting (ETIMEDOUT, or closed).
     Timeout,
+    /// Accepted and then reset before anything was received (ECONNRESET).
+    Reset,
+    /// The network said there is no route (EHOSTUNREACH, ENETUNREACH, ...).
+    Unreachable,
 }
 
 impl FailureReason {
@@ -57,6 +90,25 @@ impl FailureReason {
         match self {
             FailureReason::Refused => "refused",
             FailureReason::Timeout => "timeout",
+            FailureReason::Reset => "reset",
+            FailureReason::Unreachable => "unreachable",
+        }
+    }
+
+    /// The reason of a connect that ended in CLOSE with this `sk_err` (0: none set).
+    pub fn from_errno(sk_err: i32, retransmitted: bool) -> Self {
+        match sk_err {
+            libc::ECONNREFUSED => FailureReason::Refused,
+            libc::ECONNRESET | libc::EPIPE => FailureReason::Reset,
+            libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN | libc::ENETDOWN => {
+                FailureReason::Unreachable
+            }
+            libc::ETIMEDOUT => FailureReason::Timeout,
+            // No error recorded: the client closed the socket while connecting (its own
+            // connect timeout); after SYN retransmits that is a timeout, before any a refusal
+            // is impossible, so still a timeout.
+            _ if retransmitted => FailureReason::Timeout,
+            _ => FailureReason::Timeout,
         }
     }
 }
@@ -66,6 +118,15 @@ pub struct ConnectFailure {
     pub at: Instant,
     pub endpoint: Endpoint,
     pub reason: FailureReason,
+}
+
+/// Where a connection entry came from first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A kernel event (the agent saw it being made).
+    Event,
+    /// A scan of sock_diag (older than the agent, or its events were lost).
+    Scan,
 }
 
 /// One connection to an apiserver endpoint.
@@ -81,20 +142,83 @@ pub struct Connection {
     pub owner: Option<u32>,
     /// Socket inode (from sock_diag), used to find the owner through `/proc/*/fd`.
     pub inode: Option<u64>,
+    pub origin: Origin,
     pub first_seen: Instant,
     pub established_at: Option<SystemTime>,
+    /// Counters of the last sample (`tcp_info`).
     pub bytes_received: u64,
     pub data_segs_in: u32,
+    /// Payload bytes sent, retransmissions excluded.
+    pub bytes_sent: u64,
+    /// Data segments sent, retransmissions excluded.
+    pub data_segs_out: u32,
+    pub bytes_acked: u64,
+    /// When the last sample was read; `None` before the first.
+    pub sampled_at: Option<Instant>,
     /// When data last arrived at all, keepalives included.
     pub last_receive: Option<Instant>,
-    /// When payload (not keepalive-sized reads) last arrived.
+    /// When payload (more than keepalive-sized records) last arrived.
     pub last_payload: Option<Instant>,
+    /// When the client last sent a request (outbound payload).
+    pub last_request: Option<Instant>,
+    /// The first request not answered by inbound payload yet: the client is waiting.
+    pub waiting_since: Option<Instant>,
+    /// Whether the previous sample saw a request too (the client is streaming, not waiting).
+    pub streaming: bool,
+    /// Inbound and outbound data segments (retransmissions aside) when the wait began.
+    pub wait_base: Option<(u32, u32)>,
+    /// A small outbound record the client initiated (not a flow-control reply) in the last
+    /// sample, waiting to see whether inbound segments follow: a PING is followed by its ack,
+    /// a request HPACK made small (a repeated GET is ~40 bytes) by its answer.
+    pub small_pending: Option<SmallOut>,
+    /// Small initiated records that nothing followed, since the last answer, and the first.
+    pub unmatched: u32,
+    pub first_unmatched: Option<Instant>,
     pub retransmits: u64,
     /// Time of the first retransmit since the peer last acknowledged new data (None while
     /// acknowledgements make progress): how long the connection has been talking into a void.
     pub stalled_since: Option<Instant>,
-    /// Bytes the peer has acknowledged, as last sampled.
-    pub bytes_acked: u64,
+    /// A sample no longer found the socket at this time (see [`VANISH_GRACE`]).
+    pub vanished_at: Option<Instant>,
+}
+
+/// See [`Connection::small_pending`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmallOut {
+    pub at: Instant,
+    pub segs: u32,
+    /// Inbound data segments when it was sent.
+    pub in_base: u32,
+}
+
+/// Outbound data this soon after the last inbound data is a reply to it (a WINDOW_UPDATE for
+/// received data, a PING or SETTINGS ack), not something the client asks.
+pub const REPLY_WITHIN: Duration = Duration::from_millis(200);
+
+impl Connection {
+    /// Since when the client has been waiting for an answer on this connection: a request
+    /// sized as one unanswered, or two small records it initiated that nothing followed.
+    pub fn waiting(&self) -> Option<Instant> {
+        let small = self.first_unmatched.filter(|_| self.unmatched >= 2);
+        match (self.waiting_since, small) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether its `tcp_info` evidence is current at `now`.
+    pub fn readable(&self, now: Instant) -> bool {
+        self.sampled_at
+            .is_some_and(|at| now.saturating_duration_since(at) <= SAMPLE_MAX_AGE)
+    }
+}
+
+/// How a process's last established connection ended, when that is a loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LossRecord {
+    pub at: Instant,
+    pub cause: LossCause,
+    pub endpoint: Endpoint,
 }
 
 /// What the agent remembers about a process that holds or held an apiserver connection.
@@ -105,12 +229,53 @@ pub struct ProcessRecord {
     /// Since when it has continuously held at least one established connection (None: now
     /// it holds none).
     pub connected_since: Option<Instant>,
-    /// When its last established connection went away (None: it never had one, or has one).
-    pub connection_lost_at: Option<Instant>,
+    /// Its last established connection was ended by the peer or the network (None: it never
+    /// had one, has one now, or closed it itself).
+    pub loss: Option<LossRecord>,
+    /// It closed its last connection itself at this time (an idle close), and holds none.
+    pub closed_idle_at: Option<Instant>,
     /// The endpoint of its most recent established connection (kept after it is lost, so a
     /// disconnected client still says which apiserver it lost).
     pub last_endpoint: Option<Endpoint>,
+    /// Start of its current run of connects without an established connection.
+    pub trying_since: Option<Instant>,
+    /// When it last had a connection established (failed connects before it say nothing
+    /// about now: a proxy that fails on one upstream and connects to another is not trying
+    /// in vain).
+    pub last_established: Option<Instant>,
+    /// The newest failed connects (at most [`FAILURES_KEPT`]).
     pub connect_failures: VecDeque<ConnectFailure>,
+    pub rhythm: Rhythm,
+}
+
+impl ProcessRecord {
+    fn new(info: ProcessInfo, now: Instant) -> Self {
+        Self {
+            info,
+            first_seen: now,
+            connected_since: None,
+            loss: None,
+            closed_idle_at: None,
+            last_endpoint: None,
+            trying_since: None,
+            last_established: None,
+            connect_failures: VecDeque::new(),
+            rhythm: Rhythm::default(),
+        }
+    }
+
+    fn note_request(&mut self, at: Instant) {
+        let r = &mut self.rhythm;
+        match r.last_request {
+            Some(prev) if at > prev => {
+                r.longest_gap = r.longest_gap.max(at - prev);
+                r.gaps += 1;
+                r.last_request = Some(at);
+            }
+            Some(_) => {}
+            None => r.last_request = Some(at),
+        }
+    }
 }
 
 /// Result of sampling one tracked socket through sock_diag.
@@ -124,6 +289,14 @@ pub enum Sample {
     },
     /// No socket with that tuple exists in that namespace any more.
     Gone,
+}
+
+/// A socket a scan found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scanned {
+    pub tuple: Tuple,
+    pub inode: u64,
+    pub tcp_state: u32,
 }
 
 type ConnId = u64;
@@ -141,6 +314,16 @@ pub enum Applied {
     Retransmit { pid: Option<u32>, endpoint: Endpoint },
 }
 
+/// A close the client made itself, kept for [`PROMPT_WINDOW`]: if the endpoint turns out to
+/// have been going away at that moment, it was prompted (a loss), not idle.
+#[derive(Clone, Copy, Debug)]
+struct LocalClose {
+    pid: u32,
+    start_time_ticks: u64,
+    at: Instant,
+    endpoint: Endpoint,
+}
+
 #[derive(Default)]
 pub struct ConnectionTable {
     endpoints: EndpointSet,
@@ -149,6 +332,14 @@ pub struct ConnectionTable {
     by_tuple: HashMap<Tuple, ConnId>,
     processes: HashMap<u32, ProcessRecord>,
     next_id: ConnId,
+    /// This agent's own pid: its own connections (apiserver watch, reachability probes) are
+    /// not a client's.
+    own_pid: Option<u32>,
+    /// Per endpoint, the last time a connection to it was closed by the peer or a connect to
+    /// it failed: the endpoint was going away.
+    disruptions: HashMap<Endpoint, Instant>,
+    /// Recent closes made by clients themselves (see [`LocalClose`]).
+    local_closes: VecDeque<LocalClose>,
 }
 
 /// States in which the local side has closed: the process no longer holds the socket.
@@ -164,6 +355,29 @@ fn locally_closed(state: u32) -> bool {
     )
 }
 
+/// How an established connection ended, from its state change and `sk_err`.
+enum End {
+    /// The peer or the network ended it.
+    Lost(LossCause),
+    /// The client closed it.
+    Local,
+}
+
+fn end_of(old: u32, new: u32, sk_err: i32) -> Option<End> {
+    match (old, new) {
+        (tcp_state::ESTABLISHED, tcp_state::CLOSE_WAIT) => Some(End::Lost(LossCause::PeerClosed)),
+        (tcp_state::ESTABLISHED, tcp_state::FIN_WAIT1) => Some(End::Local),
+        (tcp_state::ESTABLISHED | tcp_state::CLOSE_WAIT, tcp_state::CLOSE) => Some(match sk_err {
+            libc::ECONNRESET | libc::EPIPE => End::Lost(LossCause::Reset),
+            libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH => End::Lost(LossCause::TimedOut),
+            libc::ECONNABORTED => End::Lost(LossCause::Aborted),
+            // No error: the client aborted it itself (SO_LINGER 0).
+            _ => End::Local,
+        }),
+        _ => None,
+    }
+}
+
 impl ConnectionTable {
     pub fn new(endpoints: EndpointSet) -> Self {
         Self {
@@ -172,22 +386,58 @@ impl ConnectionTable {
         }
     }
 
+    /// Ignores the connections of this process (the agent itself).
+    pub fn ignoring(mut self, pid: u32) -> Self {
+        self.own_pid = Some(pid);
+        self
+    }
+
     pub fn endpoints(&self) -> &EndpointSet {
         &self.endpoints
     }
 
-    /// Replaces the endpoint set; connections to endpoints no longer watched are dropped, the
-    /// others are re-matched (a more specific endpoint may now apply).
+    /// Replaces the endpoint set; connections to endpoints no longer watched are forgotten
+    /// (not lost: the client did nothing), the others are re-matched (a more specific endpoint
+    /// may now apply). Processes left with nothing watched are forgotten.
     pub fn set_endpoints(&mut self, endpoints: EndpointSet, now: Instant) {
         self.endpoints = endpoints;
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        let mut touched = Vec::new();
         for id in ids {
             let remote = self.conns[&id].tuple.remote;
             match self.endpoints.matching(remote) {
                 Some(endpoint) => self.conns.get_mut(&id).expect("listed id").endpoint = endpoint,
-                None => self.remove(id, now),
+                None => {
+                    if let Some(conn) = self.unlink(id) {
+                        touched.extend(conn.owner);
+                    }
+                }
             }
         }
+        for p in self.processes.values_mut() {
+            let watched = &self.endpoints;
+            p.connect_failures
+                .retain(|f| watched.iter().any(|(e, _)| *e == f.endpoint));
+            if p.loss
+                .is_some_and(|l| !watched.iter().any(|(e, _)| *e == l.endpoint))
+            {
+                p.loss = None;
+            }
+        }
+        for pid in touched {
+            let has_conns = self.connections_of(pid).next().is_some();
+            let has_failures = self
+                .processes
+                .get(&pid)
+                .is_some_and(|p| !p.connect_failures.is_empty() || p.loss.is_some());
+            if !has_conns && !has_failures {
+                self.processes.remove(&pid);
+            } else {
+                self.update_connected(pid, now);
+            }
+        }
+        self.disruptions
+            .retain(|e, _| self.endpoints.iter().any(|(w, _)| w == e));
     }
 
     pub fn connections(&self) -> impl Iterator<Item = &Connection> {
@@ -205,6 +455,9 @@ impl ConnectionTable {
     /// Applies one kernel event. `owner` is the process the caller resolved from the event's
     /// `owner_tgid` (None when the event ran in softirq or the process is already gone).
     pub fn apply_event(&mut self, ev: &KernelEvent, owner: Option<ProcessInfo>) -> Option<Applied> {
+        if owner.is_some() && owner.as_ref().map(|o| o.pid) == self.own_pid {
+            return None;
+        }
         let tuple = Tuple {
             netns: ev.netns,
             local: ev.local,
@@ -230,17 +483,28 @@ impl ConnectionTable {
                 })
             }
             Change::State { old, new } if locally_closed(new) => {
-                let failure = (old == tcp_state::SYN_SENT && new == tcp_state::CLOSE)
-                    .then(|| self.record_failure(found, owner, ev))
-                    .flatten();
-                if let Some(id) = found {
-                    self.remove(id, ev.at);
+                if old == tcp_state::SYN_SENT {
+                    let failure = self.record_failure_event(found, owner, ev);
+                    if let Some(id) = found {
+                        self.unlink(id);
+                    }
+                    return failure;
                 }
-                failure
+                let id = found?;
+                let reset = matches!(end_of(old, new, ev.sk_err), Some(End::Lost(LossCause::Reset)));
+                self.end_connection(id, end_of(old, new, ev.sk_err), ev.at);
+                // A connection accepted and reset before anything arrived is a failed connect.
+                let conn_failure = reset.then(|| self.reset_before_payload(id, ev)).flatten();
+                if let Some(conn) = self.unlink(id) {
+                    if let Some(pid) = conn.owner {
+                        self.update_connected(pid, ev.at);
+                    }
+                }
+                conn_failure
             }
-            Change::State { new, .. } => {
+            Change::State { old, new } => {
                 let endpoint = self.endpoints.matching(ev.remote)?;
-                let id = found.unwrap_or_else(|| self.insert(tuple, endpoint, ev.at));
+                let id = found.unwrap_or_else(|| self.insert(tuple, endpoint, Origin::Event, ev.at));
                 if let Some(info) = owner {
                     self.attach_owner(id, info, ev.at);
                 }
@@ -257,21 +521,84 @@ impl ConnectionTable {
                 }
                 let conn = self.conns.get_mut(&id).expect("found or inserted");
                 conn.tcp_state = new;
+                conn.vanished_at = None;
                 if new == tcp_state::ESTABLISHED && conn.established_at.is_none() {
                     conn.established_at = Some(SystemTime::now() - ev.at.elapsed());
                     conn.stalled_since = None;
-                    self.note_established(id, ev.at);
-                } else if new != tcp_state::ESTABLISHED {
+                } else if new == tcp_state::SYN_SENT {
                     if let Some(pid) = conn.owner {
-                        self.note_maybe_disconnected(pid, ev.at);
+                        self.note_attempt(pid, ev.at);
                     }
+                }
+                if let Some(end) = end_of(old, new, ev.sk_err) {
+                    self.end_connection(id, Some(end), ev.at);
+                }
+                if let Some(pid) = self.conns[&id].owner {
+                    self.update_connected(pid, ev.at);
                 }
                 None
             }
         }
     }
 
-    /// Adds a connection found by the start-up scan (or a rescan), unless it is already known.
+    /// Merges a scan of one network namespace: every socket to a watched endpoint that
+    /// exists there now, taken after `started`. Adds what is missing (connections older than
+    /// the agent, or whose events were lost), applies state changes whose events were lost
+    /// (a socket found in CLOSE_WAIT was closed by the peer), and removes entries the scan
+    /// proves gone (older than the scan, not found). Returns how many entries were added.
+    pub fn reconcile_scan(&mut self, netns: u64, found: &[Scanned], started: Instant) -> usize {
+        let mut added = 0;
+        let mut present = std::collections::HashSet::new();
+        for s in found.iter().filter(|s| s.tuple.netns == netns) {
+            let Some(endpoint) = self.endpoints.matching(s.tuple.remote) else {
+                continue;
+            };
+            present.insert(s.tuple);
+            match self.by_tuple.get(&s.tuple).copied() {
+                Some(id) => {
+                    let conn = self.conns.get_mut(&id).expect("indexed");
+                    conn.inode = Some(s.inode).filter(|i| *i != 0).or(conn.inode);
+                    conn.vanished_at = None;
+                    let old = conn.tcp_state;
+                    if old != s.tcp_state {
+                        conn.tcp_state = s.tcp_state;
+                        if let Some(end) = end_of(old, s.tcp_state, 0) {
+                            self.end_connection(id, Some(end), started);
+                        }
+                        if let Some(pid) = self.conns[&id].owner {
+                            self.update_connected(pid, started);
+                        }
+                    }
+                }
+                None => {
+                    let id = self.insert(s.tuple, endpoint, Origin::Scan, started);
+                    let conn = self.conns.get_mut(&id).expect("inserted");
+                    conn.inode = Some(s.inode).filter(|i| *i != 0);
+                    conn.tcp_state = s.tcp_state;
+                    added += 1;
+                }
+            }
+        }
+        // Entries of this namespace older than the scan that it did not find are gone; a
+        // connect whose port was never learned (its events were lost) too.
+        let gone: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.tuple.netns == netns && c.first_seen < started && !present.contains(&c.tuple))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            if let Some(conn) = self.unlink(id) {
+                if let Some(pid) = conn.owner {
+                    self.update_connected(pid, started);
+                }
+            }
+        }
+        added
+    }
+
+    /// Adds a connection found by a scan unless it is already known (the start-up scan of one
+    /// socket; [`Self::reconcile_scan`] merges a whole namespace).
     pub fn insert_scanned(&mut self, tuple: Tuple, inode: u64, tcp_state: u32, now: Instant) -> bool {
         if self.by_tuple.contains_key(&tuple) {
             return false;
@@ -279,49 +606,11 @@ impl ConnectionTable {
         let Some(endpoint) = self.endpoints.matching(tuple.remote) else {
             return false;
         };
-        let id = self.insert(tuple, endpoint, now);
+        let id = self.insert(tuple, endpoint, Origin::Scan, now);
         let conn = self.conns.get_mut(&id).expect("inserted");
-        conn.inode = Some(inode);
+        conn.inode = Some(inode).filter(|i| *i != 0);
         conn.tcp_state = tcp_state;
         true
-    }
-
-    // LEAD: replace with main's version at merge (the resync that heals lost events).
-    /// Merges what a scan of network namespace `netns` found: `(tuple, inode, tcp_state)` of
-    /// every socket to a watched endpoint there. Returns how many were new.
-    pub fn reconcile_scan(&mut self, netns: u64, found: &[(Tuple, u64, u32)], now: Instant) -> usize {
-        found
-            .iter()
-            .filter(|(tuple, ..)| tuple.netns == netns)
-            .filter(|(tuple, inode, state)| self.insert_scanned(*tuple, *inode, *state, now))
-            .count()
-    }
-
-    // LEAD: replace with main's version at merge (failures aggregated in the kernel).
-    /// Records `count` failed connects of process `pid` to `endpoint` that the kernel counted
-    /// instead of sending them one by one. A process the table does not know is ignored.
-    pub fn record_connect_failures(
-        &mut self,
-        pid: u32,
-        endpoint: Endpoint,
-        reason: FailureReason,
-        count: u32,
-        at: Instant,
-    ) {
-        let Some(p) = self.processes.get_mut(&pid) else {
-            return;
-        };
-        for _ in 0..count.min(64) {
-            p.connect_failures
-                .push_back(ConnectFailure { at, endpoint, reason });
-        }
-        while p
-            .connect_failures
-            .front()
-            .is_some_and(|f| at.duration_since(f.at) > FAILURE_MEMORY)
-        {
-            p.connect_failures.pop_front();
-        }
     }
 
     /// Connections whose owner is not known yet, with their socket inode when known.
@@ -335,9 +624,16 @@ impl ConnectionTable {
 
     /// Sets the owner of the connection with this tuple (found through its socket inode).
     pub fn set_owner(&mut self, tuple: &Tuple, info: ProcessInfo, now: Instant) {
-        if let Some(&id) = self.by_tuple.get(tuple) {
-            self.attach_owner(id, info, now);
+        let Some(&id) = self.by_tuple.get(tuple) else {
+            return;
+        };
+        if Some(info.pid) == self.own_pid {
+            self.unlink(id);
+            return;
         }
+        self.attach_owner(id, info, now);
+        let pid = self.conns[&id].owner.expect("attached");
+        self.update_connected(pid, now);
     }
 
     /// Every tracked connection with a complete tuple, for the sampler.
@@ -355,7 +651,21 @@ impl ConnectionTable {
             return;
         };
         match sample {
-            Sample::Gone => self.remove(id, now),
+            Sample::Gone => {
+                // The kernel event of its end may still be on its way; give it a moment.
+                let conn = self.conns.get_mut(&id).expect("indexed");
+                match conn.vanished_at {
+                    Some(at) if now.saturating_duration_since(at) >= VANISH_GRACE => {
+                        if let Some(conn) = self.unlink(id) {
+                            if let Some(pid) = conn.owner {
+                                self.update_connected(pid, now);
+                            }
+                        }
+                    }
+                    Some(_) => {}
+                    None => conn.vanished_at = Some(now),
+                }
+            }
             Sample::Found {
                 inode,
                 tcp_state,
@@ -363,29 +673,43 @@ impl ConnectionTable {
             } => {
                 let conn = self.conns.get_mut(&id).expect("indexed");
                 conn.inode = Some(inode).filter(|i| *i != 0).or(conn.inode);
+                conn.vanished_at = None;
                 if locally_closed(tcp_state) {
-                    self.remove(id, now);
+                    // The client closed it (its event is on its way or was lost).
+                    if conn.tcp_state == tcp_state::ESTABLISHED {
+                        self.end_connection(id, Some(End::Local), now);
+                    }
+                    if let Some(conn) = self.unlink(id) {
+                        if let Some(pid) = conn.owner {
+                            self.update_connected(pid, now);
+                        }
+                    }
                     return;
                 }
-                let newly_established =
-                    tcp_state == tcp_state::ESTABLISHED && conn.tcp_state != tcp_state::ESTABLISHED;
+                let old = conn.tcp_state;
                 conn.tcp_state = tcp_state;
-                if let Some(tcp) = tcp {
-                    update_inbound(conn, &tcp, now);
-                }
-                if newly_established {
-                    self.note_established(id, now);
-                } else if tcp_state != tcp_state::ESTABLISHED {
-                    if let Some(pid) = self.conns[&id].owner {
-                        self.note_maybe_disconnected(pid, now);
+                let request = tcp.and_then(|tcp| update_evidence(conn, &tcp, now));
+                if let (Some(at), Some(pid)) = (request, conn.owner) {
+                    if let Some(p) = self.processes.get_mut(&pid) {
+                        p.note_request(at);
                     }
+                }
+                if old != tcp_state {
+                    if let Some(end) = end_of(old, tcp_state, 0) {
+                        self.end_connection(id, Some(end), now);
+                    }
+                }
+                if let Some(pid) = self.conns[&id].owner {
+                    self.update_connected(pid, now);
                 }
             }
         }
     }
 
-    /// Forgets a process (it exited) and every connection it owned.
-    pub fn forget_process(&mut self, pid: u32, now: Instant) {
+    /// Forgets a process (it exited). Its connections stay, without an owner, when another
+    /// process may hold the same socket (a forked child keeps what it inherited): the next
+    /// owner lookup through the socket inode finds it, and a socket nobody holds closes.
+    pub fn forget_process(&mut self, pid: u32, _now: Instant) {
         self.processes.remove(&pid);
         let ids: Vec<ConnId> = self
             .conns
@@ -394,8 +718,14 @@ impl ConnectionTable {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            self.remove(id, now);
+            let conn = self.conns.get_mut(&id).expect("listed");
+            if conn.inode.is_some() {
+                conn.owner = None;
+            } else {
+                self.unlink(id);
+            }
         }
+        self.local_closes.retain(|c| c.pid != pid);
     }
 
     /// Owners' pids, for the liveness check.
@@ -411,7 +741,28 @@ impl ConnectionTable {
         self.conns.values().filter(move |c| c.owner == Some(pid))
     }
 
-    fn insert(&mut self, tuple: Tuple, endpoint: Endpoint, now: Instant) -> ConnId {
+    /// Failed connects counted in the kernel (a connect storm is aggregated there): `count`
+    /// failures of `pid` to `endpoint`, the last at `at`. Only the newest
+    /// [`FAILURES_KEPT`] are kept.
+    pub fn record_connect_failures(
+        &mut self,
+        pid: u32,
+        endpoint: Endpoint,
+        reason: FailureReason,
+        count: u32,
+        at: Instant,
+    ) {
+        self.disruptions.insert(endpoint, at);
+        let Some(p) = self.processes.get_mut(&pid) else {
+            return;
+        };
+        for _ in 0..count.min(FAILURES_KEPT as u32) {
+            push_failure(p, ConnectFailure { at, endpoint, reason });
+        }
+        p.trying_since.get_or_insert(at);
+    }
+
+    fn insert(&mut self, tuple: Tuple, endpoint: Endpoint, origin: Origin, now: Instant) -> ConnId {
         let id = self.next_id;
         self.next_id += 1;
         self.conns.insert(
@@ -423,15 +774,27 @@ impl ConnectionTable {
                 tcp_state: tcp_state::CLOSE,
                 owner: None,
                 inode: None,
+                origin,
                 first_seen: now,
                 established_at: None,
                 bytes_received: 0,
                 data_segs_in: 0,
+                bytes_sent: 0,
+                data_segs_out: 0,
+                bytes_acked: 0,
+                sampled_at: None,
                 last_receive: None,
                 last_payload: None,
+                last_request: None,
+                waiting_since: None,
+                streaming: false,
+                wait_base: None,
+                small_pending: None,
+                unmatched: 0,
+                first_unmatched: None,
                 retransmits: 0,
                 stalled_since: None,
-                bytes_acked: 0,
+                vanished_at: None,
             },
         );
         if tuple.local.port() != 0 {
@@ -440,509 +803,374 @@ impl ConnectionTable {
         id
     }
 
-    fn remove(&mut self, id: ConnId, now: Instant) {
-        let Some(conn) = self.conns.remove(&id) else {
-            return;
-        };
+    /// Removes a connection from every index; returns it.
+    fn unlink(&mut self, id: ConnId) -> Option<Connection> {
+        let conn = self.conns.remove(&id)?;
         if let Some(sk) = conn.sk {
             self.by_sk.remove(&sk);
         }
         if self.by_tuple.get(&conn.tuple) == Some(&id) {
             self.by_tuple.remove(&conn.tuple);
         }
-        if let Some(pid) = conn.owner {
-            self.note_maybe_disconnected(pid, now);
-        }
+        Some(conn)
     }
 
     fn attach_owner(&mut self, id: ConnId, info: ProcessInfo, now: Instant) {
         let pid = info.pid;
-        let record = self.processes.entry(pid).or_insert_with(|| ProcessRecord {
-            info: info.clone(),
-            first_seen: now,
-            connected_since: None,
-            connection_lost_at: None,
-            last_endpoint: None,
-            connect_failures: VecDeque::new(),
-        });
-        if record.info.start_time_ticks != info.start_time_ticks {
+        match self.processes.get(&pid) {
             // The pid was recycled: a different process.
-            *record = ProcessRecord {
-                info,
-                first_seen: now,
-                connected_since: None,
-                connection_lost_at: None,
-                last_endpoint: None,
-                connect_failures: VecDeque::new(),
-            };
+            Some(r) if r.info.start_time_ticks != info.start_time_ticks => {
+                self.processes.insert(pid, ProcessRecord::new(info, now));
+            }
+            Some(_) => {}
+            None => {
+                self.processes.insert(pid, ProcessRecord::new(info, now));
+            }
         }
         let conn = self.conns.get_mut(&id).expect("caller checked");
         conn.owner = Some(pid);
-        if conn.tcp_state == tcp_state::ESTABLISHED {
-            self.note_established(id, now);
+        let (state, origin, first_seen, endpoint) =
+            (conn.tcp_state, conn.origin, conn.first_seen, conn.endpoint);
+        let p = self.processes.get_mut(&pid).expect("inserted");
+        if state == tcp_state::SYN_SENT {
+            p.trying_since.get_or_insert(first_seen);
+        }
+        // A connection the scan found closed by the peer and still held: the loss happened
+        // before the agent could see it (seeds 000/004 across an agent restart).
+        if state == tcp_state::CLOSE_WAIT && origin == Origin::Scan && p.loss.is_none() {
+            p.loss = Some(LossRecord {
+                at: first_seen,
+                cause: LossCause::FoundClosed,
+                endpoint,
+            });
         }
     }
 
-    fn note_established(&mut self, id: ConnId, at: Instant) {
-        let Some(conn) = self.conns.get(&id) else { return };
-        let Some(p) = conn.owner.and_then(|pid| self.processes.get_mut(&pid)) else {
-            return;
-        };
-        p.connected_since.get_or_insert(at);
-        p.connection_lost_at = None;
-        p.last_endpoint = Some(conn.endpoint);
-    }
-
-    /// After a connection of `pid` went away or left ESTABLISHED: if it holds no established
-    /// connection any more, it lost the apiserver now.
-    fn note_maybe_disconnected(&mut self, pid: u32, now: Instant) {
-        let connected = self
-            .connections_of(pid)
-            .any(|c| c.tcp_state == tcp_state::ESTABLISHED);
+    fn note_attempt(&mut self, pid: u32, at: Instant) {
         if let Some(p) = self.processes.get_mut(&pid) {
-            if !connected && p.connected_since.take().is_some() {
-                p.connection_lost_at = Some(now);
+            if p.connected_since.is_none() {
+                p.trying_since.get_or_insert(at);
             }
         }
     }
 
-    fn record_failure(
+    /// Re-derives whether `pid` holds an established connection: the start of a connected
+    /// run clears its loss and attempts; its end (without a loss recorded) leaves it simply
+    /// not connected.
+    fn update_connected(&mut self, pid: u32, now: Instant) {
+        let mut established = self
+            .conns
+            .values()
+            .filter(|c| c.owner == Some(pid) && c.tcp_state == tcp_state::ESTABLISHED);
+        let established = established.next().map(|first| {
+            established.fold(
+                (first.endpoint, first.first_seen, first.first_seen),
+                |(e, oldest, newest), c| {
+                    if c.first_seen < oldest {
+                        (c.endpoint, c.first_seen, newest.max(c.first_seen))
+                    } else {
+                        (e, oldest, newest.max(c.first_seen))
+                    }
+                },
+            )
+        });
+        let Some(p) = self.processes.get_mut(&pid) else {
+            return;
+        };
+        match established {
+            Some((endpoint, oldest, newest)) => {
+                let since = oldest.min(now);
+                p.last_established = p.last_established.max(Some(newest.min(now)));
+                if p.connected_since.is_none() {
+                    p.connected_since = Some(since);
+                }
+                p.loss = None;
+                p.closed_idle_at = None;
+                p.trying_since = None;
+                p.last_endpoint = Some(endpoint);
+            }
+            None => p.connected_since = None,
+        }
+    }
+
+    /// Records how an established connection ended, for its owner: a loss when the peer or
+    /// the network ended it, or when the owner's own close came while the endpoint was going
+    /// away (a GOAWAY); an idle close otherwise. Only the end of the owner's last established
+    /// connection matters.
+    fn end_connection(&mut self, id: ConnId, end: Option<End>, at: Instant) {
+        let Some(end) = end else { return };
+        let (endpoint, owner) = (self.conns[&id].endpoint, self.conns[&id].owner);
+        if let End::Lost(cause) = end {
+            if cause != LossCause::Aborted {
+                self.disruptions.insert(endpoint, at);
+                self.promote_local_closes(endpoint, at);
+            }
+        }
+        let Some(pid) = owner else { return };
+        let others = self
+            .conns
+            .iter()
+            .any(|(other, c)| *other != id && c.owner == Some(pid) && c.tcp_state == tcp_state::ESTABLISHED);
+        if others {
+            return;
+        }
+        let disrupted = self
+            .disruptions
+            .get(&endpoint)
+            .is_some_and(|d| at.saturating_duration_since(*d) <= PROMPT_WINDOW);
+        let Some(p) = self.processes.get_mut(&pid) else {
+            return;
+        };
+        p.connected_since = None;
+        match end {
+            End::Lost(cause) => {
+                p.loss = Some(LossRecord { at, cause, endpoint });
+                p.closed_idle_at = None;
+            }
+            End::Local if disrupted => {
+                p.loss = Some(LossRecord {
+                    at,
+                    cause: LossCause::Prompted,
+                    endpoint,
+                });
+                p.closed_idle_at = None;
+            }
+            End::Local => {
+                p.loss = None;
+                p.closed_idle_at = Some(at);
+                let close = LocalClose {
+                    pid,
+                    start_time_ticks: p.info.start_time_ticks,
+                    at,
+                    endpoint,
+                };
+                self.local_closes.push_back(close);
+            }
+        }
+    }
+
+    /// The endpoint was going away at `at`: clients that closed their last connection to it
+    /// themselves shortly before did so because it asked them to (a GOAWAY before the peer's
+    /// close): those closes were losses.
+    fn promote_local_closes(&mut self, endpoint: Endpoint, at: Instant) {
+        while self
+            .local_closes
+            .front()
+            .is_some_and(|c| at.saturating_duration_since(c.at) > PROMPT_WINDOW)
+        {
+            self.local_closes.pop_front();
+        }
+        let processes = &mut self.processes;
+        self.local_closes.retain(|c| {
+            if c.endpoint != endpoint {
+                return true;
+            }
+            if let Some(p) = processes.get_mut(&c.pid) {
+                let same = p.info.start_time_ticks == c.start_time_ticks;
+                if same && p.connected_since.is_none() && p.closed_idle_at == Some(c.at) {
+                    p.loss = Some(LossRecord {
+                        at: c.at,
+                        cause: LossCause::Prompted,
+                        endpoint,
+                    });
+                    p.closed_idle_at = None;
+                }
+            }
+            false
+        });
+    }
+
+    /// A connect ended in CLOSE from SYN_SENT: record the failure for its owner.
+    fn record_failure_event(
         &mut self,
         found: Option<ConnId>,
         owner: Option<ProcessInfo>,
         ev: &KernelEvent,
     ) -> Option<Applied> {
-        let conn = found.and_then(|id| self.conns.get(&id));
-        let pid = conn.and_then(|c| c.owner).or(owner.as_ref().map(|o| o.pid))?;
+        let conn = found
+            .and_then(|id| self.conns.get(&id))
+            .map(|c| (c.owner, c.retransmits > 0, c.first_seen));
         let endpoint = self.endpoints.matching(ev.remote)?;
-        let reason = match conn {
-            Some(c) if c.retransmits > 0 => FailureReason::Timeout,
-            _ => FailureReason::Refused,
-        };
+        let reason = FailureReason::from_errno(ev.sk_err, conn.is_some_and(|c| c.1));
+        if reason != FailureReason::Timeout || ev.sk_err != 0 {
+            self.disruptions.insert(endpoint, ev.at);
+            self.promote_local_closes(endpoint, ev.at);
+        }
+        let pid = conn.and_then(|c| c.0).or(owner.as_ref().map(|o| o.pid))?;
+        if Some(pid) == self.own_pid {
+            return None;
+        }
         let p = match self.processes.entry(pid) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(ProcessRecord {
-                info: owner?,
-                first_seen: ev.at,
-                connected_since: None,
-                connection_lost_at: None,
-                last_endpoint: None,
-                connect_failures: VecDeque::new(),
-            }),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(ProcessRecord::new(owner?, ev.at)),
         };
-
-        p.connect_failures.push_back(ConnectFailure {
-            at: ev.at,
-            endpoint,
-            reason,
-        });
-        while p
-            .connect_failures
-            .front()
-            .is_some_and(|f| ev.at.duration_since(f.at) > FAILURE_MEMORY)
-        {
-            p.connect_failures.pop_front();
-        }
+        let start = conn.map_or(ev.at, |c| c.2);
+        p.trying_since.get_or_insert(start);
+        push_failure(
+            p,
+            ConnectFailure {
+                at: ev.at,
+                endpoint,
+                reason,
+            },
+        );
         Some(Applied::ConnectFailed {
             pid,
             endpoint,
             reason,
         })
     }
+
+    /// An established connection was reset before any payload arrived: the connect did not
+    /// really succeed (a proxy accepting and resetting), so it also counts as a failure.
+    fn reset_before_payload(&mut self, id: ConnId, ev: &KernelEvent) -> Option<Applied> {
+        let conn = self.conns.get(&id)?;
+        if conn.last_payload.is_some() || conn.bytes_received > 0 || ev.bytes_received > 0 {
+            return None;
+        }
+        let (pid, endpoint) = (conn.owner?, conn.endpoint);
+        let p = self.processes.get_mut(&pid)?;
+        push_failure(
+            p,
+            ConnectFailure {
+                at: ev.at,
+                endpoint,
+                reason: FailureReason::Reset,
+            },
+        );
+        Some(Applied::ConnectFailed {
+            pid,
+            endpoint,
+            reason: FailureReason::Reset,
+        })
+    }
 }
 
-/// Folds one `tcp_info` sample into a connection's inbound and ack-progress history.
-fn update_inbound(conn: &mut Connection, tcp: &TcpInfo, now: Instant) {
-    let last_data = now.checked_sub(Duration::from_millis(u64::from(tcp.last_data_recv_ms)));
-    let first_sample = conn.bytes_received == 0 && conn.data_segs_in == 0;
-    let bytes = tcp.bytes_received.saturating_sub(conn.bytes_received);
-    let segs = u64::from(tcp.data_segs_in.saturating_sub(conn.data_segs_in));
-    if bytes > 0 {
-        conn.last_receive = last_data;
-        // A connection's history before the first sample is unknown: credit it as payload
-        // (an agent restart must not make every client look stale).
-        let payload = first_sample || bytes > segs.max(1) * KEEPALIVE_MAX_BYTES_PER_SEGMENT;
+fn push_failure(p: &mut ProcessRecord, failure: ConnectFailure) {
+    let at = failure.at;
+    p.connect_failures.push_back(failure);
+    while p.connect_failures.len() > FAILURES_KEPT
+        || p.connect_failures
+            .front()
+            .is_some_and(|f| at.saturating_duration_since(f.at) > FAILURE_MEMORY)
+    {
+        p.connect_failures.pop_front();
+    }
+}
+
+/// Bytes beyond one keepalive-sized record per segment.
+fn beyond_keepalives(bytes: u64, segments: u64) -> u64 {
+    bytes.saturating_sub(segments * KEEPALIVE_RECORD_BYTES)
+}
+
+/// Folds one `tcp_info` sample into a connection's evidence. Returns when the client sent a
+/// request in this interval, if it did.
+fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) -> Option<Instant> {
+    let ago = |ms: u32| {
+        now.checked_sub(Duration::from_millis(u64::from(ms)))
+            .unwrap_or(now)
+    };
+    let sent = tcp.bytes_sent.saturating_sub(tcp.bytes_retrans);
+    let segs_out = tcp.data_segs_out.saturating_sub(tcp.total_retrans);
+    let first = conn.sampled_at.is_none();
+    let mut request_at = None;
+    if !first || conn.origin == Origin::Event {
+        // Counters since the last sample (for a connection seen from its connect, since 0).
+        let bytes_in = tcp.bytes_received.saturating_sub(conn.bytes_received);
+        let segs_in = u64::from(tcp.data_segs_in.saturating_sub(conn.data_segs_in));
+        let bytes_out = sent.saturating_sub(conn.bytes_sent);
+        let segs_out_d = u64::from(segs_out.saturating_sub(conn.data_segs_out));
+        let t_recv = ago(tcp.last_data_recv_ms);
+        let t_sent = ago(tcp.last_data_sent_ms);
+        if bytes_in > 0 {
+            conn.last_receive = Some(t_recv);
+        }
+        let payload = beyond_keepalives(bytes_in, segs_in) > 0;
+        let request = beyond_keepalives(bytes_out, segs_out_d) > KEEPALIVE_RECORD_BYTES;
         if payload {
-            conn.last_payload = last_data;
+            conn.last_payload = Some(t_recv);
+        }
+        // An answer is payload, or more inbound data segments than the client's own keepalives
+        // asked for: every PING gets one PING ack, so inbound segments beyond the outbound ones
+        // (the request itself aside) are the server's — a HEADERS-only answer to a watch
+        // request is ~50 bytes, no bigger than keepalives. Counted since the wait began, so an
+        // ack arriving a sample after its PING cancels out.
+        let answered = payload
+            || match (request, conn.wait_base) {
+                (true, _) => segs_in + 1 > segs_out_d,
+                (false, Some((base_in, base_out))) => {
+                    tcp.data_segs_in.saturating_sub(base_in) > segs_out.saturating_sub(base_out)
+                }
+                (false, None) => false,
+            };
+        match (request, answered) {
+            // The answer came after the last thing sent: nothing is pending.
+            (true, true) if t_recv >= t_sent => conn.waiting_since = None,
+            (true, _) => {
+                // Streaming (a request in consecutive samples: an upload) is not waiting;
+                // waiting starts when it stops sending. A request after an answer is a new
+                // wait.
+                if conn.streaming || answered || conn.waiting_since.is_none() {
+                    conn.waiting_since = Some(t_sent);
+                    conn.wait_base = Some((tcp.data_segs_in, segs_out));
+                }
+            }
+            (false, true) => conn.waiting_since = None,
+            (false, false) => {}
+        }
+        if conn.waiting_since.is_none() {
+            conn.wait_base = None;
+        }
+        // Small records the client initiated: followed by inbound segments (a PING's ack, a
+        // small request's answer) they are fine; two that nothing followed are a wait.
+        if let Some(p) = conn.small_pending.take() {
+            if tcp.data_segs_in.saturating_sub(p.in_base) < p.segs {
+                conn.unmatched += 1;
+                conn.first_unmatched.get_or_insert(p.at);
+            }
+        }
+        let last_receive = conn.last_receive;
+        let reply =
+            last_receive.is_some_and(|r| t_sent >= r && t_sent.saturating_duration_since(r) <= REPLY_WITHIN);
+        if segs_out_d > 0 && !request && !reply {
+            let followed_here = t_recv >= t_sent && segs_in >= segs_out_d;
+            if !followed_here {
+                conn.small_pending = Some(SmallOut {
+                    at: t_sent,
+                    segs: segs_out_d as u32,
+                    in_base: tcp.data_segs_in,
+                });
+            }
+        }
+        if payload && t_recv >= conn.first_unmatched.unwrap_or(t_recv) {
+            conn.unmatched = 0;
+            conn.first_unmatched = None;
+        }
+        conn.streaming = request;
+        if request {
+            conn.last_request = Some(t_sent);
+            request_at = Some(t_sent);
         }
     }
     conn.bytes_received = tcp.bytes_received;
     conn.data_segs_in = tcp.data_segs_in;
-    if tcp.bytes_acked > conn.bytes_acked || tcp.unacked == 0 {
+    conn.bytes_sent = sent;
+    conn.data_segs_out = segs_out;
+    // Data outstanding, retransmitted or backed off, and no acknowledgement for a second: the
+    // connection is talking into a void, whether or not the retransmit tracepoint fired (it
+    // does not for segments dropped on the sender's own path, which stay "not sent" with a
+    // growing backoff). A peer with a full receive window acknowledges its probes.
+    let progress = tcp.bytes_acked > conn.bytes_acked;
+    let outstanding = tcp.unacked > 0 || tcp.notsent_bytes > 0;
+    if progress || !outstanding {
         conn.stalled_since = None;
+    } else if (tcp.retransmits > 0 || tcp.backoff > 0) && tcp.last_ack_recv_ms >= 1000 {
+        conn.stalled_since.get_or_insert(now);
     }
     conn.bytes_acked = tcp.bytes_acked;
+    conn.sampled_at = Some(now);
+    request_at
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kernel::events::{Change, KernelEvent};
-
-    const NETNS: u64 = 4026531840;
-
-    fn endpoints(list: &[&str]) -> EndpointSet {
-        let mut set = EndpointSet::default();
-        for e in list {
-            for ep in Endpoint::parse_all(e).unwrap() {
-                set.insert(ep, crate::endpoint::Source::Flag);
-            }
-        }
-        set
-    }
-
-    fn process(pid: u32, start: u64) -> ProcessInfo {
-        ProcessInfo {
-            pid,
-            comm: format!("proc-{pid}"),
-            cmdline: String::new(),
-            cgroup: "/".into(),
-            container: None,
-            netns: Some(NETNS),
-            start_time_ticks: start,
-        }
-    }
-
-    struct Events {
-        t0: Instant,
-    }
-
-    impl Events {
-        fn at(&self, ms: u64) -> Instant {
-            self.t0 + Duration::from_millis(ms)
-        }
-
-        fn ev(&self, ms: u64, sk: u64, local: &str, change: Change, tgid: Option<u32>) -> KernelEvent {
-            KernelEvent {
-                at: self.at(ms),
-                sk,
-                netns: NETNS,
-                change,
-                local: local.parse().unwrap(),
-                remote: "10.0.0.1:6443".parse().unwrap(),
-                owner_tgid: tgid,
-                thread_comm: "worker".into(),
-                sk_err: 0,
-                bytes_received: 0,
-            }
-        }
-
-        /// connect() (sport not yet chosen), then ESTABLISHED from softirq with the real port.
-        fn connect(&self, table: &mut ConnectionTable, ms: u64, sk: u64, port: u16, pid: u32) {
-            let syn = self.ev(
-                ms,
-                sk,
-                "10.0.0.2:0",
-                state(tcp_state::CLOSE, tcp_state::SYN_SENT),
-                Some(pid),
-            );
-            table.apply_event(&syn, Some(process(pid, 1)));
-            let est = self.ev(
-                ms + 1,
-                sk,
-                &format!("10.0.0.2:{port}"),
-                state(tcp_state::SYN_SENT, tcp_state::ESTABLISHED),
-                Some(999),
-            );
-            table.apply_event(&est, None);
-        }
-    }
-
-    fn state(old: u32, new: u32) -> Change {
-        Change::State { old, new }
-    }
-
-    fn setup() -> (ConnectionTable, Events) {
-        (
-            ConnectionTable::new(endpoints(&["10.0.0.1:6443"])),
-            Events { t0: Instant::now() },
-        )
-    }
-
-    fn tuple(port: u16) -> Tuple {
-        Tuple {
-            netns: NETNS,
-            local: format!("10.0.0.2:{port}").parse().unwrap(),
-            remote: "10.0.0.1:6443".parse().unwrap(),
-        }
-    }
-
-    #[test]
-    fn connect_then_establish_is_one_connection_owned_by_the_connecting_process() {
-        let (mut table, e) = setup();
-        e.connect(&mut table, 0, 0xa, 40000, 7);
-        let conns: Vec<&Connection> = table.connections().collect();
-        assert_eq!(conns.len(), 1);
-        assert_eq!(
-            conns[0].tuple,
-            tuple(40000),
-            "the port from the softirq event fills the tuple"
-        );
-        assert_eq!(
-            conns[0].owner,
-            Some(7),
-            "the softirq event's bystander (999) is not the owner"
-        );
-        assert_eq!(conns[0].tcp_state, tcp_state::ESTABLISHED);
-        assert!(conns[0].established_at.is_some());
-        assert_eq!(table.process(7).unwrap().connected_since, Some(e.at(1)));
-    }
-
-    #[test]
-    fn scanned_connection_and_later_events_do_not_duplicate() {
-        let (mut table, e) = setup();
-        assert!(table.insert_scanned(tuple(40000), 77, tcp_state::ESTABLISHED, e.at(0)));
-        assert!(
-            !table.insert_scanned(tuple(40000), 77, tcp_state::ESTABLISHED, e.at(0)),
-            "rescan"
-        );
-        // A retransmit on a scanned socket is matched by its tuple.
-        let retrans = e.ev(5, 0xb, "10.0.0.2:40000", Change::Retransmit { state: 1 }, None);
-        assert!(matches!(
-            table.apply_event(&retrans, None),
-            Some(Applied::Retransmit { pid: None, .. })
-        ));
-        let close_wait = e.ev(
-            6,
-            0xb,
-            "10.0.0.2:40000",
-            state(tcp_state::ESTABLISHED, tcp_state::CLOSE_WAIT),
-            None,
-        );
-        table.apply_event(&close_wait, None);
-        assert_eq!(
-            table.connections().count(),
-            1,
-            "the event found the scanned entry by tuple"
-        );
-        assert_eq!(table.connections().next().unwrap().sk, Some(0xb));
-        let retrans = e.ev(7, 0xb, "10.0.0.2:40000", Change::Retransmit { state: 8 }, None);
-        assert!(matches!(
-            table.apply_event(&retrans, None),
-            Some(Applied::Retransmit { .. })
-        ));
-        assert_eq!(table.connections().next().unwrap().retransmits, 2);
-        // The owner comes from the inode, later.
-        assert_eq!(table.ownerless(), vec![(tuple(40000), Some(77))]);
-        table.set_owner(&tuple(40000), process(8, 1), e.at(8));
-        assert!(table.ownerless().is_empty());
-    }
-
-    #[test]
-    fn closing_forgets_the_connection_and_marks_the_process_disconnected() {
-        let (mut table, e) = setup();
-        e.connect(&mut table, 0, 0xa, 40000, 7);
-        e.connect(&mut table, 10, 0xb, 40001, 7);
-        let fin = e.ev(
-            20,
-            0xa,
-            "10.0.0.2:40000",
-            state(tcp_state::ESTABLISHED, tcp_state::FIN_WAIT1),
-            Some(7),
-        );
-        table.apply_event(&fin, None);
-        assert_eq!(table.connections().count(), 1);
-        assert_eq!(
-            table.process(7).unwrap().connection_lost_at,
-            None,
-            "still has one"
-        );
-        let peer_closed = e.ev(
-            30,
-            0xb,
-            "10.0.0.2:40001",
-            state(tcp_state::ESTABLISHED, tcp_state::CLOSE_WAIT),
-            None,
-        );
-        table.apply_event(&peer_closed, None);
-        let p = table.process(7).unwrap();
-        assert_eq!(
-            p.connection_lost_at,
-            Some(e.at(30)),
-            "CLOSE_WAIT is not connected"
-        );
-        assert_eq!(p.connected_since, None);
-        assert_eq!(
-            table.connections().count(),
-            1,
-            "listed until the process closes it"
-        );
-        let close = e.ev(
-            40,
-            0xb,
-            "10.0.0.2:40001",
-            state(tcp_state::CLOSE_WAIT, tcp_state::LAST_ACK),
-            Some(7),
-        );
-        table.apply_event(&close, None);
-        assert_eq!(table.connections().count(), 0);
-    }
-
-    #[test]
-    fn failed_connects_are_recorded_as_refused_or_timeout() {
-        let (mut table, e) = setup();
-        let syn = e.ev(
-            0,
-            0xa,
-            "10.0.0.2:0",
-            state(tcp_state::CLOSE, tcp_state::SYN_SENT),
-            Some(7),
-        );
-        table.apply_event(&syn, Some(process(7, 1)));
-        let rst = e.ev(
-            1,
-            0xa,
-            "10.0.0.2:40000",
-            state(tcp_state::SYN_SENT, tcp_state::CLOSE),
-            None,
-        );
-        let applied = table.apply_event(&rst, None);
-        let endpoint = Endpoint::parse_all("10.0.0.1:6443").unwrap()[0];
-        assert_eq!(
-            applied,
-            Some(Applied::ConnectFailed {
-                pid: 7,
-                endpoint,
-                reason: FailureReason::Refused
-            })
-        );
-        let syn = e.ev(
-            2,
-            0xb,
-            "10.0.0.2:0",
-            state(tcp_state::CLOSE, tcp_state::SYN_SENT),
-            Some(7),
-        );
-        table.apply_event(&syn, Some(process(7, 1)));
-        table.apply_event(
-            &e.ev(1000, 0xb, "10.0.0.2:40001", Change::Retransmit { state: 2 }, None),
-            None,
-        );
-        let gave_up = e.ev(
-            3000,
-            0xb,
-            "10.0.0.2:40001",
-            state(tcp_state::SYN_SENT, tcp_state::CLOSE),
-            None,
-        );
-        let applied = table.apply_event(&gave_up, None);
-        assert_eq!(
-            applied,
-            Some(Applied::ConnectFailed {
-                pid: 7,
-                endpoint,
-                reason: FailureReason::Timeout
-            })
-        );
-        let p = table.process(7).unwrap();
-        assert_eq!(p.connect_failures.len(), 2);
-        assert_eq!(p.connected_since, None);
-        assert_eq!(table.connections().count(), 0);
-    }
-
-    #[test]
-    fn events_for_other_destinations_are_ignored_and_removed_endpoints_drop_connections() {
-        let (mut table, e) = setup();
-        let mut other = e.ev(
-            0,
-            0xc,
-            "10.0.0.2:0",
-            state(tcp_state::CLOSE, tcp_state::SYN_SENT),
-            Some(7),
-        );
-        other.remote = "10.0.0.9:6443".parse().unwrap();
-        assert_eq!(table.apply_event(&other, Some(process(7, 1))), None);
-        assert_eq!(table.connections().count(), 0);
-        e.connect(&mut table, 0, 0xa, 40000, 7);
-        table.set_endpoints(endpoints(&["10.0.0.0/8:6443"]), e.at(5));
-        assert_eq!(
-            table.connections().next().unwrap().endpoint.to_string(),
-            "10.0.0.0/8:6443",
-            "re-matched"
-        );
-        table.set_endpoints(endpoints(&["10.0.0.1:443"]), e.at(6));
-        assert_eq!(table.connections().count(), 0);
-    }
-
-    #[test]
-    fn samples_track_payload_but_not_keepalives_and_gone_sockets_go() {
-        let (mut table, e) = setup();
-        e.connect(&mut table, 0, 0xa, 40000, 7);
-        let info = |bytes, segs, acked, last_recv_ms| TcpInfo {
-            bytes_received: bytes,
-            data_segs_in: segs,
-            bytes_acked: acked,
-            last_data_recv_ms: last_recv_ms,
-            ..TcpInfo::default()
-        };
-        let found = |tcp| Sample::Found {
-            inode: 5,
-            tcp_state: tcp_state::ESTABLISHED,
-            tcp: Some(tcp),
-        };
-        table.apply_sample(&tuple(40000), found(info(2000, 3, 100, 0)), e.at(1000));
-        let c = table.connections().next().unwrap().clone();
-        assert_eq!((c.bytes_received, c.inode), (2000, Some(5)));
-        assert_eq!(c.last_payload, Some(e.at(1000)));
-        // Two 38-byte PING acks: bytes grow, payload age does not reset.
-        table.apply_sample(&tuple(40000), found(info(2076, 5, 100, 0)), e.at(2000));
-        let c = table.connections().next().unwrap().clone();
-        assert_eq!(c.last_receive, Some(e.at(2000)));
-        assert_eq!(
-            c.last_payload,
-            Some(e.at(1000)),
-            "keepalive-sized reads are not payload"
-        );
-        // A 600-byte watch event is.
-        table.apply_sample(&tuple(40000), found(info(2676, 6, 100, 500)), e.at(3000));
-        assert_eq!(table.connections().next().unwrap().last_payload, Some(e.at(2500)));
-        // Retransmits with no ack progress stall; progress clears it.
-        table.apply_event(
-            &e.ev(3100, 0xa, "10.0.0.2:40000", Change::Retransmit { state: 1 }, None),
-            None,
-        );
-        table.apply_sample(
-            &tuple(40000),
-            found(TcpInfo {
-                unacked: 2,
-                ..info(2676, 6, 100, 0)
-            }),
-            e.at(4000),
-        );
-        assert_eq!(
-            table.connections().next().unwrap().stalled_since,
-            Some(e.at(3100))
-        );
-        table.apply_sample(
-            &tuple(40000),
-            found(TcpInfo {
-                unacked: 1,
-                ..info(2676, 6, 180, 0)
-            }),
-            e.at(5000),
-        );
-        assert_eq!(table.connections().next().unwrap().stalled_since, None);
-        table.apply_sample(&tuple(40000), Sample::Gone, e.at(6000));
-        assert_eq!(table.connections().count(), 0);
-        assert_eq!(table.process(7).unwrap().connection_lost_at, Some(e.at(6000)));
-    }
-
-    #[test]
-    fn a_recycled_pid_is_a_new_process_and_exits_are_forgotten() {
-        let (mut table, e) = setup();
-        e.connect(&mut table, 0, 0xa, 40000, 7);
-        table.forget_process(7, e.at(10));
-        assert!(table.process(7).is_none());
-        assert_eq!(table.connections().count(), 0);
-        let syn = e.ev(
-            20,
-            0xb,
-            "10.0.0.2:0",
-            state(tcp_state::CLOSE, tcp_state::SYN_SENT),
-            Some(7),
-        );
-        table.apply_event(&syn, Some(process(7, 2)));
-        assert_eq!(table.process(7).unwrap().info.start_time_ticks, 2);
-        assert_eq!(table.process(7).unwrap().first_seen, e.at(20));
-    }
-}
+mod tests;

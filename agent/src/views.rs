@@ -1,35 +1,17 @@
-//! What the agent reports: one JSON object per client process (SPEC.md `/api/v1/clients`),
-//! built on request from the live connection table and the latest health verdicts, so a new
-//! connection is visible as soon as its kernel event was applied.
-use std::{
-    collections::{BTreeMap, HashMap},
-    time::{Instant, SystemTime},
-};
+//! What the agent reports: one JSON object per client process (SPEC.md `/api/v1/clients`) and
+//! the endpoints in force, built from the latest tick's snapshot (at most a tick old).
+use std::time::SystemTime;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use lifeline_common::tcp_state;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    cluster::{pods::PodRef, ApiVersions},
+    cluster::ApiVersions,
     endpoint::EndpointSet,
-    health::{State, Verdict},
-    process::ProcessInfo,
-    table::{Connection, ConnectionTable},
+    reachability::{EndpointStatus, Status},
+    snapshot::{ConnectionSnapshot, Snapshot},
 };
-
-/// Identity of a process across pid reuse: pid + start time.
-pub type ClientKey = (u32, u64);
-
-/// The pod a process runs in, when the agent knows one (the cluster's pod index by container
-/// id); standalone, always `None`.
-pub type PodOf<'a> = &'a dyn Fn(&ProcessInfo) -> Option<PodRef>;
-
-/// [`PodOf`] without a cluster.
-#[cfg(test)]
-pub fn no_pod(_: &ProcessInfo) -> Option<PodRef> {
-    None
-}
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ClientView {
@@ -70,6 +52,18 @@ pub struct EndpointView {
     pub source: String,
     /// Every source that asked for it.
     pub sources: Vec<String>,
+    /// `reachable`, `unreachable` or `unknown` (no evidence yet), from the agent's probe and
+    /// the node's processes.
+    #[serde(default)]
+    pub reachability: String,
+    /// Since when it is unreachable, and why.
+    #[serde(default)]
+    pub unreachable_since: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Unreachable for `outage_after`: `LifelineApiserverOutage` fires.
+    #[serde(default)]
+    pub outage: bool,
 }
 
 pub fn tcp_state_name(state: u32) -> &'static str {
@@ -93,12 +87,7 @@ pub fn rfc3339(t: SystemTime) -> String {
     DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-/// Wall-clock time of a monotonic instant in the past.
-pub fn wall_clock(at: Instant, now: Instant) -> SystemTime {
-    SystemTime::now() - now.saturating_duration_since(at)
-}
-
-fn connection_view(c: &Connection, now: Instant) -> ConnectionView {
+fn connection_view(c: &ConnectionSnapshot, snap: &Snapshot) -> ConnectionView {
     ConnectionView {
         local: c.tuple.local.to_string(),
         remote: c.tuple.remote.to_string(),
@@ -107,69 +96,34 @@ fn connection_view(c: &Connection, now: Instant) -> ConnectionView {
         established_at: c.established_at.map(rfc3339),
         last_receive_age_seconds: c
             .last_payload
-            .map(|at| now.saturating_duration_since(at).as_secs_f64()),
+            .map(|at| snap.at.saturating_duration_since(at).as_secs_f64()),
         bytes_received: c.bytes_received,
         retransmits: c.retransmits,
     }
 }
 
-/// Processes to list: those holding a connection now, and clients (judged processes),
-/// ordered by pid.
-pub fn clients(
-    table: &ConnectionTable,
-    verdicts: &HashMap<ClientKey, Verdict>,
-    connect_window: std::time::Duration,
-    now: Instant,
-    pod_of: PodOf<'_>,
-) -> Vec<ClientView> {
-    let mut by_pid: BTreeMap<u32, Vec<ConnectionView>> = BTreeMap::new();
-    for c in table.connections() {
-        if let Some(pid) = c.owner {
-            by_pid.entry(pid).or_default().push(connection_view(c, now));
-        }
-    }
-    let mut out = Vec::new();
-    for p in table.processes() {
-        let key = (p.info.pid, p.info.start_time_ticks);
-        let verdict = verdicts.get(&key);
-        let mut connections = by_pid.remove(&p.info.pid).unwrap_or_default();
-        if connections.is_empty() && !verdict.is_some_and(|v| v.is_client) {
-            continue;
-        }
-        connections.sort_by(|a, b| a.local.cmp(&b.local));
-        let (state, since, reason) = match verdict {
-            Some(v) => (v.state, wall_clock(v.since, now), v.reason.clone()),
-            None => (
-                State::Healthy,
-                wall_clock(p.first_seen, now),
-                "just seen; not judged yet".to_owned(),
-            ),
-        };
-        let connect_failures = p
-            .connect_failures
-            .iter()
-            .filter(|f| now.saturating_duration_since(f.at) <= connect_window)
-            .count() as u32;
-        let pod = pod_of(&p.info);
-        out.push(ClientView {
-            pid: p.info.pid,
-            comm: p.info.comm.clone(),
-            cmdline: p.info.cmdline.clone(),
-            netns: p.info.netns,
-            cgroup: p.info.cgroup.clone(),
-            container_id: p.info.container.as_ref().map(|c| c.id.clone()),
-            namespace: pod.as_ref().map(|p| p.namespace.clone()),
-            pod: pod.as_ref().map(|p| p.pod.clone()),
-            container: pod.map(|p| p.container),
-            state: state.as_str().to_owned(),
-            state_since: rfc3339(since),
-            reason,
-            connections,
-            connect_failures,
-        });
-    }
-    out.sort_by_key(|c| c.pid);
-    out
+/// `/api/v1/clients`: every listed process of the latest tick, ordered by pid.
+pub fn clients(snap: &Snapshot) -> Vec<ClientView> {
+    snap.clients
+        .iter()
+        .filter(|c| c.listed())
+        .map(|c| ClientView {
+            pid: c.process.pid,
+            comm: c.process.comm.clone(),
+            cmdline: c.process.cmdline.clone(),
+            netns: c.process.netns,
+            cgroup: c.process.cgroup.clone(),
+            container_id: c.process.container.as_ref().map(|k| k.id.clone()),
+            namespace: c.pod.as_ref().map(|p| p.namespace.clone()),
+            pod: c.pod.as_ref().map(|p| p.pod.clone()),
+            container: c.pod.as_ref().map(|p| p.container.clone()),
+            state: c.verdict.state.as_str().to_owned(),
+            state_since: rfc3339(snap.wall_of(c.verdict.since)),
+            reason: c.verdict.reason.clone(),
+            connections: c.connections.iter().map(|k| connection_view(k, snap)).collect(),
+            connect_failures: c.recent_failures,
+        })
+        .collect()
 }
 
 /// `/api/v1/endpoints`: the set in force, and which API versions the cluster side uses.
@@ -180,12 +134,30 @@ pub struct EndpointsView {
     pub api_versions: Option<ApiVersions>,
 }
 
-pub fn endpoints(set: &EndpointSet) -> Vec<EndpointView> {
+/// The endpoints in force with where each came from and, from the latest tick, whether it is
+/// reachable.
+pub fn endpoints(set: &EndpointSet, snap: &Snapshot) -> Vec<EndpointView> {
     set.iter()
-        .map(|(e, sources)| EndpointView {
-            endpoint: e.to_string(),
-            source: sources.first().map_or("", |s| s.as_str()).to_owned(),
-            sources: sources.iter().map(|s| s.as_str().to_owned()).collect(),
+        .map(|(e, sources)| {
+            let status: Option<&EndpointStatus> = snap.endpoints.iter().find(|s| s.endpoint == *e);
+            let (reachability, since, reason) = match status.map(|s| &s.status) {
+                Some(Status::Reachable) => ("reachable", None, None),
+                Some(Status::Unreachable { since, reason }) => (
+                    "unreachable",
+                    Some(rfc3339(snap.wall_of(*since))),
+                    Some(reason.clone()),
+                ),
+                Some(Status::Unknown) | None => ("unknown", None, None),
+            };
+            EndpointView {
+                endpoint: e.to_string(),
+                source: sources.first().map_or("", |s| s.as_str()).to_owned(),
+                sources: sources.iter().map(|s| s.as_str().to_owned()).collect(),
+                reachability: reachability.to_owned(),
+                unreachable_since: since,
+                reason,
+                outage: status.is_some_and(|s| s.outage),
+            }
         })
         .collect()
 }

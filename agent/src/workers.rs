@@ -7,32 +7,67 @@
 use std::{
     sync::{
         atomic::{AtomicBool, Ordering},
-        mpsc, Arc, Mutex,
+        mpsc, Arc, Mutex, PoisonError,
     },
     time::{Duration, Instant},
 };
+
+use tokio::sync::watch;
 
 use crate::{
     alerts::{self, Alerter},
     cluster::{self, Cluster, EventTarget, EventType, PodRef},
     health::State,
-    judge::Judge,
-    kernel::programs::Probes,
+    judge::{self, Judge},
     metrics::Metrics,
+    prober,
     process::ProcessInfo,
     remediate::{self, Remediation},
     sampler::{Sampler, SharedTable},
-    views,
+    snapshot::{Latest, Snapshot},
 };
 
 /// How often tracked sockets are sampled and clients judged.
 pub const TICK: Duration = Duration::from_secs(1);
+/// Kernel events make the tick thread judge at once, but not more often than this (an event
+/// storm must not turn into a judging storm).
+pub const REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(200);
 
 /// What the sampler thread is told.
 pub enum Command {
     /// Scan every namespace for existing connections again (the endpoint set changed).
     Rescan,
+    /// Kernel events changed the table: judge and publish now, without waiting for the next
+    /// sample (a new connection is listed at once).
+    Refresh,
     Stop,
+}
+
+/// Asks the tick thread for a [`Command::Refresh`] after kernel events, at most one pending.
+#[derive(Clone)]
+pub struct Refresher {
+    commands: mpsc::Sender<Command>,
+    pending: Arc<AtomicBool>,
+}
+
+impl Refresher {
+    pub fn new(commands: mpsc::Sender<Command>) -> Self {
+        Self {
+            commands,
+            pending: Arc::default(),
+        }
+    }
+
+    /// Requests a refresh unless one is already pending.
+    pub fn request(&self) {
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            let _ = self.commands.send(Command::Refresh);
+        }
+    }
+
+    fn taken(&self) {
+        self.pending.store(false, Ordering::Release);
+    }
 }
 
 /// The pod a process runs in, from the cluster's pod index by container id.
@@ -77,7 +112,12 @@ pub struct SampleLoop {
     pub cluster: Option<Cluster>,
     pub node: String,
     pub metrics: Arc<Metrics>,
-    pub probes: Arc<Mutex<Probes>>,
+    /// The agent's own probes of the endpoints, and where to tell it what to probe.
+    pub endpoint_probes: prober::Probes,
+    pub probe_targets: watch::Sender<prober::Targets>,
+    /// Where the HTTP API reads the latest snapshot.
+    pub latest: Latest,
+    pub refresher: Refresher,
     pub ready: Arc<AtomicBool>,
 }
 
@@ -86,48 +126,80 @@ impl SampleLoop {
     pub fn run(mut self) {
         let found = self.sampler.scan(&self.table);
         tracing::info!(found, "start-up scan done");
+        // What the scan found is in the API before the agent says it is ready.
+        let first = self.judge(Instant::now());
+        self.latest.set(Arc::new(first));
         self.ready.store(true, Ordering::Release);
-        let mut lost_seen = 0;
+        let mut next_tick = Instant::now() + TICK;
+        let mut last_judged = Instant::now();
         loop {
-            match self.commands.recv_timeout(TICK) {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            match self.commands.recv_timeout(wait) {
                 Ok(Command::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 Ok(Command::Rescan) => {
                     let found = self.sampler.scan(&self.table);
                     tracing::info!(found, "rescan after an endpoint change done");
+                    continue;
+                }
+                Ok(Command::Refresh) => {
+                    if last_judged.elapsed() < REFRESH_MIN_INTERVAL {
+                        // Too soon: wait out the interval, then judge what accumulated.
+                        std::thread::sleep(REFRESH_MIN_INTERVAL.saturating_sub(last_judged.elapsed()));
+                    }
+                    self.refresher.taken();
+                    let snap = Arc::new(self.judge(Instant::now()));
+                    last_judged = Instant::now();
+                    self.act(&snap);
+                    self.latest.set(snap);
+                    continue;
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
-            self.sampler.sample(&self.table);
-            let clients = self.judge_and_act(Instant::now());
-            self.metrics.update_clients(&clients);
-            if let Ok(counters) = self.probes.lock().expect("probes lock").counters() {
-                self.metrics
-                    .ebpf_events_lost
-                    .inc_by(counters.lost.saturating_sub(lost_seen));
-                lost_seen = counters.lost;
+            next_tick = Instant::now().max(next_tick) + TICK;
+            let round = self.sampler.sample(&self.table);
+            if let Some(found) = round.resync_added.filter(|f| *f > 0) {
+                tracing::info!(found, "a rescan found connections no event had reported");
             }
+            let snap = Arc::new(self.judge(Instant::now()));
+            last_judged = Instant::now();
+            self.act(&snap);
+            self.latest.set(snap);
         }
     }
 
-    fn judge_and_act(&mut self, now: Instant) -> Vec<views::ClientView> {
+    /// The judge's snapshot of this tick; the table is locked only for this.
+    fn judge(&mut self, now: Instant) -> Snapshot {
         let cluster = self.cluster.clone();
         let pods = |info: &ProcessInfo| pod_of(cluster.as_ref(), info);
-        let mut judge = self.judge.lock().expect("judge lock");
-        let table = self.table.lock().expect("table lock");
-        let findings = judge.tick(&table, now, &pods);
-        match &findings.outage_change {
-            Some(Some(o)) => tracing::error!(
-                affected = o.affected,
-                clients = o.clients,
-                "apiserver outage: most clients on this node lost the apiserver at once"
-            ),
-            Some(None) => tracing::warn!("apiserver outage over"),
-            None => {}
+        let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let targets = judge::probe_targets(&table);
+        self.probe_targets.send_if_modified(|current| {
+            let changed = *current != targets;
+            if changed {
+                *current = targets;
+            }
+            changed
+        });
+        let probes = self.endpoint_probes.snapshot();
+        let mut judge = self.judge.lock().unwrap_or_else(PoisonError::into_inner);
+        judge.tick(&table, &probes, &pods, now)
+    }
+
+    /// Everything that follows a tick, from its snapshot: logs, detection times, Events,
+    /// alerts, remediation, metrics.
+    fn act(&mut self, snap: &Snapshot) {
+        for e in &snap.endpoints {
+            if let Some(since) = e.unreachable_since().filter(|s| *s == snap.at) {
+                tracing::warn!(endpoint = %e.endpoint, ?since, "apiserver endpoint unreachable from this node: {:?}", e.status);
+            }
         }
-        for t in &findings.transitions {
+        for t in &snap.transitions {
+            let Some(client) = snap.client(t.key) else {
+                continue;
+            };
             let tr = &t.transition;
             tracing::warn!(
-                pid = t.process.pid, comm = %t.process.comm, endpoint = ?t.endpoint,
+                pid = client.process.pid, comm = %client.process.comm, endpoint = ?t.endpoint,
                 from = %tr.from, to = %tr.to, detection_ms = tr.detection.as_millis() as u64,
                 "{}", tr.reason
             );
@@ -140,32 +212,27 @@ impl SampleLoop {
             } else {
                 EventType::Warning
             };
-            let pod = pods(&t.process).map(|p| (p.namespace, p.pod, p.uid));
+            let pod = client
+                .pod
+                .as_ref()
+                .map(|p| (p.namespace.clone(), p.pod.clone(), p.uid.clone()));
             self.event(pod, reason, &tr.reason, type_);
         }
-        self.alerter.tick(&table, judge.verdicts(), now, &pods);
-        let select = judge.select().clone();
-        let outcomes = self.remediation.tick(
-            &table,
-            judge.verdicts(),
-            judge.thresholds(),
-            self.cluster.as_ref().and_then(Cluster::apiserver_reachable),
-            |info| {
-                let pod = pods(info);
-                // Opt-in: the pod's annotation; for host processes, the config's selector.
-                let opted_in = match &pod {
-                    Some(p) => p.remediate,
-                    None => select.matches(&info.comm, &info.cmdline),
-                };
-                let pod = pod.map(|p| remediate::model::PodRef {
-                    namespace: p.namespace,
-                    name: p.pod,
-                    uid: p.uid,
-                });
-                remediate::Workload { pod, opted_in }
-            },
-            now,
-        );
+        self.alerter.tick(snap);
+        let apiserver_reachable = self.cluster.as_ref().and_then(Cluster::apiserver_reachable);
+        let outcomes = self.remediation.tick(snap, apiserver_reachable, |c| {
+            // Opt-in: the pod's annotation; for host processes, the config's selector.
+            let opted_in = match &c.pod {
+                Some(p) => p.remediate,
+                None => c.selected,
+            };
+            let pod = c.pod.as_ref().map(|p| remediate::model::PodRef {
+                namespace: p.namespace.clone(),
+                name: p.pod.clone(),
+                uid: p.uid.clone(),
+            });
+            remediate::Workload { pod, opted_in }
+        });
         for o in &outcomes {
             let pod = o
                 .client
@@ -179,13 +246,7 @@ impl SampleLoop {
             };
             self.event(pod, o.event_reason(), &o.summary(), type_);
         }
-        views::clients(
-            &table,
-            judge.verdicts(),
-            judge.thresholds().connect_window,
-            now,
-            &pods,
-        )
+        self.metrics.update(snap);
     }
 
     /// A Kubernetes Event on the pod (namespace, name, uid), or on the Node for a host process.

@@ -7,8 +7,9 @@ Run it with /usr/bin/python3 (Debian's python3-kubernetes is installed for that 
 
 Forever: watch.Watch().stream(CoreV1Api().list_namespaced_pod, NS, timeout_seconds=N) and print
 one line per event on stdout, `<TYPE> <name> <resourceVersion>`, then `WATCH_END` when the server
-ends the watch (it is started again at once). On any exception it prints `ERROR <type>: <text>`
-on stderr, sleeps 1 s and dials again.
+ends the watch (it is started again at once). With `--timeout-seconds 0` no timeout is asked for:
+the server ends the watch after its own 30-60 min, and the library watches again by itself.
+On any exception it prints `ERROR <type>: <text>` on stderr, sleeps 1 s and dials again.
 """
 import argparse
 import sys
@@ -28,9 +29,8 @@ def main():
     v1 = client.CoreV1Api()
     while True:
         try:
-            stream = watch.Watch().stream(
-                v1.list_namespaced_pod, args.namespace, timeout_seconds=args.timeout_seconds
-            )
+            timeout = {"timeout_seconds": args.timeout_seconds} if args.timeout_seconds > 0 else {}
+            stream = watch.Watch().stream(v1.list_namespaced_pod, args.namespace, **timeout)
             for event in stream:
                 meta = event["object"].metadata
                 print(event["type"], meta.name, meta.resource_version, flush=True)

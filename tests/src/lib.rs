@@ -26,6 +26,8 @@ use serde_json::Value;
 
 /// The fake kube-apiserver (`ll-apiserver`) and the real clients run against it.
 pub mod kube_fixture;
+/// A real Kubernetes 1.20 cluster (control plane, node, real clients): the real-cluster tier.
+pub mod real_cluster;
 pub mod scenario;
 pub use kube_fixture::*;
 
@@ -57,7 +59,7 @@ pub fn init_with(client: &str, server: &str) {
     let _ = BINS.set((client.into(), server.into()));
 }
 
-/// Panics unless the effective user is root.
+/// Panics unless the effective user is root; then keeps test traffic on this machine.
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
@@ -66,6 +68,61 @@ pub fn require_root() {
         "lifeline's integration tests load eBPF programs and create network namespaces and \
          cgroups: run them as root (e.g. `sudo -E cargo test -p lifeline-integration`)"
     );
+    contain_test_traffic();
+}
+
+/// The address ranges the suites give their namespaces. The agent probes every endpoint it
+/// watches from the host's namespace; where the host has no route of its own to a test
+/// namespace, that probe must fail here rather than leave the machine by the default route.
+pub const TEST_RANGES: [&str; 4] = ["10.250.0.0/16", "10.251.0.0/16", "10.252.0.0/16", "fd00:250::/32"];
+
+/// Keeps test traffic on this machine (once per process): blackhole routes for [`TEST_RANGES`]
+/// (more specific routes a test adds, like a topology's link to the host, still win), and a
+/// REJECT for any 10.0.0.0/8 packet that would leave by the default route's interface without
+/// having been translated — a ClusterIP (10.96.0.0/12) that kube-proxy translates to a local
+/// address passes, one probed while no kube-proxy runs does not leave the machine.
+pub fn contain_test_traffic() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        for range in TEST_RANGES {
+            let family = if range.contains(':') { "-6" } else { "-4" };
+            run(Command::new("ip").args([family, "route", "replace", "blackhole", range]));
+        }
+        let routes = run(Command::new("ip").args(["-4", "route", "show", "default"]));
+        let text = String::from_utf8_lossy(&routes.stdout).into_owned();
+        let dev = text
+            .split_whitespace()
+            .skip_while(|w| *w != "dev")
+            .nth(1)
+            .map(str::to_owned);
+        if let Some(dev) = dev {
+            // Exempt what NAT rewrote (kube-proxy's DNAT of a ClusterIP to a local address is
+            // still 10.x and, to this hook, still bound for the default interface).
+            let rule = [
+                "OUTPUT",
+                "-o",
+                dev.as_str(),
+                "-d",
+                "10.0.0.0/8",
+                "-m",
+                "conntrack",
+                "!",
+                "--ctstate",
+                "DNAT",
+                "-j",
+                "REJECT",
+            ];
+            let present = Command::new("iptables")
+                .args(["-w", "-C"])
+                .args(rule)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !present {
+                run(Command::new("iptables").args(["-w", "-I"]).args(rule));
+            }
+        }
+    });
 }
 
 fn bins() -> &'static (PathBuf, PathBuf) {
@@ -417,7 +474,7 @@ pub fn cgroup_path(pid: u32) -> String {
 
 /// A child process spoken to line by line over stdin/stdout (its stderr lines arrive prefixed
 /// with `stderr: `). Killed on drop.
-struct Proc {
+pub struct Proc {
     what: String,
     child: Child,
     stdin: Option<ChildStdin>,
@@ -426,7 +483,7 @@ struct Proc {
 }
 
 impl Proc {
-    fn spawn(mut cmd: Command) -> Proc {
+    pub fn spawn(mut cmd: Command) -> Proc {
         let what = format!("{cmd:?}");
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -464,7 +521,7 @@ impl Proc {
 
     /// Waits for the next line starting with one of `prefixes` (skipping others); returns the
     /// prefix and the rest of the line.
-    fn expect(&mut self, prefixes: &[&'static str]) -> (&'static str, String) {
+    pub fn expect(&mut self, prefixes: &[&'static str]) -> (&'static str, String) {
         let deadline = Instant::now() + PROC_TIMEOUT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -544,8 +601,13 @@ impl Client {
     /// Starts a client that opens no socket until [`Client::go`] (so it can be moved into a
     /// cgroup first).
     pub fn spawn_paused(ns: Option<&NetNs>, targets: &[SocketAddr]) -> Client {
+        Client::spawn_with(ns, targets, &[])
+    }
+
+    /// [`Client::spawn_paused`] with extra `ll-client` arguments (e.g. `--connect-timeout`).
+    pub fn spawn_with(ns: Option<&NetNs>, targets: &[SocketAddr], extra: &[&str]) -> Client {
         let mut cmd = command_in(ns, &bins().0);
-        cmd.arg("--wait-go");
+        cmd.arg("--wait-go").args(extra);
         for t in targets {
             cmd.arg("--connect").arg(t.to_string());
         }
@@ -586,6 +648,36 @@ impl Client {
         };
         self.conns.push(conn);
         conn
+    }
+
+    /// Starts a connect to `target` without waiting for its outcome (read it with
+    /// [`Client::connected`]).
+    pub fn start_connect(&mut self, target: SocketAddr) {
+        self.proc.send(&format!("connect {target}"));
+    }
+
+    /// The outcome of a connect started with [`Client::start_connect`]: `Ok(conn)` or the
+    /// client's error text.
+    pub fn connected(&mut self) -> Result<Conn, String> {
+        let (kind, rest) = self.proc.expect(&["connected ", "failed ", "error "]);
+        if kind != "connected " {
+            return Err(format!("{kind}{rest}"));
+        }
+        let mut addrs = rest.split_whitespace().map(|a| a.parse().expect("address"));
+        let conn = Conn {
+            local: addrs.next().expect("local"),
+            remote: addrs.next().expect("remote"),
+        };
+        self.conns.push(conn);
+        Ok(conn)
+    }
+
+    /// Writes `n` bytes on one of its connections (a request the server may or may not
+    /// answer).
+    pub fn send(&mut self, conn: Conn, n: usize) {
+        self.proc.send(&format!("send {} {n}", conn.local.port()));
+        let (kind, rest) = self.proc.expect(&["sent ", "error "]);
+        assert_eq!(kind, "sent ", "ll-client: {kind}{rest}");
     }
 
     /// Closes one of the client's connections (the process keeps running).
@@ -910,12 +1002,35 @@ impl Agent {
 
     /// `lifeline run ARGS --listen 127.0.0.1:PORT`; returns once `/readyz` answers 200.
     pub fn start_with(args: &[String]) -> Agent {
+        Agent::launch(&[], args, IpAddr::from([127, 0, 0, 1]), true)
+    }
+
+    /// `WRAPPER... lifeline run ARGS --listen LISTEN_IP:PORT`, where the wrapper execs its
+    /// arguments (`sh -c 'ulimit -Sn 1024; exec "$0" "$@"'`, `capsh --drop=... -- -c 'exec "$0"
+    /// "$@"'`), so the agent keeps the child's pid. Returns once `/readyz` answers 200, or only
+    /// `/healthz` unless `ready` (an agent expected to run degraded). An unspecified
+    /// `listen_ip` (`0.0.0.0`) is reached at 127.0.0.1.
+    pub fn launch(wrapper: &[&str], args: &[String], listen_ip: IpAddr, ready: bool) -> Agent {
         let dir = TempDir::new();
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let port = free_port();
+        let addr = match listen_ip {
+            ip if ip.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], port)),
+            ip => SocketAddr::new(ip, port),
+        };
         let stderr = fs::File::create(dir.path().join("agent.stderr")).expect("stderr file");
-        let mut cmd = Command::new(lifeline_bin());
-        cmd.arg("run").args(args).args(["--listen", &addr.to_string()]);
+        let mut cmd = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(wrapper_args).arg(lifeline_bin());
+                cmd
+            }
+            None => Command::new(lifeline_bin()),
+        };
+        cmd.arg("run")
+            .args(args)
+            .args(["--listen", &SocketAddr::new(listen_ip, port).to_string()]);
         let shown = format!("{cmd:?}");
+        let probe = if ready { "/readyz" } else { "/healthz" };
         let child = cmd
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
@@ -929,11 +1044,11 @@ impl Agent {
             if let Some(status) = agent.child.try_wait().expect("try_wait") {
                 panic!("{shown} exited with {status} before becoming ready");
             }
-            if matches!(http_get(addr, "/readyz"), Ok((200, _))) {
+            if matches!(http_get(addr, probe), Ok((200, _))) {
                 return agent;
             }
             if start.elapsed() > READY_TIMEOUT {
-                panic!("{shown}: /readyz not 200 within {READY_TIMEOUT:?}");
+                panic!("{shown}: {probe} not 200 within {READY_TIMEOUT:?}");
             }
             thread::sleep(POLL);
         }

@@ -86,6 +86,10 @@ impl Topology {
     /// The link goes away with the hub namespace.
     pub fn link_host(&self) -> IpAddr {
         let (outside, inside) = (format!("llh{}", self.n), "uplink");
+        let addr = IpAddr::from([10, 252, self.n as u8, 254]);
+        if std::path::Path::new("/sys/class/net").join(&outside).exists() {
+            return addr;
+        }
         ip(&[
             "link",
             "add",
@@ -100,7 +104,6 @@ impl Topology {
         ]);
         self.hub
             .run(&["ip", "link", "set", inside, "master", "br0", "up"]);
-        let addr = IpAddr::from([10, 252, self.n as u8, 254]);
         ip(&["addr", "add", &format!("{addr}/24"), "dev", &outside]);
         ip(&["link", "set", &outside, "up"]);
         addr
@@ -114,7 +117,10 @@ impl Topology {
 }
 
 /// haproxy as an L7 HTTP/2 gateway (seed 002): TLS with ALPN h2 on the front, TLS h2 to the
-/// apiservers behind it, long timeouts so watches live for the whole test.
+/// apiservers behind it, long timeouts so watches live for the whole test, and a gateway that
+/// waits for an upstream that does not answer (no connect timeout to turn a hung request into a
+/// quick 503): a request sent to a blackholed upstream is never answered, while health checks
+/// send the next requests elsewhere.
 pub struct Gateway {
     child: std::process::Child,
     pub dir: PathBuf,
@@ -132,12 +138,18 @@ impl Gateway {
         let config = format!(
             "global\n    log stderr format raw local0 info\n\
 defaults\n    mode http\n    log global\n    option httplog\n\
-    timeout connect 2s\n    timeout client 1h\n    timeout server 1h\n    timeout tunnel 1h\n\
+    timeout connect 1h\n    timeout client 1h\n    timeout server 1h\n    timeout tunnel 1h\n\
 frontend api\n    bind {ip}:{port} ssl crt {pem} alpn h2,http/1.1\n    default_backend apiservers\n\
 backend apiservers\n    balance first\n{servers}",
             ip = host.ip,
             pem = pem.display(),
         );
+        Gateway::start_with_config(host, port, &config, dir)
+    }
+
+    /// Starts haproxy in `host` with the configuration text `config` (whose frontend listens
+    /// on `port`); returns once it listens.
+    pub fn start_with_config(host: &Host, port: u16, config: &str, dir: &Path) -> Gateway {
         let cfg = dir.join("haproxy.cfg");
         std::fs::write(&cfg, config).expect("write haproxy.cfg");
         let log = std::fs::File::create(dir.join("haproxy.log")).expect("haproxy log");
@@ -481,6 +493,8 @@ receivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n{config_tail}",
     }
 
     pub fn agent(&self, extra: &[&str]) -> Agent {
+        // The agent reaches the apiservers from the host, as it does on a node (its probe).
+        self.topo.link_host();
         let endpoints: Vec<String> = self
             .hosts
             .iter()

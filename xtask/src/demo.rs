@@ -114,6 +114,9 @@ pub fn demo(no_setup: bool, seconds: Option<u64>) -> Result {
         "lldemo0",
     ])?;
     ip(&["-n", CLIENT_NS, "addr", "add", "10.251.0.2/24", "dev", "lldemo1"])?;
+    // The agent (in the host's namespace) probes the demo apiserver; without a route of its own
+    // there, that probe must fail here, not leave the machine by the default route.
+    ip(&["route", "replace", "blackhole", "10.251.0.0/16"])?;
     for (ns, dev) in [(API_NS, "lldemo0"), (CLIENT_NS, "lldemo1")] {
         ip(&["-n", ns, "link", "set", dev, "up"])?;
         ip(&["-n", ns, "link", "set", "lo", "up"])?;

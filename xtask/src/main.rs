@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | test | demo`.
+//! Project tasks: `cargo xtask setup | test | bench | image | demo`.
 //!
 //! - `setup`: makes a fresh machine of this kind ready (idempotent): apt packages the suites
 //!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
@@ -6,6 +6,7 @@
 //!   (root ones included), then the root integration suites with the real eBPF programs.
 //! - `bench`: what the agent costs, in figures measured in one run (written to
 //!   `docs/benchmarks.md`).
+//! - `image`: the agent's OCI image archive, built without a container engine.
 //! - `demo`: setup, build, a small self-contained topology (an "apiserver" in a network
 //!   namespace and client processes), and the agent showing its table until Ctrl-C.
 use std::{
@@ -18,6 +19,9 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod deploy;
+mod image;
+mod kubernetes;
 mod setup;
 
 #[derive(Parser)]
@@ -40,10 +44,29 @@ enum Task {
         #[arg(long)]
         suite: Option<String>,
     },
+    /// Only the checks of deploy/ that `test` runs: promtool, the rules in step, the dashboard's
+    /// queries, what kustomize renders (no root needed).
+    CheckDeploy,
     /// Figures, written to docs/benchmarks.md: unrelated churn against no observer, bpftrace
     /// and ss; kernel cost per call; CPU and RSS per tracked connection; bursts; a connect
     /// storm (as root).
     Bench,
+    /// The agent's container image as an OCI archive (no container engine needed):
+    /// target/image/lifeline-<version>-<arch>.tar, named localhost/lifeline:<version>.
+    Image {
+        /// Where to write the archive.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Image name REPOSITORY:TAG (repeatable; default localhost/lifeline:<version>).
+        #[arg(long = "name")]
+        names: Vec<String>,
+        /// Use the static binary already built.
+        #[arg(long)]
+        no_build: bool,
+        /// Import the archive into a private containerd and run its binary (needs containerd).
+        #[arg(long)]
+        verify: bool,
+    },
     /// Set up, build, and run the agent against a self-contained demo topology.
     Demo {
         /// Skip `setup`.
@@ -103,8 +126,18 @@ fn require_root(what: &str) -> Result {
     Ok(())
 }
 
-/// The integration suites, in the order they run.
-const SUITES: [&str; 5] = ["foundation", "fixture", "scenarios", "kubernetes", "performance"];
+/// The integration suites, in the order they run (`realcluster` needs the Kubernetes binaries
+/// `cargo xtask setup` builds).
+const SUITES: [&str; 8] = [
+    "foundation",
+    "judgement",
+    "fixture",
+    "scenarios",
+    "kubernetes",
+    "hardening",
+    "performance",
+    "realcluster",
+];
 
 fn test(no_lint: bool, suite: Option<&str>) -> Result {
     require_root("the test suite")?;
@@ -134,14 +167,8 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
                 "warnings",
             ]))?;
     }
-    // The Prometheus rules shipped in deploy/, checked and unit-tested by the real promtool.
-    let deploy = workspace().join("deploy");
-    run(Command::new("promtool")
-        .current_dir(&deploy)
-        .args(["check", "rules", "prometheus-rules.yaml"]))?;
-    run(Command::new("promtool")
-        .current_dir(&deploy)
-        .args(["test", "rules", "prometheus-rules.test.yaml"]))?;
+    // deploy/: what kustomize renders, the Prometheus rules (promtool), the dashboard's queries.
+    deploy::check()?;
     // The binaries first: some unit tests of the agent's Kubernetes side run the apiserver fixture.
     run(cargo().args(["build", "-p", "lifeline", "-p", "lifeline-integration", "--bins"]))?;
     // Unit tests, root-only ones (marked #[ignore]) included: this runs as root.
@@ -151,6 +178,8 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "lifeline",
         "-p",
         "lifeline-common",
+        "-p",
+        "xtask",
         "--",
         "--include-ignored",
     ]))?;
@@ -174,6 +203,18 @@ fn main() -> ExitCode {
         Task::Test { no_lint, suite } => test(no_lint, suite.as_deref()),
         Task::Demo { no_setup, seconds } => demo::demo(no_setup, seconds),
         Task::Bench => bench::bench(),
+        Task::CheckDeploy => deploy::check(),
+        Task::Image {
+            out,
+            names,
+            no_build,
+            verify,
+        } => image::image(image::Options {
+            out,
+            names,
+            no_build,
+            verify,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

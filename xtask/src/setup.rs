@@ -4,9 +4,11 @@ use std::{fs, os::unix::fs::symlink, path::Path, process::Command};
 use crate::{cargo, run, Failed, Result};
 
 /// Debian packages the suites and the demo use.
-const APT_PACKAGES: [&str; 11] = [
+const APT_PACKAGES: [&str; 15] = [
     "bpftrace",
     "iperf3",
+    // capsh: the hardening suite runs the agent without chosen capabilities.
+    "libcap2-bin",
     "iproute2",
     "iptables",
     "nftables",
@@ -16,19 +18,32 @@ const APT_PACKAGES: [&str; 11] = [
     "prometheus-alertmanager",
     "python3-kubernetes",
     "procps",
+    // `cargo xtask image`: the image's CA bundle; `--verify` imports into containerd; buildah
+    // proves Containerfile builds.
+    "ca-certificates",
+    "containerd",
+    "buildah",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// What building the agent needs beyond cargo: `rust-src` and bpf-linker (for `cargo xtask
+/// image` on a fresh machine, without the rest of setup).
+pub fn toolchain() -> Result {
+    run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
+    bpf_linker()
+}
+
 /// Where bpf-linker finds rustc's LLVM. It keeps an rpath to this directory: it must stay.
 const LLVM_PREFIX: &str = "/opt/lifeline-llvm";
 
 pub fn setup() -> Result {
     crate::require_root("setup")?;
-    apt()?;
-    run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
-    bpf_linker()?;
+    apt(&APT_PACKAGES)?;
+    toolchain()?;
     kubectl_1_20()?;
     tracefs()?;
+    crate::kubernetes::setup()?;
     eprintln!("setup: done");
     Ok(())
 }
@@ -40,8 +55,9 @@ fn installed(package: &str) -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
 }
 
-fn apt() -> Result {
-    let missing: Vec<&str> = APT_PACKAGES.into_iter().filter(|p| !installed(p)).collect();
+/// Installs those of `packages` that are missing.
+pub fn apt(packages: &[&str]) -> Result {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         return Ok(());
     }

@@ -8,11 +8,16 @@
 //!   (to healthy, to another state, or by exiting) resolves it.
 //! - A new client alert is held for `settle` after the state began. A client that recovers
 //!   within that delay never alerts (a healthy re-dial is silent).
-//! - While a node-level apiserver outage is in force, held alerts are not emitted; the single
-//!   `LifelineApiserverOutage` fires instead (seed: every apiserver down → one alert, not one per
-//!   client). Client alerts emitted before the outage stay as they are. When the outage ends it
-//!   resolves, and clients still unhealthy get their alerts once `settle` has passed after the
-//!   end (those that re-dial meanwhile stay silent).
+//! - Outages are per endpoint (`crate::reachability`). From the moment an endpoint is seen
+//!   unreachable, the alerts of unhealthy clients whose evidence is about that endpoint are
+//!   held — not sent, not lost. If the endpoint comes back within `outage_after`, they go as
+//!   usual (those clients still unhealthy `settle` after it came back); if it stays
+//!   unreachable for `outage_after`, one `LifelineApiserverOutage` for that endpoint fires
+//!   instead (every apiserver down → one alert per endpoint, not one per client). Client
+//!   alerts emitted before the endpoint became unreachable stay as they are. A client whose
+//!   endpoint is reachable alerts normally, however many clients are unhealthy at once
+//!   (seeds 000/004 after an upgrade: the old controllers that never re-dial are each
+//!   `disconnected` while the others re-dialed).
 //! - An alert's identity is its label set. Processes that share it (same pod, container and
 //!   comm, say two workers of one binary) share one alert: it fires with the first and resolves
 //!   with the last. Labels and annotations are frozen when the alert is first emitted, so a
@@ -22,10 +27,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::{
-    health::{Outage, State},
-    views::ClientKey,
-};
+use crate::{health::State, snapshot::ClientKey};
 
 /// How long a new client alert is held before it is first emitted.
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(3);
@@ -112,6 +114,19 @@ pub struct ClientInput {
     pub endpoint: Option<String>,
 }
 
+/// One endpoint that is unreachable from the node, as the policy sees it each tick.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointInput {
+    /// As clients' `endpoint` names it.
+    pub endpoint: String,
+    /// Wall-clock time it was first seen unreachable.
+    pub since: SystemTime,
+    /// The evidence, one sentence.
+    pub reason: String,
+    /// Unreachable for `outage_after`: the outage alert is due.
+    pub outage: bool,
+}
+
 /// The alert name of an unhealthy state; `None` for healthy.
 pub fn alert_name(state: State) -> Option<&'static str> {
     match state {
@@ -174,10 +189,11 @@ pub struct AlertBook {
     endpoints: BTreeMap<ClientKey, String>,
     /// Emitted client alerts in force, by identity.
     live: BTreeMap<Labels, Live>,
-    /// The outage alert while it fires.
-    outage: Option<Alert>,
-    /// No client alert is emitted before this (`settle` after an outage ended).
-    quiet_until: Option<SystemTime>,
+    /// Outage alerts firing, by endpoint.
+    outages: BTreeMap<String, Alert>,
+    /// Per endpoint, no client alert about it is emitted while it is unreachable (`None`) or
+    /// before this (`settle` after it came back).
+    quiet_until: BTreeMap<String, Option<SystemTime>>,
 }
 
 impl AlertBook {
@@ -188,15 +204,20 @@ impl AlertBook {
             tracked: BTreeMap::new(),
             endpoints: BTreeMap::new(),
             live: BTreeMap::new(),
-            outage: None,
-            quiet_until: None,
+            outages: BTreeMap::new(),
+            quiet_until: BTreeMap::new(),
         }
     }
 
     /// Takes this tick's clients (all judged processes; those missing have exited) and the
-    /// outage in force, and returns the alert changes to deliver: resolved ones first, then
-    /// firing ones.
-    pub fn tick(&mut self, now: SystemTime, clients: &[ClientInput], outage: Option<&Outage>) -> Vec<Alert> {
+    /// endpoints unreachable now, and returns the alert changes to deliver: resolved ones
+    /// first, then firing ones.
+    pub fn tick(
+        &mut self,
+        now: SystemTime,
+        clients: &[ClientInput],
+        unreachable: &[EndpointInput],
+    ) -> Vec<Alert> {
         let mut resolved = Vec::new();
         let mut fired = Vec::new();
         // Identities some process left this tick; resolved if nobody holds them afterwards.
@@ -250,43 +271,63 @@ impl AlertBook {
         }
         self.endpoints.retain(|k, _| seen.contains(k));
 
-        match (outage, &self.outage) {
-            (Some(o), None) => {
-                let alert = self.outage_alert(o, now);
-                self.outage = Some(alert.clone());
+        // Outage alerts: fire those due, resolve those whose endpoint came back.
+        let down: BTreeMap<&str, &EndpointInput> =
+            unreachable.iter().map(|e| (e.endpoint.as_str(), e)).collect();
+        for e in unreachable.iter().filter(|e| e.outage) {
+            if !self.outages.contains_key(&e.endpoint) {
+                let alert = self.outage_alert(e);
+                self.outages.insert(e.endpoint.clone(), alert.clone());
                 fired.push(alert);
             }
-            (None, Some(_)) => {
-                let alert = self.outage.take().expect("checked");
-                resolved.push(alert.resolved(now));
-                self.quiet_until = Some(now + self.settle);
-            }
-            _ => {}
         }
+        let back: Vec<String> = self
+            .outages
+            .keys()
+            .filter(|e| !down.get(e.as_str()).is_some_and(|d| d.outage))
+            .cloned()
+            .collect();
+        for endpoint in back {
+            let alert = self.outages.remove(&endpoint).expect("listed");
+            resolved.push(alert.resolved(now));
+        }
+        // While an endpoint is unreachable, and for `settle` after, client alerts about it
+        // wait.
+        for e in down.keys() {
+            self.quiet_until.insert((*e).to_owned(), None);
+        }
+        for (endpoint, until) in self.quiet_until.iter_mut() {
+            if until.is_none() && !down.contains_key(endpoint.as_str()) {
+                *until = Some(now + self.settle);
+            }
+        }
+        self.quiet_until.retain(|_, until| until.is_none_or(|u| now < u));
 
-        let quiet = outage.is_some() || self.quiet_until.is_some_and(|until| now < until);
-        if !quiet {
-            let due: Vec<ClientKey> = self
-                .tracked
-                .iter()
-                .filter(|(_, t)| t.emitted.is_none() && now >= t.since + self.settle)
-                .map(|(k, _)| *k)
-                .collect();
-            for key in due {
-                let alert = self.client_alert(key, &self.tracked[&key]);
-                let identity = alert.labels.clone();
-                self.tracked.get_mut(&key).expect("listed key").emitted = Some(identity.clone());
-                match self.live.entry(identity) {
-                    Entry::Occupied(mut e) => {
-                        e.get_mut().members.insert(key);
-                    }
-                    Entry::Vacant(e) => {
-                        fired.push(alert.clone());
-                        e.insert(Live {
-                            alert,
-                            members: BTreeSet::from([key]),
-                        });
-                    }
+        let due: Vec<ClientKey> = self
+            .tracked
+            .iter()
+            .filter(|(key, t)| {
+                let endpoint = self.endpoints.get(key).map(String::as_str).unwrap_or_default();
+                t.emitted.is_none()
+                    && now >= t.since + self.settle
+                    && !self.quiet_until.contains_key(endpoint)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            let alert = self.client_alert(key, &self.tracked[&key]);
+            let identity = alert.labels.clone();
+            self.tracked.get_mut(&key).expect("listed key").emitted = Some(identity.clone());
+            match self.live.entry(identity) {
+                Entry::Occupied(mut e) => {
+                    e.get_mut().members.insert(key);
+                }
+                Entry::Vacant(e) => {
+                    fired.push(alert.clone());
+                    e.insert(Live {
+                        alert,
+                        members: BTreeSet::from([key]),
+                    });
                 }
             }
         }
@@ -339,28 +380,26 @@ impl AlertBook {
         }
     }
 
-    fn outage_alert(&self, outage: &Outage, now: SystemTime) -> Alert {
+    fn outage_alert(&self, e: &EndpointInput) -> Alert {
         let node = &self.node;
         Alert {
             labels: Labels::from([
                 ("alertname".to_owned(), OUTAGE_ALERT.to_owned()),
                 ("severity".to_owned(), "critical".to_owned()),
                 ("node".to_owned(), node.clone()),
+                ("endpoint".to_owned(), e.endpoint.clone()),
             ]),
             annotations: BTreeMap::from([
                 (
                     "summary".to_owned(),
-                    format!("apiserver outage seen from node {node}"),
-                ),
-                (
-                    "description".to_owned(),
                     format!(
-                        "{} of {} clients on node {node} lost the apiserver at once",
-                        outage.affected, outage.clients
+                        "apiserver endpoint {} is unreachable from node {node}",
+                        e.endpoint
                     ),
                 ),
+                ("description".to_owned(), e.reason.clone()),
             ]),
-            starts_at: now,
+            starts_at: e.since,
             ends_at: None,
         }
     }
@@ -369,7 +408,7 @@ impl AlertBook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alerts::{Alert, AlertBook, ClientInput, ClientLabels, Status, DEFAULT_SETTLE};
+    use crate::alerts::{Alert, AlertBook, ClientInput, ClientLabels, EndpointInput, Status, DEFAULT_SETTLE};
 
     /// A fake wall clock: seconds after a fixed origin.
     fn at(secs: u64) -> SystemTime {
@@ -427,20 +466,26 @@ mod tests {
     const STALE: &str = "LifelineClientStale";
     const BLACK: &str = "LifelineClientBlackholed";
 
-    fn outage(affected: usize, clients: usize) -> Outage {
-        Outage { affected, clients }
+    /// Endpoint 10.0.0.1:6443 unreachable since `since`, its outage due or not.
+    fn down(since: u64, outage: bool) -> EndpointInput {
+        EndpointInput {
+            endpoint: "10.0.0.1:6443".into(),
+            since: at(since),
+            reason: "the agent's probe was refused".into(),
+            outage,
+        }
     }
 
     #[test]
     fn an_unhealthy_client_fires_after_settle_with_labels_and_annotations() {
         let mut b = book();
         let c = client(7, State::Disconnected, 10);
-        assert!(b.tick(at(10), std::slice::from_ref(&c), None).is_empty(), "held");
+        assert!(b.tick(at(10), std::slice::from_ref(&c), &[]).is_empty(), "held");
         assert!(
-            b.tick(at(12), std::slice::from_ref(&c), None).is_empty(),
+            b.tick(at(12), std::slice::from_ref(&c), &[]).is_empty(),
             "still held at 2 s"
         );
-        let out = b.tick(at(13), std::slice::from_ref(&c), None);
+        let out = b.tick(at(13), std::slice::from_ref(&c), &[]);
         assert_eq!(brief(&out), [fire(DISC, "ctl-7")]);
         let a = &out[0];
         let labels: Vec<(&str, &str)> = a.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -470,10 +515,7 @@ mod tests {
             (at(10), None),
             "starts when the state began"
         );
-        assert!(
-            b.tick(at(14), &[c], None).is_empty(),
-            "fires once, not every tick"
-        );
+        assert!(b.tick(at(14), &[c], &[]).is_empty(), "fires once, not every tick");
     }
 
     #[test]
@@ -485,7 +527,7 @@ mod tests {
             (State::Unreachable, "LifelineClientUnreachable", "critical"),
         ] {
             let mut b = book();
-            let out = b.tick(at(10), &[client(1, state, 0)], None);
+            let out = b.tick(at(10), &[client(1, state, 0)], &[]);
             assert_eq!(brief(&out), [fire(name, "ctl-1")], "{state}");
             assert_eq!(out[0].labels["severity"], severity, "{state}");
         }
@@ -494,23 +536,23 @@ mod tests {
     #[test]
     fn recovery_resolves_at_the_recovery_time() {
         let mut b = book();
-        b.tick(at(10), &[client(1, State::Stale, 0)], None);
-        let out = b.tick(at(20), &[healthy(1)], None);
+        b.tick(at(10), &[client(1, State::Stale, 0)], &[]);
+        let out = b.tick(at(20), &[healthy(1)], &[]);
         assert_eq!(brief(&out), [resolve(STALE, "ctl-1")]);
         assert_eq!((out[0].starts_at, out[0].ends_at), (at(0), Some(at(20))));
-        assert!(b.tick(at(21), &[healthy(1)], None).is_empty());
+        assert!(b.tick(at(21), &[healthy(1)], &[]).is_empty());
     }
 
     #[test]
     fn a_new_state_resolves_the_old_alert_and_fires_its_own_after_settle() {
         let mut b = book();
-        b.tick(at(10), &[client(1, State::Stale, 0)], None);
-        let out = b.tick(at(20), &[client(1, State::Blackholed, 20)], None);
+        b.tick(at(10), &[client(1, State::Stale, 0)], &[]);
+        let out = b.tick(at(20), &[client(1, State::Blackholed, 20)], &[]);
         assert_eq!(brief(&out), [resolve(STALE, "ctl-1")]);
         assert!(b
-            .tick(at(22), &[client(1, State::Blackholed, 20)], None)
+            .tick(at(22), &[client(1, State::Blackholed, 20)], &[])
             .is_empty());
-        let out = b.tick(at(23), &[client(1, State::Blackholed, 20)], None);
+        let out = b.tick(at(23), &[client(1, State::Blackholed, 20)], &[]);
         assert_eq!(brief(&out), [fire(BLACK, "ctl-1")]);
     }
 
@@ -518,22 +560,22 @@ mod tests {
     fn a_client_that_recovers_within_settle_never_alerts() {
         let mut b = book();
         assert!(b
-            .tick(at(10), &[client(1, State::Disconnected, 10)], None)
+            .tick(at(10), &[client(1, State::Disconnected, 10)], &[])
             .is_empty());
-        assert!(b.tick(at(12), &[healthy(1)], None).is_empty());
+        assert!(b.tick(at(12), &[healthy(1)], &[]).is_empty());
         for t in 13..20 {
-            assert!(b.tick(at(t), &[healthy(1)], None).is_empty(), "t={t}");
+            assert!(b.tick(at(t), &[healthy(1)], &[]).is_empty(), "t={t}");
         }
         // A state change while held starts a new hold.
-        assert!(b.tick(at(20), &[client(1, State::Stale, 20)], None).is_empty());
+        assert!(b.tick(at(20), &[client(1, State::Stale, 20)], &[]).is_empty());
         assert!(b
-            .tick(at(22), &[client(1, State::Blackholed, 22)], None)
+            .tick(at(22), &[client(1, State::Blackholed, 22)], &[])
             .is_empty());
         assert!(b
-            .tick(at(24), &[client(1, State::Blackholed, 22)], None)
+            .tick(at(24), &[client(1, State::Blackholed, 22)], &[])
             .is_empty());
         assert_eq!(
-            brief(&b.tick(at(25), &[client(1, State::Blackholed, 22)], None)),
+            brief(&b.tick(at(25), &[client(1, State::Blackholed, 22)], &[])),
             [fire(BLACK, "ctl-1")]
         );
     }
@@ -544,12 +586,12 @@ mod tests {
         b.tick(
             at(10),
             &[client(1, State::Stale, 0), client(2, State::Stale, 9)],
-            None,
+            &[],
         );
-        let out = b.tick(at(11), &[], None);
+        let out = b.tick(at(11), &[], &[]);
         assert_eq!(brief(&out), [resolve(STALE, "ctl-1")], "2 was still held");
         assert_eq!(out[0].ends_at, Some(at(11)));
-        assert!(b.tick(at(20), &[], None).is_empty());
+        assert!(b.tick(at(20), &[], &[]).is_empty());
     }
 
     #[test]
@@ -557,82 +599,124 @@ mod tests {
         let mut b = book();
         let mut c = client(1, State::Disconnected, 0);
         c.is_client = false;
-        assert!(b.tick(at(10), std::slice::from_ref(&c), None).is_empty());
-        assert!(b.tick(at(100), &[c], None).is_empty());
+        assert!(b.tick(at(10), std::slice::from_ref(&c), &[]).is_empty());
+        assert!(b.tick(at(100), &[c], &[]).is_empty());
     }
 
     #[test]
-    fn an_outage_fires_one_alert_instead_of_one_per_client() {
+    fn an_outage_fires_one_alert_per_endpoint_instead_of_one_per_client() {
         let mut b = book();
         let all =
             |since| -> Vec<ClientInput> { (1..=4).map(|p| client(p, State::Disconnected, since)).collect() };
-        let o = outage(4, 4);
-        let out = b.tick(at(10), &all(10), Some(&o));
+        // Unreachable from 10 s: the client alerts are held, not replaced yet.
+        for t in 10..40 {
+            assert!(
+                b.tick(at(t), &all(10), &[down(10, false)]).is_empty(),
+                "t={t}: held"
+            );
+        }
+        let out = b.tick(at(40), &all(10), &[down(10, true)]);
         assert_eq!(brief(&out), [fire(OUTAGE_ALERT, "")]);
         let labels: Vec<&str> = out[0].labels.keys().map(String::as_str).collect();
-        assert_eq!(labels, ["alertname", "node", "severity"]);
+        assert_eq!(labels, ["alertname", "endpoint", "node", "severity"]);
+        assert_eq!(out[0].labels["endpoint"], "10.0.0.1:6443");
         assert_eq!(out[0].labels["severity"], "critical");
+        assert_eq!(out[0].annotations["description"], "the agent's probe was refused");
         assert_eq!(
-            out[0].annotations["description"],
-            "4 of 4 clients on node node-a lost the apiserver at once"
+            out[0].starts_at,
+            at(10),
+            "it began when the endpoint was first unreachable"
         );
-        for t in 11..60 {
-            assert!(b.tick(at(t), &all(10), Some(&o)).is_empty(), "t={t}: suppressed");
+        for t in 41..60 {
+            assert!(
+                b.tick(at(t), &all(10), &[down(10, true)]).is_empty(),
+                "t={t}: suppressed"
+            );
         }
-        // The outage ends while all are recovering: they re-dial within settle, silence.
-        let out = b.tick(at(60), &all(10), None);
+        // The endpoint comes back while all are recovering: they re-dial within settle.
+        let out = b.tick(at(60), &all(10), &[]);
         assert_eq!(brief(&out), [resolve(OUTAGE_ALERT, "")]);
         assert_eq!(out[0].ends_at, Some(at(60)));
         let mut mixed = all(10);
         for c in &mut mixed[..3] {
             c.state = State::Healthy;
         }
-        assert!(b.tick(at(61), &mixed, None).is_empty());
-        assert!(b.tick(at(62), &mixed, None).is_empty());
+        assert!(b.tick(at(61), &mixed, &[]).is_empty());
+        assert!(b.tick(at(62), &mixed, &[]).is_empty());
         // The one still unhealthy settle after the end gets its alert.
-        assert_eq!(brief(&b.tick(at(63), &mixed, None)), [fire(DISC, "ctl-4")]);
-        assert_eq!(b.tick(at(64), &mixed, None), []);
+        assert_eq!(brief(&b.tick(at(63), &mixed, &[])), [fire(DISC, "ctl-4")]);
+        assert_eq!(b.tick(at(64), &mixed, &[]), []);
     }
 
     #[test]
-    fn an_outage_that_begins_while_alerts_are_held_suppresses_them() {
+    fn a_routine_restart_pages_nobody() {
+        // The apiserver restarts: unreachable for 12 s, clients re-dial.
         let mut b = book();
-        let one = [client(1, State::Disconnected, 10), healthy(2), healthy(3)];
-        assert!(b.tick(at(10), &one, None).is_empty());
-        let two = [
-            client(1, State::Disconnected, 10),
-            client(2, State::Disconnected, 11),
-            healthy(3),
-        ];
-        let o = outage(2, 3);
-        assert_eq!(brief(&b.tick(at(11), &two, Some(&o))), [fire(OUTAGE_ALERT, "")]);
-        for t in 12..30 {
-            assert!(b.tick(at(t), &two, Some(&o)).is_empty(), "t={t}");
+        let lost: Vec<ClientInput> = (1..=3).map(|p| client(p, State::Unreachable, 16)).collect();
+        for t in 5..17 {
+            assert!(b
+                .tick(at(t), &[healthy(1), healthy(2), healthy(3)], &[down(5, false)])
+                .is_empty());
         }
+        assert!(b.tick(at(17), &lost, &[down(5, false)]).is_empty(), "held");
+        let back: Vec<ClientInput> = (1..=3).map(healthy).collect();
+        for t in 18..40 {
+            assert!(b.tick(at(t), &back, &[]).is_empty(), "t={t}");
+        }
+    }
+
+    #[test]
+    fn clients_of_a_reachable_endpoint_alert_however_many_are_unhealthy() {
+        // Seeds 000/004 after an upgrade: three old controllers never re-dial, others did; the
+        // endpoint is reachable.
+        let mut b = book();
+        let clients = [
+            client(1, State::Disconnected, 10),
+            client(2, State::Disconnected, 10),
+            client(3, State::Disconnected, 10),
+            healthy(4),
+        ];
+        let out = b.tick(at(13), &clients, &[]);
+        assert_eq!(
+            brief(&out),
+            [fire(DISC, "ctl-1"), fire(DISC, "ctl-2"), fire(DISC, "ctl-3")]
+        );
     }
 
     #[test]
     fn client_alerts_emitted_before_an_outage_stay_and_resolve_normally() {
         let mut b = book();
         let first = [client(1, State::Stale, 0), healthy(2), healthy(3)];
-        assert_eq!(brief(&b.tick(at(10), &first, None)), [fire(STALE, "ctl-1")]);
+        assert_eq!(brief(&b.tick(at(10), &first, &[])), [fire(STALE, "ctl-1")]);
         let all = [
             client(1, State::Stale, 0),
             client(2, State::Disconnected, 20),
             client(3, State::Disconnected, 20),
         ];
-        let o = outage(3, 3);
-        assert_eq!(brief(&b.tick(at(20), &all, Some(&o))), [fire(OUTAGE_ALERT, "")]);
+        assert!(b.tick(at(20), &all, &[down(20, false)]).is_empty());
+        assert_eq!(
+            brief(&b.tick(at(50), &all, &[down(20, true)])),
+            [fire(OUTAGE_ALERT, "")]
+        );
         assert!(
-            b.tick(at(30), &all, Some(&o)).is_empty(),
+            b.tick(at(51), &all, &[down(20, true)]).is_empty(),
             "ctl-1's alert is neither resolved nor resent"
         );
         let back = [healthy(1), healthy(2), healthy(3)];
         assert_eq!(
-            brief(&b.tick(at(40), &back, None)),
+            brief(&b.tick(at(60), &back, &[])),
             [resolve(OUTAGE_ALERT, ""), resolve(STALE, "ctl-1")]
         );
-        assert!(b.tick(at(50), &back, None).is_empty());
+        assert!(b.tick(at(70), &back, &[]).is_empty());
+    }
+
+    #[test]
+    fn clients_of_another_endpoint_are_not_held() {
+        let mut b = book();
+        let mut other = client(1, State::Disconnected, 10);
+        other.endpoint = Some("10.0.0.2:6443".into());
+        let out = b.tick(at(13), &[other], &[down(0, true)]);
+        assert_eq!(brief(&out), [fire(OUTAGE_ALERT, ""), fire(DISC, "ctl-1")]);
     }
 
     #[test]
@@ -640,14 +724,14 @@ mod tests {
         let mut b = book();
         let mut twin = client(2, State::Stale, 0);
         twin.labels = client(1, State::Stale, 0).labels;
-        let out = b.tick(at(10), &[client(1, State::Stale, 0), twin.clone()], None);
+        let out = b.tick(at(10), &[client(1, State::Stale, 0), twin.clone()], &[]);
         assert_eq!(brief(&out), [fire(STALE, "ctl-1")], "one alert for both");
         assert!(
-            b.tick(at(11), &[healthy(1), twin.clone()], None).is_empty(),
+            b.tick(at(11), &[healthy(1), twin.clone()], &[]).is_empty(),
             "2 still holds it"
         );
         assert_eq!(
-            brief(&b.tick(at(12), &[healthy(1)], None)),
+            brief(&b.tick(at(12), &[healthy(1)], &[])),
             [resolve(STALE, "ctl-1")]
         );
     }
@@ -657,21 +741,21 @@ mod tests {
         let mut b = book();
         let mut c = healthy(1);
         c.endpoint = Some("10.0.0.9:6443".into());
-        b.tick(at(0), &[c], None);
+        b.tick(at(0), &[c], &[]);
         let mut c = client(1, State::Disconnected, 10);
         c.endpoint = None;
         c.labels.pod = None;
         c.labels.namespace = None;
-        b.tick(at(10), std::slice::from_ref(&c), None);
+        b.tick(at(10), std::slice::from_ref(&c), &[]);
         c.labels.pod = Some("late".into());
         c.labels.namespace = Some("ns".into());
-        let out = b.tick(at(13), std::slice::from_ref(&c), None);
+        let out = b.tick(at(13), std::slice::from_ref(&c), &[]);
         assert_eq!(out[0].labels["endpoint"], "10.0.0.9:6443", "the endpoint it had");
         assert_eq!(out[0].labels["pod"], "late", "labels learnt while held are used");
         c.labels.pod = Some("later".into());
         c.reason = "changed".into();
-        assert!(b.tick(at(14), std::slice::from_ref(&c), None).is_empty());
-        let out = b.tick(at(15), &[healthy(1)], None);
+        assert!(b.tick(at(14), std::slice::from_ref(&c), &[]).is_empty());
+        let out = b.tick(at(15), &[healthy(1)], &[]);
         assert_eq!(
             out[0].labels["pod"], "late",
             "resolved with the labels it fired with"
@@ -688,7 +772,7 @@ mod tests {
             ..Default::default()
         };
         c.endpoint = None;
-        let out = b.tick(at(10), &[c], None);
+        let out = b.tick(at(10), &[c], &[]);
         for label in ["namespace", "pod", "container", "endpoint"] {
             assert_eq!(out[0].labels[label], "", "{label}");
         }
@@ -703,7 +787,7 @@ mod tests {
     fn settle_is_configurable() {
         let mut b = AlertBook::new("n", Duration::ZERO);
         assert_eq!(
-            brief(&b.tick(at(5), &[client(1, State::Stale, 5)], None)),
+            brief(&b.tick(at(5), &[client(1, State::Stale, 5)], &[])),
             [fire(STALE, "ctl-1")]
         );
     }

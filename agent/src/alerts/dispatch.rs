@@ -12,24 +12,31 @@
 //! - Alertmanager receivers re-send every firing alert each [`Options::resend_interval`], with
 //!   `endsAt` four intervals ahead, so Alertmanager keeps it alive while we run and lets it
 //!   expire if we stop. Webhook receivers get each change once.
-//! - Only `http://` URLs: https is not supported yet and is refused at start-up, naming the URL.
+//! - `http://` and `https://` URLs; https verifies the receiver against the `tls_config.ca_file`
+//!   bundle, or the system's roots. `authorization` (bearer) and `basic_auth` read their secret
+//!   from a file on every request, so a rotated token is picked up; an unreadable file at
+//!   start-up is a configuration error, later a failed (retried) attempt.
 use std::{
     collections::HashMap,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, SystemTime},
 };
 
+use base64::Engine as _;
 use http_body_util::{BodyExt, Full};
 use hyper::{
     body::Bytes,
-    header::{CONTENT_TYPE, USER_AGENT},
+    header::{AUTHORIZATION, CONTENT_TYPE, USER_AGENT},
     Request, StatusCode, Uri,
 };
+use hyper_rustls::HttpsConnector;
 use hyper_util::{
     client::legacy::{connect::HttpConnector, Client},
     rt::TokioExecutor,
 };
 use prometheus::{IntCounter, IntCounterVec};
+use rustls::pki_types::{pem::PemObject, CertificateDer};
 use tokio::{
     sync::{watch, Notify},
     task::JoinHandle,
@@ -49,13 +56,31 @@ const MAX_ERROR_BODY: usize = 512;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(
-        "alert receiver {receiver}: {url:?} is an https:// URL, which is not supported yet; \
-         use http:// (for example through a local TLS-terminating proxy)"
-    )]
-    HttpsUnsupported { receiver: String, url: String },
-    #[error("alert receiver {receiver}: {url:?} is not an http:// URL with a host")]
+    #[error("alert receiver {receiver}: {url:?} is not an http:// or https:// URL with a host")]
     Url { receiver: String, url: String },
+    #[error(
+        "alert receiver {receiver}: {url:?} holds credentials; give them in basic_auth or \
+         authorization, not in the URL"
+    )]
+    UserInfo { receiver: String, url: String },
+    #[error("alert receiver {receiver}: tls_config is for https:// URLs only")]
+    TlsOnHttp { receiver: String },
+    #[error("alert receiver {receiver}: CA bundle {path}: {reason}")]
+    CaBundle {
+        receiver: String,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("alert receiver {receiver}: no CA certificates in the system store ({reason}); give tls_config.ca_file")]
+    SystemRoots { receiver: String, reason: String },
+    #[error("alert receiver {receiver}: TLS setup: {source}")]
+    Tls { receiver: String, source: rustls::Error },
+    #[error("alert receiver {receiver}: credentials file {path}: {source}")]
+    Credentials {
+        receiver: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("alert receiver {receiver}: needs exactly one of alertmanager or webhook")]
     Target { receiver: String },
     #[error(
@@ -94,7 +119,10 @@ impl Error {
                     || *status == StatusCode::REQUEST_TIMEOUT
                     || *status == StatusCode::TOO_MANY_REQUESTS
             }
-            Error::Request { .. } | Error::Body { .. } | Error::Timeout { .. } => true,
+            Error::Request { .. }
+            | Error::Body { .. }
+            | Error::Timeout { .. }
+            | Error::Credentials { .. } => true,
             _ => false,
         }
     }
@@ -139,6 +167,18 @@ pub enum Kind {
     Webhook,
 }
 
+/// How a receiver authenticates; secrets stay in their files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Auth {
+    /// `Authorization: Bearer <file contents, trimmed>`.
+    Bearer { credentials_file: PathBuf },
+    /// `Authorization: Basic base64(username:<file contents, trimmed>)`.
+    Basic {
+        username: String,
+        password_file: PathBuf,
+    },
+}
+
 /// One receiver, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReceiverSpec {
@@ -150,36 +190,165 @@ pub struct ReceiverSpec {
     /// Where alerts are posted (`{url}/api/v2/alerts` for Alertmanager).
     pub target: Uri,
     pub timeout: Option<Duration>,
+    /// https only: the CA bundle; the system's roots when `None`.
+    pub ca_file: Option<PathBuf>,
+    pub auth: Option<Auth>,
 }
 
 impl ReceiverSpec {
-    pub fn new(name: &str, kind: Kind, url: &str, timeout: Option<Duration>) -> Result<Self> {
-        let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-        if scheme.as_deref() == Some("https") {
-            return Err(Error::HttpsUnsupported {
-                receiver: name.to_owned(),
-                url: url.to_owned(),
-            });
-        }
+    pub fn new(name: &str, kind: Kind, target: &config::UrlTarget) -> Result<Self> {
+        let url = target.url.as_str();
         let bad = || Error::Url {
             receiver: name.to_owned(),
-            url: url.to_owned(),
+            url: crate::redact::redact(url),
         };
-        let target = match kind {
+        let post_to = match kind {
             Kind::Alertmanager => format!("{}/api/v2/alerts", url.trim_end_matches('/')),
             Kind::Webhook => url.to_owned(),
         };
-        let target: Uri = target.parse().map_err(|_| bad())?;
-        if target.scheme_str() != Some("http") || target.host().is_none_or(str::is_empty) {
+        let post_to: Uri = post_to.parse().map_err(|_| bad())?;
+        let https = match post_to.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(bad()),
+        };
+        let authority = post_to.authority().ok_or_else(bad)?;
+        if authority.host().is_empty() {
             return Err(bad());
         }
+        if authority.as_str().contains('@') {
+            return Err(Error::UserInfo {
+                receiver: name.to_owned(),
+                url: crate::redact::redact(url),
+            });
+        }
+        let ca_file = target.tls_config.as_ref().and_then(|t| t.ca_file.clone());
+        if target.tls_config.is_some() && !https {
+            return Err(Error::TlsOnHttp {
+                receiver: name.to_owned(),
+            });
+        }
+        let auth = match (&target.authorization, &target.basic_auth) {
+            (Some(a), _) => Some(Auth::Bearer {
+                credentials_file: a.credentials_file.clone(),
+            }),
+            (None, Some(b)) => Some(Auth::Basic {
+                username: b.username.clone(),
+                password_file: b.password_file.clone(),
+            }),
+            (None, None) => None,
+        };
         Ok(Self {
             name: name.to_owned(),
             kind,
             url: url.to_owned(),
-            target,
-            timeout,
+            target: post_to,
+            timeout: target.timeout,
+            ca_file,
+            auth,
         })
+    }
+
+    /// The target URL as logs and errors show it: secret query parameters redacted.
+    fn shown_url(&self) -> String {
+        crate::redact::redact(&self.target.to_string())
+    }
+
+    fn plain(name: &str, kind: Kind, url: &str) -> Result<Self> {
+        Self::new(
+            name,
+            kind,
+            &config::UrlTarget {
+                url: url.to_owned(),
+                ..Default::default()
+            },
+        )
+    }
+
+    /// The `Authorization` header value, its secret read now.
+    fn authorization(&self) -> Result<Option<String>> {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path)
+                .map(|text| text.trim().to_owned())
+                .map_err(|source| Error::Credentials {
+                    receiver: self.name.clone(),
+                    path: path.to_owned(),
+                    source,
+                })
+        };
+        Ok(match &self.auth {
+            None => None,
+            Some(Auth::Bearer { credentials_file }) => Some(format!("Bearer {}", read(credentials_file)?)),
+            Some(Auth::Basic {
+                username,
+                password_file,
+            }) => {
+                let pair = format!("{username}:{}", read(password_file)?);
+                Some(format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(pair)
+                ))
+            }
+        })
+    }
+
+    /// The TLS client settings: the CA bundle, or the system's roots (https only; an http
+    /// receiver gets an empty root store it never uses).
+    fn tls(&self) -> Result<Arc<rustls::ClientConfig>> {
+        let mut roots = rustls::RootCertStore::empty();
+        let https = self.target.scheme_str() == Some("https");
+        match (&self.ca_file, https) {
+            (_, false) => {}
+            (Some(path), true) => {
+                let bad = |reason: String| Error::CaBundle {
+                    receiver: self.name.clone(),
+                    path: path.clone(),
+                    reason,
+                };
+                let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                    .map_err(|e| bad(e.to_string()))?
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|e| bad(e.to_string()))?;
+                if certs.is_empty() {
+                    return Err(bad("holds no PEM certificate".into()));
+                }
+                for cert in certs {
+                    roots.add(cert).map_err(|e| bad(e.to_string()))?;
+                }
+            }
+            (None, true) => {
+                let native = rustls_native_certs::load_native_certs();
+                for cert in native.certs {
+                    let _ = roots.add(cert);
+                }
+                if roots.is_empty() {
+                    return Err(Error::SystemRoots {
+                        receiver: self.name.clone(),
+                        reason: native
+                            .errors
+                            .first()
+                            .map_or_else(|| "none found".to_owned(), ToString::to_string),
+                    });
+                }
+            }
+        }
+        let config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(|source| Error::Tls {
+                    receiver: self.name.clone(),
+                    source,
+                })?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        Ok(Arc::new(config))
+    }
+
+    /// Everything that can be checked before the first alert: the CA bundle parses, the
+    /// credentials files can be read.
+    fn check(&self) -> Result<Arc<rustls::ClientConfig>> {
+        self.authorization()?;
+        self.tls()
     }
 }
 
@@ -193,8 +362,8 @@ pub fn receiver_specs(
     let mut specs = Vec::new();
     for r in file {
         let spec = match (&r.alertmanager, &r.webhook) {
-            (Some(t), None) => ReceiverSpec::new(&r.name, Kind::Alertmanager, &t.url, t.timeout)?,
-            (None, Some(t)) => ReceiverSpec::new(&r.name, Kind::Webhook, &t.url, t.timeout)?,
+            (Some(t), None) => ReceiverSpec::new(&r.name, Kind::Alertmanager, t)?,
+            (None, Some(t)) => ReceiverSpec::new(&r.name, Kind::Webhook, t)?,
             _ => {
                 return Err(Error::Target {
                     receiver: r.name.clone(),
@@ -204,19 +373,17 @@ pub fn receiver_specs(
         specs.push(spec);
     }
     for (i, url) in webhooks.iter().enumerate() {
-        specs.push(ReceiverSpec::new(
+        specs.push(ReceiverSpec::plain(
             &format!("webhook-{}", i + 1),
             Kind::Webhook,
             url,
-            None,
         )?);
     }
     for (i, url) in alertmanagers.iter().enumerate() {
-        specs.push(ReceiverSpec::new(
+        specs.push(ReceiverSpec::plain(
             &format!("alertmanager-{}", i + 1),
             Kind::Alertmanager,
             url,
-            None,
         )?);
     }
     let mut names = std::collections::HashSet::new();
@@ -323,7 +490,8 @@ impl Dispatcher {
         let mut receivers = Vec::new();
         let mut tasks = Vec::new();
         for spec in specs {
-            tracing::info!(receiver = %spec.name, kind = ?spec.kind, url = %spec.target, "alert receiver");
+            let tls = spec.check()?;
+            tracing::info!(receiver = %spec.name, kind = ?spec.kind, url = %spec.shown_url(), "alert receiver");
             let count = |result: &str| sent.with_label_values(&[spec.name.as_str(), result]);
             let receiver = Arc::new(Receiver {
                 counts: Counts {
@@ -340,6 +508,7 @@ impl Dispatcher {
             });
             tasks.push(tokio::spawn(run_receiver(
                 receiver.clone(),
+                tls,
                 options.clone(),
                 stop.subscribe(),
             )));
@@ -402,15 +571,26 @@ impl Dispatcher {
     }
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// A receiver's task: deliver the queue, back off while failing, re-send firing alerts
 /// (Alertmanager); once stopping, deliver what is left and end.
-async fn run_receiver(r: Arc<Receiver>, options: Options, mut stop: watch::Receiver<bool>) {
+async fn run_receiver(
+    r: Arc<Receiver>,
+    tls: Arc<rustls::ClientConfig>,
+    options: Options,
+    mut stop: watch::Receiver<bool>,
+) {
     let timeout = r.spec.timeout.unwrap_or(options.timeout);
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(timeout));
     connector.set_nodelay(true);
+    connector.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config((*tls).clone())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
     let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
     let resends = r.spec.kind == Kind::Alertmanager;
     let mut next_resend = Instant::now() + options.resend_interval;
@@ -487,7 +667,7 @@ async fn send(
     timeout: Duration,
     batch: Vec<Alert>,
 ) -> std::result::Result<(), (Vec<Alert>, Error)> {
-    let url = r.spec.target.to_string();
+    let url = r.spec.shown_url();
     match r.spec.kind {
         Kind::Alertmanager => {
             let body = wire::alertmanager_body(
@@ -497,7 +677,7 @@ async fn send(
                 &options.generator_url,
             );
             let result = match serde_json::to_vec(&body) {
-                Ok(body) => post(client, &r.spec.target, body, timeout).await,
+                Ok(body) => post(client, &r.spec, body, timeout).await,
                 Err(source) => Err(Error::Encode { url, source }),
             };
             drop(body);
@@ -508,7 +688,7 @@ async fn send(
             while let Some(group) = groups.next() {
                 let message = wire::webhook_message(&r.spec.name, &group, &options.generator_url);
                 let result = match serde_json::to_vec(&message) {
-                    Ok(body) => post(client, &r.spec.target, body, timeout).await,
+                    Ok(body) => post(client, &r.spec, body, timeout).await,
                     Err(source) => Err(Error::Encode {
                         url: url.clone(),
                         source,
@@ -526,11 +706,15 @@ async fn send(
 }
 
 /// One POST of a JSON body; success is a 2xx answer within `timeout`.
-async fn post(client: &HttpClient, target: &Uri, body: Vec<u8>, timeout: Duration) -> Result<()> {
-    let url = target.to_string();
-    let request = Request::post(target.clone())
+async fn post(client: &HttpClient, spec: &ReceiverSpec, body: Vec<u8>, timeout: Duration) -> Result<()> {
+    let url = spec.shown_url();
+    let mut request = Request::post(spec.target.clone())
         .header(CONTENT_TYPE, "application/json")
-        .header(USER_AGENT, concat!("lifeline/", env!("CARGO_PKG_VERSION")))
+        .header(USER_AGENT, concat!("lifeline/", env!("CARGO_PKG_VERSION")));
+    if let Some(value) = spec.authorization()? {
+        request = request.header(AUTHORIZATION, value);
+    }
+    let request = request
         .body(Full::new(Bytes::from(body)))
         .map_err(|source| Error::Build {
             url: url.clone(),
@@ -989,18 +1173,16 @@ mod tests {
     }
 
     #[test]
-    fn https_and_bad_urls_and_duplicate_names_are_refused_naming_them() {
+    fn bad_urls_credentials_in_urls_and_duplicate_names_are_refused_naming_them() {
         let err = |file: &[config::Receiver], hooks: &[&str]| {
             let hooks: Vec<String> = hooks.iter().map(|s| (*s).to_owned()).collect();
             receiver_specs(file, &hooks, &[]).unwrap_err()
         };
-        let e = err(&[], &["https://secure/hook"]);
-        assert!(matches!(e, Error::HttpsUnsupported { .. }), "{e:?}");
+        let e = err(&[], &["https://admin:s3cret@secure/hook"]);
+        assert!(matches!(e, Error::UserInfo { .. }), "{e:?}");
         let text = e.to_string();
-        assert!(
-            text.contains("https://secure/hook") && text.contains("not supported yet"),
-            "{text}"
-        );
+        assert!(text.contains("https://admin:<redacted>@secure/hook"), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
         let text = err(&[], &["ftp://x"]).to_string();
         assert!(text.contains("webhook-1") && text.contains("ftp://x"), "{text}");
         assert!(matches!(err(&[], &["http://"]), Error::Url { .. }));
@@ -1010,6 +1192,117 @@ mod tests {
         assert!(text.contains("\"webhook-1\" is used twice"), "{text}");
         let both: Vec<config::Receiver> = serde_yaml::from_str(r#"[{ name: x }]"#).unwrap();
         assert!(matches!(err(&both, &[]), Error::Target { .. }));
+    }
+
+    /// A receiver from YAML (a `UrlTarget`), for the TLS and authentication tests.
+    fn receiver_yaml(yaml: &str) -> Vec<config::Receiver> {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[tokio::test]
+    async fn https_receivers_verify_against_the_ca_bundle_and_send_bearer_and_basic_auth() {
+        let dir = std::env::temp_dir().join(format!("lifeline-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sink = Sink::start_tls(&dir).await;
+        let ca = sink.ca_file.clone().unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "t0ken-1\n").unwrap();
+        let password = dir.join("password");
+        std::fs::write(&password, "pa55").unwrap();
+        let file = receiver_yaml(&format!(
+            r#"
+- name: bearer
+  webhook:
+    url: "{url}/bearer"
+    tls_config: {{ ca_file: "{ca}" }}
+    authorization: {{ credentials_file: "{token}" }}
+- name: basic
+  alertmanager:
+    url: "{url}"
+    tls_config: {{ ca_file: "{ca}" }}
+    basic_auth: {{ username: lifeline, password_file: "{password}" }}
+"#,
+            url = sink.url,
+            ca = ca.display(),
+            token = token.display(),
+            password = password.display(),
+        ));
+        let sent = counter();
+        let d = Dispatcher::start(&file, &[], &[], &sent, fast()).unwrap();
+        d.submit(vec![firing("p1")]);
+        let got = sink.wait_accepted(2, WAIT).await;
+        let auth = |path: &str| {
+            got.iter()
+                .find(|r| r.path == path)
+                .unwrap_or_else(|| panic!("no POST to {path}: {got:?}"))
+                .authorization
+                .clone()
+        };
+        assert_eq!(auth("/bearer").as_deref(), Some("Bearer t0ken-1"));
+        // base64("lifeline:pa55")
+        assert_eq!(
+            auth("/api/v2/alerts").as_deref(),
+            Some("Basic bGlmZWxpbmU6cGE1NQ==")
+        );
+
+        // A rotated token is read for the next request.
+        std::fs::write(&token, "t0ken-2").unwrap();
+        d.submit(vec![resolved("p1", at_ms(1))]);
+        let got = sink.wait_accepted(4, WAIT).await;
+        assert!(
+            got.iter()
+                .any(|r| r.authorization.as_deref() == Some("Bearer t0ken-2")),
+            "{got:?}"
+        );
+        d.shutdown(WAIT).await;
+
+        // Without the CA bundle, the system's roots do not know the sink: delivery fails.
+        let untrusted = Dispatcher::start(&[], &[format!("{}/x", sink.url)], &[], &sent, fast()).unwrap();
+        untrusted.submit(vec![firing("p2")]);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(count(&sent, "webhook-1", "error") >= 1);
+        assert!(!sink.received().iter().any(|r| r.path == "/x"));
+        untrusted.shutdown(Duration::from_millis(10)).await;
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unreadable_ca_bundles_and_credentials_are_refused_at_start_naming_them() {
+        let dir = std::env::temp_dir().join(format!("lifeline-tls-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let not_pem = dir.join("not.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let start_err = |yaml: &str| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let _guard = runtime.enter();
+            Dispatcher::start(&receiver_yaml(yaml), &[], &[], &counter(), fast())
+                .err()
+                .expect(yaml)
+                .to_string()
+        };
+        let text = start_err(&format!(
+            r#"[{{ name: a, webhook: {{ url: "https://x", tls_config: {{ ca_file: "{}" }} }} }}]"#,
+            not_pem.display()
+        ));
+        assert!(
+            text.contains("receiver a: CA bundle") && text.contains("no PEM certificate"),
+            "{text}"
+        );
+        let text = start_err(
+            r#"[{ name: a, webhook: { url: "https://x", tls_config: { ca_file: /nonexistent/ca.pem } } }]"#,
+        );
+        assert!(text.contains("/nonexistent/ca.pem"), "{text}");
+        let text = start_err(
+            r#"[{ name: a, webhook: { url: "https://x", authorization: { credentials_file: /nonexistent/t } } }]"#,
+        );
+        assert!(
+            text.contains("receiver a: credentials file /nonexistent/t"),
+            "{text}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,17 +1,8 @@
-//! The glue between the run loop and the alerts: [`ClientInput`]s built from the connection
-//! table and the judge's verdicts, the node's name, and [`Alerter`], which does a whole tick.
-use std::{
-    collections::HashMap,
-    time::{Instant, SystemTime},
-};
-
-use lifeline_common::tcp_state;
-
+//! The glue between the tick and the alerts: [`ClientInput`]s and [`EndpointInput`]s taken
+//! from the tick's snapshot, the node's name, and [`Alerter`], which does a whole tick.
 use crate::{
-    alerts::{AlertBook, ClientInput, ClientLabels, Dispatcher, DEFAULT_SETTLE},
-    health::{assess_outage, Verdict},
-    table::ConnectionTable,
-    views::{ClientKey, PodOf},
+    alerts::{AlertBook, ClientInput, ClientLabels, Dispatcher, EndpointInput, DEFAULT_SETTLE},
+    snapshot::Snapshot,
 };
 
 /// The alert policy and the delivery, for the run loop: one call per tick.
@@ -30,25 +21,17 @@ impl Alerter {
         }
     }
 
-    /// Feeds this tick's verdicts (judged at monotonic `now`) to the policy and hands the
-    /// alert changes to the receivers without waiting for them. The outage is judged from the
-    /// same verdicts.
-    pub fn tick(
-        &mut self,
-        table: &ConnectionTable,
-        verdicts: &HashMap<ClientKey, Verdict>,
-        now: Instant,
-        pod_of: PodOf<'_>,
-    ) {
-        let wall_now = SystemTime::now();
-        let clients = inputs(table, verdicts, now, wall_now, pod_of);
-        let outage = assess_outage(verdicts.values());
-        let changes = self.book.tick(wall_now, &clients, outage.as_ref());
+    /// Feeds a tick's snapshot to the policy and hands the alert changes to the receivers
+    /// without waiting for them.
+    pub fn tick(&mut self, snap: &Snapshot) {
+        let (clients, unreachable) = inputs(snap);
+        let changes = self.book.tick(snap.wall, &clients, &unreachable);
         for alert in &changes {
             tracing::info!(
                 alert = alert.name(),
                 status = alert.status().as_str(),
                 comm = alert.labels.get("comm").map_or("", String::as_str),
+                endpoint = alert.labels.get("endpoint").map_or("", String::as_str),
                 "alert"
             );
         }
@@ -56,52 +39,41 @@ impl Alerter {
     }
 }
 
-/// One input per judged process still in the table, ordered by pid. `now` is the monotonic
-/// time of the verdicts and `wall_now` the same moment on the wall clock (state `since` is
-/// converted with it).
-pub fn inputs(
-    table: &ConnectionTable,
-    verdicts: &HashMap<ClientKey, Verdict>,
-    now: Instant,
-    wall_now: SystemTime,
-    pod_of: PodOf<'_>,
-) -> Vec<ClientInput> {
-    let mut out: Vec<ClientInput> = verdicts
+/// The policy's inputs: one per listed process, ordered by key, and one per unreachable
+/// endpoint.
+pub fn inputs(snap: &Snapshot) -> (Vec<ClientInput>, Vec<EndpointInput>) {
+    let clients = snap
+        .clients
         .iter()
-        .filter_map(|(key, verdict)| {
-            let record = table
-                .process(key.0)
-                .filter(|r| r.info.start_time_ticks == key.1)?;
-            // As the judge reports it: an established connection's, else the last failed
-            // connect's, else any connection's.
-            let established = table
-                .connections_of(key.0)
-                .find(|c| c.tcp_state == tcp_state::ESTABLISHED);
-            let endpoint = established
-                .map(|c| c.endpoint.to_string())
-                .or_else(|| record.connect_failures.back().map(|f| f.endpoint.to_string()))
-                .or_else(|| table.connections_of(key.0).next().map(|c| c.endpoint.to_string()));
-            Some(ClientInput {
-                key: *key,
-                is_client: verdict.is_client,
-                state: verdict.state,
-                since: wall_now - now.saturating_duration_since(verdict.since),
-                reason: verdict.reason.clone(),
-                labels: {
-                    let pod = pod_of(&record.info);
-                    ClientLabels {
-                        namespace: pod.as_ref().map(|p| p.namespace.clone()),
-                        pod: pod.as_ref().map(|p| p.pod.clone()),
-                        container: pod.map(|p| p.container),
-                        comm: record.info.comm.clone(),
-                    }
-                },
-                endpoint,
-            })
+        .map(|c| ClientInput {
+            key: c.key,
+            is_client: c.verdict.is_client,
+            state: c.verdict.state,
+            since: snap.wall_of(c.verdict.since),
+            reason: c.verdict.reason.clone(),
+            labels: ClientLabels {
+                namespace: c.pod.as_ref().map(|p| p.namespace.clone()),
+                pod: c.pod.as_ref().map(|p| p.pod.clone()),
+                container: c.pod.as_ref().map(|p| p.container.clone()),
+                comm: c.process.comm.clone(),
+            },
+            endpoint: c.verdict.endpoint.clone(),
         })
         .collect();
-    out.sort_by_key(|c| c.key);
-    out
+    let unreachable = snap
+        .endpoints
+        .iter()
+        .filter_map(|e| match &e.status {
+            crate::reachability::Status::Unreachable { since, reason } => Some(EndpointInput {
+                endpoint: e.endpoint.to_string(),
+                since: snap.wall_of(*since),
+                reason: reason.clone(),
+                outage: e.outage,
+            }),
+            _ => None,
+        })
+        .collect();
+    (clients, unreachable)
 }
 
 /// The node's name for alerts: the `--node-name` flag (which also reads `NODE_NAME`), else
@@ -123,104 +95,81 @@ pub fn node_name(flag: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::{collections::BTreeMap, time::Duration};
 
     use prometheus::{IntCounterVec, Opts};
 
     use super::*;
     use crate::{
-        alerts::{node_name, sink::Sink, Alerter, Options},
-        endpoint::{Endpoint, EndpointSet, Source},
-        health::State,
-        kernel::events::{Change, KernelEvent},
+        alerts::{node_name, sink::Sink, Options},
+        cluster::pods::PodRef,
+        config::Select,
+        health::{State, Thresholds},
+        judge::Judge,
         process::ProcessInfo,
+        reachability::{Probe, ProbeOutcome},
+        testkit::{endpoint, Lab, APISERVER},
     };
 
-    fn table_with_connected(pid: u32, start: u64, t0: Instant) -> ConnectionTable {
-        let mut set = EndpointSet::default();
-        for e in Endpoint::parse_all("10.0.0.1:6443").unwrap() {
-            set.insert(e, Source::Flag);
-        }
-        let mut table = ConnectionTable::new(set);
-        let ev = |local: &str, old, new, tgid| KernelEvent {
-            at: t0,
-            sk: 0xa,
-            netns: 1,
-            change: Change::State { old, new },
-            local: local.parse().unwrap(),
-            remote: "10.0.0.1:6443".parse().unwrap(),
-            owner_tgid: tgid,
-            thread_comm: "worker".into(),
-            sk_err: 0,
-            bytes_received: 0,
-        };
-        let info = ProcessInfo {
-            pid,
-            comm: "kcm".into(),
-            cmdline: String::new(),
-            cgroup: "/".into(),
-            container: None,
-            netns: Some(1),
-            start_time_ticks: start,
-        };
-        table.apply_event(
-            &ev("10.0.0.2:0", tcp_state::CLOSE, tcp_state::SYN_SENT, Some(pid)),
-            Some(info),
-        );
-        table.apply_event(
-            &ev(
-                "10.0.0.2:40000",
-                tcp_state::SYN_SENT,
-                tcp_state::ESTABLISHED,
-                None,
-            ),
-            None,
-        );
-        table
+    fn in_pod(_: &ProcessInfo) -> Option<PodRef> {
+        Some(PodRef {
+            namespace: "kube-system".into(),
+            pod: "kcm-0".into(),
+            container: "kcm".into(),
+            uid: "u".into(),
+            monitor: false,
+            remediate: false,
+            labels: Default::default(),
+        })
     }
 
     #[test]
-    fn inputs_carry_verdict_comm_endpoint_and_wall_clock_since() {
-        let t0 = Instant::now();
-        let table = table_with_connected(7, 42, t0);
-        let verdict = |since| Verdict {
-            state: State::Stale,
-            since,
-            reason: "quiet".into(),
-            is_client: true,
-        };
-        let verdicts = HashMap::from([
-            ((7, 42), verdict(t0 + Duration::from_secs(5))),
-            ((7, 41), verdict(t0)), // an older process with the same pid: gone
-            ((8, 1), verdict(t0)),  // not in the table: gone
-        ]);
-        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
-        let got = inputs(
-            &table,
-            &verdicts,
-            t0 + Duration::from_secs(20),
-            wall,
-            &crate::views::no_pod,
-        );
-        assert_eq!(
-            got,
-            [ClientInput {
-                key: (7, 42),
-                is_client: true,
-                state: State::Stale,
-                since: wall - Duration::from_secs(15),
-                reason: "quiet".into(),
-                labels: ClientLabels {
-                    comm: "kcm".into(),
-                    ..Default::default()
-                },
-                endpoint: Some("10.0.0.1:6443".into()),
-            }]
-        );
+    fn inputs_carry_verdict_pod_endpoint_and_wall_clock_since() {
+        let mut lab = Lab::new();
+        lab.connect(0, 0xa, 40000, 7);
+        let mut judge = Judge::new(Thresholds::default(), Select::default());
+        let reached = BTreeMap::from([(
+            endpoint(APISERVER),
+            Probe {
+                at: lab.at(14_000),
+                outcome: ProbeOutcome::Answered(200),
+            },
+        )]);
+        judge.tick(&lab.table, &reached, &in_pod, lab.at(15_000));
+        lab.peer_close(20_000, 0xa, 40000);
+        let probes = BTreeMap::from([(
+            endpoint(APISERVER),
+            Probe {
+                at: lab.at(35_000),
+                outcome: ProbeOutcome::Refused,
+            },
+        )]);
+        let snap = judge.tick(&lab.table, &probes, &in_pod, lab.at(36_000));
+        let (clients, unreachable) = inputs(&snap);
+        assert_eq!(clients.len(), 1);
+        let c = &clients[0];
+        assert_eq!((c.key, c.is_client, c.state), ((7, 1), true, State::Disconnected));
+        assert_eq!(c.since, snap.wall);
+        assert_eq!(c.endpoint.as_deref(), Some(APISERVER));
+        assert_eq!(c.labels.pod.as_deref(), Some("kcm-0"));
+        assert_eq!(c.labels.comm, "proc-7");
+        assert_eq!(unreachable.len(), 1);
+        assert_eq!(unreachable[0].endpoint, APISERVER);
+        assert_eq!(unreachable[0].since, snap.wall - Duration::from_secs(1));
+        assert!(!unreachable[0].outage);
+    }
+
+    /// The judge's snapshot at `ms`, with a wall clock that moves with the lab's.
+    fn tick(judge: &mut Judge, lab: &Lab, ms: u64) -> crate::snapshot::Snapshot {
+        let mut snap = judge.tick(&lab.table, &BTreeMap::new(), &in_pod, lab.at(ms));
+        snap.wall = std::time::SystemTime::UNIX_EPOCH
+            + Duration::from_secs(1_700_000_000)
+            + Duration::from_millis(ms);
+        snap
     }
 
     #[tokio::test]
-    async fn the_alerter_turns_verdicts_into_delivered_alerts() {
+    async fn the_alerter_turns_a_snapshot_into_delivered_alerts() {
         let sink = Sink::start().await;
         let sent = IntCounterVec::new(Opts::new("sent", "sent"), &["receiver", "result"]).unwrap();
         let dispatcher = Dispatcher::start(
@@ -232,32 +181,13 @@ mod tests {
         )
         .unwrap();
         let mut alerter = Alerter::new("node-9", dispatcher.clone());
-        let t0 = Instant::now();
-        let table = table_with_connected(7, 42, t0);
-        let verdict = |state| Verdict {
-            state,
-            since: t0,
-            reason: "lost it".into(),
-            is_client: true,
-        };
-        let later = t0 + Duration::from_secs(10);
-        let in_pod = |_: &crate::process::ProcessInfo| {
-            Some(crate::cluster::pods::PodRef {
-                namespace: "kube-system".into(),
-                pod: "kcm-0".into(),
-                container: "kcm".into(),
-                uid: "u".into(),
-                monitor: false,
-                remediate: false,
-                labels: Default::default(),
-            })
-        };
-        alerter.tick(
-            &table,
-            &HashMap::from([((7, 42), verdict(State::Disconnected))]),
-            later,
-            &in_pod,
-        );
+        let mut lab = Lab::new();
+        lab.connect(0, 0xa, 40000, 7);
+        let mut judge = Judge::new(Thresholds::default(), Select::default());
+        alerter.tick(&tick(&mut judge, &lab, 15_000));
+        lab.peer_close(20_000, 0xa, 40000);
+        alerter.tick(&tick(&mut judge, &lab, 36_000));
+        alerter.tick(&tick(&mut judge, &lab, 39_000));
         let got = sink.wait_accepted(1, Duration::from_secs(5)).await;
         let alert = &got[0].body["alerts"][0];
         assert_eq!(alert["labels"]["alertname"], "LifelineClientDisconnected");
@@ -268,15 +198,10 @@ mod tests {
         assert_eq!(alert["labels"]["pod"], "kcm-0");
         assert_eq!(alert["labels"]["container"], "kcm");
         assert_eq!(alert["labels"]["node"], "node-9");
-        assert_eq!(alert["labels"]["comm"], "kcm");
-        assert_eq!(alert["labels"]["endpoint"], "10.0.0.1:6443");
-        assert_eq!(alert["annotations"]["description"], "lost it");
-        alerter.tick(
-            &table,
-            &HashMap::from([((7, 42), verdict(State::Healthy))]),
-            later,
-            &in_pod,
-        );
+        assert_eq!(alert["labels"]["comm"], "proc-7");
+        assert_eq!(alert["labels"]["endpoint"], APISERVER);
+        lab.connect(40_000, 0xb, 40001, 7);
+        alerter.tick(&tick(&mut judge, &lab, 41_000));
         let got = sink.wait_accepted(2, Duration::from_secs(5)).await;
         assert_eq!(got[1].body["status"], "resolved");
         dispatcher.shutdown(Duration::from_secs(1)).await;

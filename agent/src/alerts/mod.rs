@@ -8,13 +8,13 @@
 //! let dispatcher = alerts::Dispatcher::start(&file.receivers, &args.webhook, &args.alertmanager,
 //!                                            &metrics.alerts_sent, alerts::Options::default())?;
 //! let alerter = alerts::Alerter::new(alerts::node_name(args.node_name.as_deref()), dispatcher.clone());
-//! // each tick, after judge.tick(&table, now), with the judge and table locked:
-//! alerter.tick(&table, judge.verdicts(), now, &pod_of);
+//! // each tick, after the judge made its snapshot:
+//! alerter.tick(&snapshot);
 //! // shutdown:
 //! dispatcher.shutdown(GRACE).await;
 //! ```
 //!
-//! Only `http://` receivers work for now; an `https://` URL is refused at start-up.
+//! Receivers are `http://` or `https://` (a CA bundle, bearer or basic authentication).
 
 mod book;
 mod dispatch;
@@ -27,6 +27,8 @@ mod real_alertmanager;
 #[cfg(test)]
 mod sink;
 
-pub use book::{alert_name, Alert, AlertBook, ClientInput, ClientLabels, Labels, Status, DEFAULT_SETTLE};
+pub use book::{
+    alert_name, Alert, AlertBook, ClientInput, ClientLabels, EndpointInput, Labels, Status, DEFAULT_SETTLE,
+};
 pub use dispatch::{Dispatcher, Error, Options};
 pub use input::{node_name, Alerter};

@@ -151,7 +151,7 @@ async fn alertmanager_shows_our_alert_active_then_resolved() {
 
     let now = SystemTime::now();
     let since = now - Duration::from_secs(5);
-    let fired = book.tick(now, &[client(State::Disconnected, since)], None);
+    let fired = book.tick(now, &[client(State::Disconnected, since)], &[]);
     assert_eq!(fired.len(), 1);
     let labels = fired[0].labels.clone();
     dispatcher.submit(fired);
@@ -198,7 +198,7 @@ async fn alertmanager_shows_our_alert_active_then_resolved() {
     assert!(skew < Duration::from_millis(2), "startsAt is the state's since");
     assert_eq!(sent.with_label_values(&["alertmanager-1", "ok"]).get(), 1);
 
-    let resolved = book.tick(SystemTime::now(), &[client(State::Healthy, since)], None);
+    let resolved = book.tick(SystemTime::now(), &[client(State::Healthy, since)], &[]);
     assert_eq!(resolved.len(), 1);
     dispatcher.submit(resolved);
     am.wait_for("our alert no longer active", |alerts| match ours(alerts) {

@@ -1,6 +1,6 @@
 //! Apiserver endpoints learnt from the cluster, kept live.
 //!
-//! Three feeds, each a full replacement of what it said before:
+//! Four feeds, each a full replacement of what it said before:
 //!
 //! - [`Feed::Server`]: the address(es) of the server the agent itself talks to (the kubeconfig's
 //!   server URL, names resolved and re-resolved every [`RESOLVE_EVERY`]; or the in-cluster
@@ -10,7 +10,10 @@
 //! - [`Feed::Backends`]: the addresses and TCP ports of the EndpointSlices labelled
 //!   `kubernetes.io/service-name=kubernetes`, or, on apiservers without `discovery.k8s.io/v1`,
 //!   of the core Endpoints `default/kubernetes` (ready and not-ready addresses alike: a client
-//!   may hold a connection to an apiserver that is not ready, which is exactly what to watch).
+//!   may hold a connection to an apiserver that is not ready, which is exactly what to watch);
+//! - [`Feed::Node`]: what the node itself says (in a pod only, see `node_local.rs`): the server
+//!   of the kubelet's kubeconfig, and loopback addresses of apiservers and node-local proxies,
+//!   looked at again every [`RESOLVE_EVERY`].
 //!
 //! An endpoint that a feed stops naming stays in the set for [`RETAIN_REMOVED`]: during a rolling
 //! restart every apiserver drops out of the EndpointSlice for a while, and the connections that
@@ -44,6 +47,8 @@ pub enum Feed {
     Service,
     /// Its EndpointSlices, or its core Endpoints.
     Backends,
+    /// The node's own: the kubelet's kubeconfig and loopback apiserver listeners.
+    Node,
 }
 
 /// One endpoint and where it came from.
@@ -480,6 +485,8 @@ mod tests {
             Source::Service,
             Source::EndpointSlice,
             Source::Endpoints,
+            Source::KubeletKubeconfig,
+            Source::LocalApiserver,
         ] {
             assert_eq!(
                 serde_json::to_value(s).expect("serialize"),

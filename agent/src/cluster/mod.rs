@@ -13,6 +13,8 @@
 //! - [`discovery`]: which API generation this apiserver serves ([`ApiVersions`]), decided once;
 //! - [`endpoints`]: the apiserver endpoint set, live (Service, EndpointSlices or Endpoints, the
 //!   server URL with its name re-resolved), with removed endpoints retained for a while;
+//! - [`node_local`]: in a pod, the addresses the node's own components use (the kubelet's
+//!   kubeconfig, loopback apiservers and node-local proxies);
 //! - [`pods`]: this node's pods by container id ([`PodRef`]);
 //! - [`events`]: deduplicated, rate-limited Events, `events.k8s.io/v1` or core v1;
 //! - [`evict`]: `pods/eviction` in `policy/v1` or `policy/v1beta1`;
@@ -40,6 +42,7 @@ pub mod discovery;
 pub mod endpoints;
 pub mod events;
 pub mod evict;
+pub mod node_local;
 pub mod pods;
 pub mod probe;
 
@@ -262,6 +265,16 @@ impl Cluster {
                 None
             }
         };
+        // In a pod (the DaemonSet, with hostPID): what the node says, before the first set is
+        // published, so the start-up scan already covers host-level clients.
+        let node = if source == connect::ConfigSource::InCluster {
+            let mut node = NodeWatch::new(PathBuf::from(node_local::PROC));
+            let findings = node.look().await;
+            tracker.update(Feed::Node, Instant::now(), findings.entries());
+            Some(node)
+        } else {
+            None
+        };
         let (endpoints_tx, endpoints_rx) = watch::channel(tracker.set());
         let (settled_tx, settled_rx) = watch::channel(false);
         let (versions_tx, versions_rx) = watch::channel(None);
@@ -290,6 +303,9 @@ impl Cluster {
                 feed_tx.clone(),
             )),
         ];
+        if let Some(node) = node {
+            tasks.push(tokio::spawn(node.run(feed_tx.clone())));
+        }
         if let Some((name, port)) = resolve {
             tasks.push(tokio::spawn(resolve_loop(name, port, server_source, feed_tx)));
         }
@@ -703,6 +719,98 @@ async fn resolve_loop(name: String, port: u16, source: Source, feeds: mpsc::Send
                 }
             }
             Err(err) => trouble.failed(&err),
+        }
+    }
+}
+
+/// What the node says ([`node_local`]), looked at every [`endpoints::RESOLVE_EVERY`]. Each part
+/// that fails to be read keeps its last answer (the tracker then still retains what it named).
+struct NodeWatch {
+    proc_root: PathBuf,
+    kubelet: Option<(node_local::KubeletServer, Vec<std::net::IpAddr>)>,
+    listeners: Vec<node_local::Listener>,
+    findings: node_local::Findings,
+    kubelet_trouble: Trouble,
+    resolve_trouble: Trouble,
+    listeners_trouble: Trouble,
+}
+
+impl NodeWatch {
+    fn new(proc_root: PathBuf) -> Self {
+        Self {
+            proc_root,
+            kubelet: None,
+            listeners: Vec::new(),
+            findings: node_local::Findings::default(),
+            kubelet_trouble: Trouble::new("reading the kubelet's kubeconfig"),
+            resolve_trouble: Trouble::new("resolving the server of the kubelet's kubeconfig"),
+            listeners_trouble: Trouble::new("listing the host's listening sockets"),
+        }
+    }
+
+    /// One look (the /proc and sock_diag reads on a blocking thread); logs what is new.
+    async fn look(&mut self) -> node_local::Findings {
+        let proc_root = self.proc_root.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let kubelet = node_local::kubelet_server(&proc_root);
+            let netns = proc_root.join("1/ns/net");
+            let listeners = node_local::listeners(&netns, &crate::process::Procfs::new(&proc_root));
+            (kubelet, listeners)
+        })
+        .await;
+        let Ok((kubelet, listeners)) = read else {
+            return self.findings.clone();
+        };
+        match kubelet {
+            Ok(None) => {
+                self.kubelet_trouble.ok();
+                self.kubelet = None;
+            }
+            Ok(Some(server)) => {
+                self.kubelet_trouble.ok();
+                let addrs = match &server.host {
+                    Host::Ip(ip) => Ok(vec![*ip]),
+                    Host::Name(name) => resolve_server(name, server.port, Source::KubeletKubeconfig)
+                        .await
+                        .map(|entries| entries.into_iter().map(|(e, _)| e.addr).collect()),
+                };
+                match addrs {
+                    Ok(addrs) => {
+                        self.resolve_trouble.ok();
+                        self.kubelet = Some((server, addrs));
+                    }
+                    Err(err) => self.resolve_trouble.failed(&err),
+                }
+            }
+            Err(err) => self.kubelet_trouble.failed(&err),
+        }
+        match listeners {
+            Ok(found) => {
+                self.listeners_trouble.ok();
+                self.listeners = found;
+            }
+            Err(err) => self.listeners_trouble.failed(&err),
+        }
+        let kubelet = self.kubelet.as_ref();
+        let findings = node_local::findings(
+            kubelet.map(|(s, _)| s),
+            kubelet.map_or(&[][..], |(_, a)| a.as_slice()),
+            &self.listeners,
+        );
+        for ((endpoint, source), why) in node_local::news(&self.findings, &findings) {
+            tracing::info!(%endpoint, source = source.as_str(), "apiserver endpoint of this node: {why}");
+        }
+        self.findings = findings.clone();
+        findings
+    }
+
+    async fn run(mut self, feeds: mpsc::Sender<(Feed, Vec<Entry>)>) {
+        loop {
+            tokio::time::sleep(endpoints::RESOLVE_EVERY).await;
+            let findings = self.look().await;
+            if feeds.send((Feed::Node, findings.entries())).await.is_err() {
+                return;
+            }
         }
     }
 }

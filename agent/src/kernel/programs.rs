@@ -13,7 +13,7 @@ use aya::{
     programs::{trace_point::TracePointLinkId, ProgramError, ProgramFd, TracePoint},
     Ebpf, EbpfError, EbpfLoader,
 };
-use lifeline_common::{counter, EndpointKey, FailureKey, KernelOffsets, PORT_WORDS};
+use lifeline_common::{counter, EndpointKey, FailureKey, KernelOffsets, MAX_ENDPOINTS, PORT_WORDS};
 
 use super::filter::{self, Filter};
 use crate::endpoint::{Endpoint, EndpointSet};
@@ -44,6 +44,8 @@ pub enum Error {
     },
     #[error("map {name}: {source}")]
     Map { name: &'static str, source: MapError },
+    #[error("{wanted} endpoints: the kernel map holds at most {MAX_ENDPOINTS}")]
+    Capacity { wanted: usize },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -245,31 +247,49 @@ impl Probes {
         Ok(())
     }
 
-    /// Makes the kernel's endpoint maps equal to `set`: adds what is new, removes what is
-    /// gone, then updates the port bitmap. (Order does not matter: a port bit without an
-    /// address only sends the programs to an LPM lookup that fails.)
+    /// Makes the kernel's endpoint map equal to `set`: removes what is gone, adds what is new,
+    /// then updates the port bitmap and the attachment. All or nothing for the map: a set
+    /// larger than the map is refused before the map is touched, and if the kernel refuses a
+    /// change midway, the changes made so far are undone, so the map still holds the previous
+    /// set. (A port bit without an address only sends the programs to an LPM lookup that
+    /// fails.)
     pub fn set_endpoints(&mut self, set: &EndpointSet) -> Result<()> {
         let wanted: BTreeSet<Endpoint> = set.iter().map(|(e, _)| *e).collect();
-        for gone in self.installed.difference(&wanted) {
-            let (bits, data) = gone.kernel_key();
-            match self.endpoints.remove(&Key::new(bits, data)) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(source) => {
-                    return Err(Error::Map {
-                        name: "ENDPOINTS",
-                        source,
-                    })
+        if wanted.len() > MAX_ENDPOINTS as usize {
+            return Err(Error::Capacity { wanted: wanted.len() });
+        }
+        self.apply(wanted)
+    }
+
+    /// Removes, adds, and undoes both if the kernel refuses a change.
+    fn apply(&mut self, wanted: BTreeSet<Endpoint>) -> Result<()> {
+        let gone: Vec<Endpoint> = self.installed.difference(&wanted).copied().collect();
+        let new: Vec<Endpoint> = wanted.difference(&self.installed).copied().collect();
+        let mut removed = Vec::new();
+        let mut added = Vec::new();
+        let result = (|| {
+            for e in &gone {
+                self.remove(e)?;
+                removed.push(*e);
+            }
+            for e in &new {
+                self.insert(e)?;
+                added.push(*e);
+            }
+            Ok(())
+        })();
+        if let Err(err) = result {
+            for e in &added {
+                if let Err(undo) = self.remove(e) {
+                    tracing::error!(endpoint = %e, "rolling back the endpoint map: {undo}");
                 }
             }
-        }
-        for new in wanted.difference(&self.installed) {
-            let (bits, data) = new.kernel_key();
-            self.endpoints
-                .insert(&Key::new(bits, data), 1, 0)
-                .map_err(|source| Error::Map {
-                    name: "ENDPOINTS",
-                    source,
-                })?;
+            for e in &removed {
+                if let Err(undo) = self.insert(e) {
+                    tracing::error!(endpoint = %e, "rolling back the endpoint map: {undo}");
+                }
+            }
+            return Err(err);
         }
         let old_ports = port_bitmap(&self.installed);
         let new_ports = port_bitmap(&wanted);
@@ -286,6 +306,39 @@ impl Probes {
             }
         }
         self.attach_for(&port_set)
+    }
+
+    /// Endpoints in the kernel map now.
+    #[cfg(test)]
+    pub fn installed(&self) -> &BTreeSet<Endpoint> {
+        &self.installed
+    }
+
+    fn insert(&mut self, e: &Endpoint) -> Result<()> {
+        let (bits, data) = e.kernel_key();
+        self.endpoints
+            .insert(&Key::new(bits, data), 1, 0)
+            .map_err(|source| Error::Map {
+                name: "ENDPOINTS",
+                source,
+            })
+    }
+
+    fn remove(&mut self, e: &Endpoint) -> Result<()> {
+        let (bits, data) = e.kernel_key();
+        match self.endpoints.remove(&Key::new(bits, data)) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(Error::Map {
+                name: "ENDPOINTS",
+                source,
+            }),
+        }
+    }
+
+    /// How many keys the kernel map holds (walks it: for tests, not hot paths).
+    #[cfg(test)]
+    pub fn map_len(&self) -> usize {
+        self.endpoints.keys().filter(std::result::Result::is_ok).count()
     }
 
     pub fn counters(&self) -> Result<KernelCounters> {
@@ -339,4 +392,57 @@ fn forward_kernel_logs(ebpf: &mut Ebpf) -> Option<tokio::task::JoinHandle<()>> {
             guard.clear_ready();
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::{endpoint::Source, kernel::offsets};
+
+    fn set(range: std::ops::Range<u32>) -> EndpointSet {
+        let mut set = EndpointSet::default();
+        for i in range {
+            set.insert(
+                Endpoint::exact(Ipv4Addr::from(0x0a00_0000 + i).into(), 443),
+                Source::Config,
+            );
+        }
+        set
+    }
+
+    #[tokio::test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    async fn the_endpoint_map_is_all_or_nothing() {
+        let (mut probes, _ring) = Probes::load(&offsets::discover().expect("offsets")).expect("load");
+        let max = MAX_ENDPOINTS;
+        probes.set_endpoints(&set(0..10)).expect("10 endpoints");
+        assert_eq!(probes.map_len(), 10);
+
+        // Too many: refused before the map is touched.
+        let err = probes.set_endpoints(&set(0..max + 1)).unwrap_err();
+        assert!(
+            matches!(err, Error::Capacity { wanted } if wanted == max as usize + 1),
+            "{err}"
+        );
+        assert_eq!(probes.map_len(), 10);
+
+        // The kernel refusing midway (here: the map full at the 4097th insert, past the check):
+        // everything done so far is undone.
+        let wanted: BTreeSet<Endpoint> = set(5..max + 6).iter().map(|(e, _)| *e).collect();
+        let err = probes.apply(wanted).unwrap_err();
+        assert!(matches!(err, Error::Map { .. }), "{err}");
+        assert_eq!(probes.map_len(), 10, "rolled back");
+        assert_eq!(probes.installed().len(), 10);
+        let installed: Vec<String> = probes.installed().iter().map(ToString::to_string).collect();
+        assert_eq!(installed.first().map(String::as_str), Some("10.0.0.0:443"));
+
+        // A full map, then a different full map: removals first make room.
+        probes.set_endpoints(&set(0..max)).expect("a full map");
+        probes
+            .set_endpoints(&set(max..2 * max))
+            .expect("another full map");
+        assert_eq!(probes.map_len(), max as usize);
+    }
 }

@@ -17,7 +17,7 @@ use std::{
     os::fd::AsRawFd,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
+        Arc, Mutex, PoisonError,
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -32,11 +32,11 @@ use super::{
 };
 use crate::{
     cluster::Cluster,
-    endpoint::Endpoint,
     metrics::Metrics,
     process::{ProcessInfo, Procfs},
     sampler::SharedTable,
     table::{Applied, FailureReason},
+    workers::Refresher,
 };
 
 /// Most events applied under one lock of the table.
@@ -84,6 +84,8 @@ pub struct PumpContext {
     pub cluster: Option<Cluster>,
     pub probes: Arc<Mutex<Probes>>,
     pub stats: Arc<KernelStats>,
+    /// Told after every drain that changed the table, so clients are judged at once.
+    pub refresher: Refresher,
 }
 
 /// The running pump; dropping it stops the thread (within [`TICK`]).
@@ -159,13 +161,18 @@ impl Worker {
     /// Applies everything in the ring, one batch per table lock.
     fn drain(&mut self) {
         let mut batch = Vec::with_capacity(BATCH);
+        let mut applied = false;
         loop {
             batch.clear();
             take_batch(&mut self.feed.events, &self.clock, &mut batch);
             if batch.is_empty() {
-                return;
+                break;
             }
             self.apply(&batch);
+            applied = true;
+        }
+        if applied {
+            self.ctx.refresher.request();
         }
     }
 
@@ -178,7 +185,7 @@ impl Worker {
         let mut counted = Vec::new();
         let mut retransmits = 0;
         {
-            let mut table = self.ctx.table.lock().expect("table lock");
+            let mut table = self.ctx.table.lock().unwrap_or_else(PoisonError::into_inner);
             for (ev, owner) in batch.iter().zip(owners) {
                 retransmits += u64::from(matches!(ev.change, Change::Retransmit { .. }));
                 let (pid, endpoint, reason) = match table.apply_event(ev, owner) {
@@ -222,8 +229,24 @@ impl Worker {
             Ok(_) => {}
             Err(err) => tracing::warn!("reading aggregated connect failures: {err}"),
         }
-        match self.ctx.probes.lock().expect("probes lock").counters() {
-            Ok(c) => self.ctx.stats.set(c),
+        match self
+            .ctx
+            .probes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .counters()
+        {
+            Ok(c) => {
+                let lost = c.lost.saturating_sub(self.ctx.stats.get().lost);
+                if lost > 0 {
+                    self.ctx.metrics.ebpf_events_lost.inc_by(lost);
+                    tracing::warn!(
+                        lost,
+                        "the kernel lost events (ring buffer full); the sampler rescans to heal the table"
+                    );
+                }
+                self.ctx.stats.set(c)
+            }
             Err(err) => tracing::warn!("reading kernel counters: {err}"),
         }
     }
@@ -234,12 +257,13 @@ impl Worker {
     fn record_failures(&mut self, fresh: &[(FailureKey, u64)], now: Instant) {
         let mut counted = Vec::new();
         {
-            let mut table = self.ctx.table.lock().expect("table lock");
+            let mut table = self.ctx.table.lock().unwrap_or_else(PoisonError::into_inner);
             for (key, count) in fresh {
                 let Some(endpoint) = table.endpoints().matching(failure_remote(key)) else {
                     continue;
                 };
-                let reason = failure_reason(key.sk_err as i32);
+                // The kernel aggregates only connects that ended (sk_err set, or given up on).
+                let reason = FailureReason::from_errno(key.sk_err as i32, true);
                 let count = u32::try_from(*count).unwrap_or(u32::MAX);
                 table.record_connect_failures(key.tgid, endpoint, reason, count, now);
                 if let Some(p) = table.process(key.tgid) {
@@ -248,26 +272,10 @@ impl Worker {
             }
         }
         for (labels, endpoint, reason, count) in counted {
-            self.count_failures(&labels, endpoint, reason, count);
+            self.ctx
+                .metrics
+                .count_connect_failures(&labels, &endpoint.to_string(), reason.as_str(), count);
         }
-    }
-
-    // LEAD: a `Metrics::count_connect_failures(labels, endpoint, reason, n)` would replace this.
-    fn count_failures(&self, labels: &[String; 4], endpoint: Endpoint, reason: FailureReason, n: u32) {
-        let endpoint = endpoint.to_string();
-        let m = &self.ctx.metrics;
-        m.count_connect_failure(labels, &endpoint, reason.as_str());
-        let l: [&str; 6] = [
-            &labels[0],
-            &labels[1],
-            &labels[2],
-            &labels[3],
-            &endpoint,
-            reason.as_str(),
-        ];
-        m.client_connect_failures
-            .with_label_values(&l)
-            .inc_by(u64::from(n.saturating_sub(1)));
     }
 
     /// Metric labels of a process: namespace, pod, container (empty outside Kubernetes), comm.
@@ -358,15 +366,6 @@ fn failure_remote(key: &FailureKey) -> SocketAddr {
     SocketAddr::new(ip, key.dport)
 }
 
-// LEAD: use the table's errno → reason mapping (refused, timeout, reset, unreachable) at merge.
-/// Why a connect failed, from `sk_err` when it ended (0: the process gave up waiting).
-pub fn failure_reason(sk_err: i32) -> FailureReason {
-    match sk_err {
-        libc::ECONNREFUSED => FailureReason::Refused,
-        _ => FailureReason::Timeout,
-    }
-}
-
 /// Resolved owners by tgid, each reused for [`OWNER_TTL`].
 struct OwnerCache {
     procfs: Procfs,
@@ -444,13 +443,6 @@ mod tests {
             failure_remote(&mapped),
             "[::ffff:10.96.0.1]:443".parse::<SocketAddr>().unwrap()
         );
-    }
-
-    #[test]
-    fn refused_and_the_rest() {
-        assert_eq!(failure_reason(libc::ECONNREFUSED), FailureReason::Refused);
-        assert_eq!(failure_reason(libc::ETIMEDOUT), FailureReason::Timeout);
-        assert_eq!(failure_reason(0), FailureReason::Timeout, "the process gave up");
     }
 
     #[test]

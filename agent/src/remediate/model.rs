@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{health::State, table::Tuple, views::ClientKey};
+use crate::{health::State, snapshot::ClientKey, table::Tuple};
 
 /// A pod, by namespace and name (its UID, for Events, may be empty).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -94,6 +94,9 @@ pub struct ClientFacts {
     /// Its established apiserver connections that are stale or blackholed: what a reset
     /// destroys.
     pub suspect: Vec<Tuple>,
+    /// Its endpoint, when that endpoint is unreachable from the node right now (an apiserver
+    /// outage: neither a restart nor a re-dial can help).
+    pub endpoint_down: Option<String>,
 }
 
 /// The two kinds of action (the `action` label).
@@ -176,11 +179,11 @@ impl fmt::Display for Action {
     }
 }
 
-/// Why a node-level outage holds restarts back.
+/// Why an apiserver outage holds actions back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OutageCause {
-    /// Most clients on the node are unhealthy at once.
-    Node { affected: usize, clients: usize },
+    /// The client's endpoint is unreachable from the node.
+    Endpoint { endpoint: String },
     /// The agent's own apiserver check fails.
     ApiserverCheck,
 }
@@ -194,7 +197,7 @@ pub enum Skip {
     Unreachable,
     /// The client needs a restart (it has no socket to reset) and the mode is `reset`.
     ResetOnly,
-    /// No restarts (and no resets when the agent itself cannot reach the apiserver).
+    /// The client's endpoint is unreachable, or the agent's own apiserver check fails.
     Outage(OutageCause),
     /// The client (by pod, or by name and command line) was acted on less than `cooldown` ago.
     Cooldown { remaining: Duration },
@@ -234,9 +237,9 @@ impl fmt::Display for Skip {
             Skip::ResetOnly => f.write_str(
                 "it has no connection to reset, and restarts need remediation mode restart",
             ),
-            Skip::Outage(OutageCause::Node { affected, clients }) => write!(
+            Skip::Outage(OutageCause::Endpoint { endpoint }) => write!(
                 f,
-                "apiserver outage: {affected} of {clients} clients on this node are unhealthy at once"
+                "apiserver outage: {endpoint} is unreachable from this node"
             ),
             Skip::Outage(OutageCause::ApiserverCheck) => {
                 f.write_str("apiserver outage: the agent's own apiserver check fails")

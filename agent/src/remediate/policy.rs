@@ -15,10 +15,10 @@
 //! [`ESCALATE_AFTER`] after the reset. That restart is the only action the cooldown lets
 //! through; one reset and one restart per window at most.
 //!
-//! Guards, in order: opt-in; restarts only in mode `restart`; apiserver outage (no restarts
-//! while most clients on the node are unhealthy or the agent's own apiserver check fails; resets
-//! only when the check fails — see [`Remediator`]); cooldown per client; budget per node per
-//! sliding hour; then `dry_run` reports the action instead of taking it (and the policy
+//! Guards, in order: opt-in; restarts only in mode `restart`; apiserver outage (no action on a
+//! client whose endpoint is unreachable from the node, and none while the agent's own
+//! apiserver check fails: neither a restart nor a re-dial brings an endpoint back); cooldown
+//! per client; budget per node per sliding hour; then `dry_run` reports the action instead of taking it (and the policy
 //! remembers it as taken, so a dry run shows exactly what a real run would do).
 //!
 //! Clients are remembered by what survives a restart: a pod by namespace/name, a host process
@@ -40,8 +40,8 @@ use super::model::{
 };
 use crate::{
     config::{self, RemediationMode},
-    health::{Outage, State},
-    views::ClientKey,
+    health::State,
+    snapshot::ClientKey,
 };
 
 /// How long an action has to show its effect: a client still in the state an action addressed
@@ -99,11 +99,9 @@ struct Memory {
 
 /// The policy and its memory (cooldowns, escalations, the budget, what was reported).
 ///
-/// Resets during an apiserver outage: a reset is skipped (`outage`) only when the agent's own
-/// apiserver check fails — re-dialing cannot help then. When only the node-level verdict says
-/// most clients are unhealthy at once, resets go ahead (restarts do not): a reset is cheap
-/// (the client re-dials and re-lists), and many clients going stale at once behind a proxy
-/// that keeps dead upstreams (seed 002) is exactly when resets help. The budget still bounds
+/// Many clients unhealthy at once is no reason to hold back: behind a proxy that keeps dead
+/// upstreams (seed 002) a whole node goes stale at once, and resets are what helps. Only an
+/// endpoint that is unreachable (SPEC.md's outage) holds actions back. The budget still bounds
 /// them.
 #[derive(Debug)]
 pub struct Remediator {
@@ -136,18 +134,13 @@ impl Remediator {
     }
 
     /// The decisions of this tick: `clients` are the judged clients (healthy ones included:
-    /// their recovery ends what was reported about them), `outage` the node-level verdict,
-    /// `apiserver_reachable` the agent's own apiserver check (`None`: unknown or no cluster).
+    /// their recovery ends what was reported about them, and each says whether its endpoint is
+    /// unreachable), `apiserver_reachable` the agent's own apiserver check (`None`: unknown or
+    /// no cluster).
     ///
     /// Decisions with [`Disposition::Act`] are remembered as taken: hand their outcomes back
     /// through [`Remediator::settle`].
-    pub fn plan(
-        &mut self,
-        now: Instant,
-        clients: &[ClientFacts],
-        outage: Option<&Outage>,
-        apiserver_reachable: Option<bool>,
-    ) -> Plan {
+    pub fn plan(&mut self, now: Instant, clients: &[ClientFacts], apiserver_reachable: Option<bool>) -> Plan {
         self.forget_old(now);
         let live: HashSet<ClientKey> = clients.iter().map(|c| c.client.key()).collect();
         self.reported.retain(|key, _| live.contains(key));
@@ -158,7 +151,7 @@ impl Remediator {
         ordered.sort_by_key(|c| c.client.key());
         let decisions = ordered
             .into_iter()
-            .filter_map(|facts| self.decide(now, facts, outage, apiserver_reachable))
+            .filter_map(|facts| self.decide(now, facts, apiserver_reachable))
             .collect();
         Plan { decisions }
     }
@@ -201,7 +194,6 @@ impl Remediator {
         &mut self,
         now: Instant,
         facts: &ClientFacts,
-        outage: Option<&Outage>,
         apiserver_reachable: Option<bool>,
     ) -> Option<Decision> {
         let key = facts.client.key();
@@ -276,7 +268,7 @@ impl Remediator {
             Some(Skip::NotOptedIn)
         } else if kind == ActionKind::Restart && self.settings.mode != RemediationMode::Restart {
             Some(Skip::ResetOnly)
-        } else if let Some(cause) = outage_cause(kind, outage, apiserver_reachable) {
+        } else if let Some(cause) = outage_cause(facts, apiserver_reachable) {
             Some(Skip::Outage(cause))
         } else if let Some(remaining) = cooldown_left.filter(|_| !same_step && !escalating) {
             Some(Skip::Cooldown { remaining })
@@ -382,22 +374,14 @@ impl Remediator {
     }
 }
 
-/// Why an outage holds this kind of action back, if it does.
-fn outage_cause(
-    kind: ActionKind,
-    outage: Option<&Outage>,
-    apiserver_reachable: Option<bool>,
-) -> Option<OutageCause> {
-    if apiserver_reachable == Some(false) {
-        return Some(OutageCause::ApiserverCheck);
+/// Why an outage holds an action on this client back, if it does.
+fn outage_cause(facts: &ClientFacts, apiserver_reachable: Option<bool>) -> Option<OutageCause> {
+    if let Some(endpoint) = &facts.endpoint_down {
+        return Some(OutageCause::Endpoint {
+            endpoint: endpoint.clone(),
+        });
     }
-    match (kind, outage) {
-        (ActionKind::Restart, Some(o)) => Some(OutageCause::Node {
-            affected: o.affected,
-            clients: o.clients,
-        }),
-        _ => None,
-    }
+    (apiserver_reachable == Some(false)).then_some(OutageCause::ApiserverCheck)
 }
 
 #[cfg(test)]
@@ -474,6 +458,7 @@ mod tests {
             since,
             reason: format!("judged {state}"),
             suspect,
+            endpoint_down: None,
         }
     }
 
@@ -506,7 +491,7 @@ mod tests {
             facts(&host(9, "gw"), State::Unreachable, c.at(0)),
             unopted,
         ];
-        assert_eq!(r.plan(c.at(1), &clients, None, None), Plan::default());
+        assert_eq!(r.plan(c.at(1), &clients, None), Plan::default());
     }
 
     #[test]
@@ -514,7 +499,7 @@ mod tests {
         for state in [State::Stale, State::Blackholed] {
             let (mut r, c) = setup(RemediationMode::Reset);
             let kcm = host(7, "kcm");
-            let plan = r.plan(c.at(100), &[facts(&kcm, state, c.at(95))], None, None);
+            let plan = r.plan(c.at(100), &[facts(&kcm, state, c.at(95))], None);
             let d = one(&plan);
             assert_eq!(d.disposition, Disposition::Act);
             assert_eq!(
@@ -538,7 +523,7 @@ mod tests {
         let mut gone = facts(&host(8, "op"), State::Stale, c.at(0));
         gone.suspect.clear(); // closed its socket; inside the disconnect grace
         let clients = [facts(&host(7, "kcm"), State::Healthy, c.at(0)), gone];
-        assert_eq!(r.plan(c.at(1), &clients, None, None), Plan::default());
+        assert_eq!(r.plan(c.at(1), &clients, None), Plan::default());
     }
 
     #[test]
@@ -547,7 +532,7 @@ mod tests {
         let kcm = host(7, "kcm");
         let mut stale = facts(&kcm, State::Stale, c.at(0));
         stale.opted_in = false;
-        let plan = r.plan(c.at(1), std::slice::from_ref(&stale), None, None);
+        let plan = r.plan(c.at(1), std::slice::from_ref(&stale), None);
         assert_eq!(
             summary(&plan),
             [(7, ActionKind::Reset, Disposition::Skip(Skip::NotOptedIn))]
@@ -555,16 +540,16 @@ mod tests {
         assert!(plan.decisions[0].reason.contains("judged stale"));
         for t in 2..100 {
             assert_eq!(
-                r.plan(c.at(t), std::slice::from_ref(&stale), None, None),
+                r.plan(c.at(t), std::slice::from_ref(&stale), None),
                 Plan::default(),
                 "reported once"
             );
         }
         // Healthy, then stale again: a new episode, reported again.
-        r.plan(c.at(100), &[facts(&kcm, State::Healthy, c.at(100))], None, None);
+        r.plan(c.at(100), &[facts(&kcm, State::Healthy, c.at(100))], None);
         stale.since = c.at(200);
         assert_eq!(
-            summary(&r.plan(c.at(200), &[stale], None, None)),
+            summary(&r.plan(c.at(200), &[stale], None)),
             [(7, ActionKind::Reset, Disposition::Skip(Skip::NotOptedIn))]
         );
     }
@@ -574,13 +559,13 @@ mod tests {
         let (mut r, c) = setup(RemediationMode::Restart);
         let gw = host(9, "gw");
         let clients = [facts(&gw, State::Unreachable, c.at(0))];
-        let plan = r.plan(c.at(1), &clients, None, None);
+        let plan = r.plan(c.at(1), &clients, None);
         assert_eq!(
             summary(&plan),
             [(9, ActionKind::Restart, Disposition::Skip(Skip::Unreachable))]
         );
         for t in 2..(2 * 3600) {
-            assert_eq!(r.plan(c.at(t), &clients, None, None), Plan::default());
+            assert_eq!(r.plan(c.at(t), &clients, None), Plan::default());
         }
     }
 
@@ -588,12 +573,7 @@ mod tests {
     fn disconnected_is_restarted_directly_in_restart_mode_only() {
         let (mut r, c) = setup(RemediationMode::Restart);
         let kcm = host(7, "kcm");
-        let plan = r.plan(
-            c.at(20),
-            &[facts(&kcm, State::Disconnected, c.at(15))],
-            None,
-            None,
-        );
+        let plan = r.plan(c.at(20), &[facts(&kcm, State::Disconnected, c.at(15))], None);
         let d = one(&plan);
         assert_eq!(d.disposition, Disposition::Act);
         assert_eq!(
@@ -611,7 +591,7 @@ mod tests {
             d.reason
         );
         let op = pod(8, "operator-0");
-        let plan = r.plan(c.at(21), &[facts(&op, State::Disconnected, c.at(15))], None, None);
+        let plan = r.plan(c.at(21), &[facts(&op, State::Disconnected, c.at(15))], None);
         assert_eq!(
             one(&plan).action,
             Action::Restart {
@@ -624,12 +604,7 @@ mod tests {
         );
 
         let (mut r, c) = setup(RemediationMode::Reset);
-        let plan = r.plan(
-            c.at(20),
-            &[facts(&kcm, State::Disconnected, c.at(15))],
-            None,
-            None,
-        );
+        let plan = r.plan(c.at(20), &[facts(&kcm, State::Disconnected, c.at(15))], None);
         assert_eq!(
             summary(&plan),
             [(7, ActionKind::Restart, Disposition::Skip(Skip::ResetOnly))]
@@ -646,13 +621,13 @@ mod tests {
         let kcm = host(7, "kcm");
         let stale = [facts(&kcm, State::Stale, c.at(0))];
         assert_eq!(
-            summary(&r.plan(c.at(1), &stale, None, None)),
+            summary(&r.plan(c.at(1), &stale, None)),
             [(7, ActionKind::Reset, Disposition::DryRun)]
         );
         // Nothing was done, so it is still stale: the dry run escalates like a real run.
-        assert_eq!(r.plan(c.at(60), &stale, None, None), Plan::default());
+        assert_eq!(r.plan(c.at(60), &stale, None), Plan::default());
         assert_eq!(
-            summary(&r.plan(c.at(61), &stale, None, None)),
+            summary(&r.plan(c.at(61), &stale, None)),
             [(7, ActionKind::Restart, Disposition::DryRun)]
         );
     }
@@ -673,7 +648,7 @@ mod tests {
     fn cooldown_holds_a_second_reset_back() {
         let (mut r, c) = setup(RemediationMode::Reset);
         let kcm = host(7, "kcm");
-        let first = r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None, None);
+        let first = r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None);
         assert_eq!(one(&first).disposition, Disposition::Act);
         assert!(settle(
             &mut r,
@@ -682,9 +657,9 @@ mod tests {
             Resolution::Done("1 socket".into())
         ));
         // It re-dialed, recovered, and went stale again 3 min later.
-        r.plan(c.at(5), &[facts(&kcm, State::Healthy, c.at(5))], None, None);
+        r.plan(c.at(5), &[facts(&kcm, State::Healthy, c.at(5))], None);
         let again = [facts(&kcm, State::Stale, c.at(180))];
-        let plan = r.plan(c.at(180), &again, None, None);
+        let plan = r.plan(c.at(180), &again, None);
         assert_eq!(
             summary(&plan),
             [(
@@ -695,13 +670,9 @@ mod tests {
                 })
             )]
         );
+        assert_eq!(r.plan(c.at(300), &again, None), Plan::default(), "reported once");
         assert_eq!(
-            r.plan(c.at(300), &again, None, None),
-            Plan::default(),
-            "reported once"
-        );
-        assert_eq!(
-            summary(&r.plan(c.at(600), &again, None, None)),
+            summary(&r.plan(c.at(600), &again, None)),
             [(7, ActionKind::Reset, Disposition::Act)],
             "cooldown over"
         );
@@ -712,17 +683,14 @@ mod tests {
         let (mut r, c) = setup(RemediationMode::Reset);
         let kcm = host(7, "kcm");
         let stale = [facts(&kcm, State::Stale, c.at(0))];
-        assert_eq!(
-            one(&r.plan(c.at(0), &stale, None, None)).disposition,
-            Disposition::Act
-        );
+        assert_eq!(one(&r.plan(c.at(0), &stale, None)).disposition, Disposition::Act);
         // The judge still says stale while the client re-dials (disconnect grace).
         for t in 1..60 {
-            assert_eq!(r.plan(c.at(t), &stale, None, None), Plan::default(), "at {t}s");
+            assert_eq!(r.plan(c.at(t), &stale, None), Plan::default(), "at {t}s");
         }
         // A minute later it is still stale: the reset did not help; mode reset cannot escalate.
         assert_eq!(
-            summary(&r.plan(c.at(60), &stale, None, None)),
+            summary(&r.plan(c.at(60), &stale, None)),
             [(
                 7,
                 ActionKind::Reset,
@@ -739,12 +707,12 @@ mod tests {
         let op = pod(8, "operator-0");
         let stale = [facts(&op, State::Stale, c.at(0))];
         assert_eq!(
-            summary(&r.plan(c.at(0), &stale, None, None)),
+            summary(&r.plan(c.at(0), &stale, None)),
             [(8, ActionKind::Reset, Disposition::Act)],
             "reset first"
         );
-        assert_eq!(r.plan(c.at(59), &stale, None, None), Plan::default());
-        let plan = r.plan(c.at(60), &stale, None, None);
+        assert_eq!(r.plan(c.at(59), &stale, None), Plan::default());
+        let plan = r.plan(c.at(60), &stale, None);
         let d = one(&plan);
         assert_eq!(
             (d.action.kind(), &d.disposition),
@@ -759,9 +727,9 @@ mod tests {
         );
         // It stays stale: nothing more within the cooldown (reported once, after the
         // restart had its time).
-        assert_eq!(r.plan(c.at(100), &stale, None, None), Plan::default());
+        assert_eq!(r.plan(c.at(100), &stale, None), Plan::default());
         assert_eq!(
-            summary(&r.plan(c.at(120), &stale, None, None)),
+            summary(&r.plan(c.at(120), &stale, None)),
             [(
                 8,
                 ActionKind::Reset,
@@ -770,21 +738,16 @@ mod tests {
                 })
             )]
         );
-        assert_eq!(r.plan(c.at(500), &stale, None, None), Plan::default());
+        assert_eq!(r.plan(c.at(500), &stale, None), Plan::default());
     }
 
     #[test]
     fn restart_mode_escalates_at_once_when_unhealthy_again_after_the_reset() {
         let (mut r, c) = setup(RemediationMode::Restart);
         let kcm = host(7, "kcm");
-        r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None, None);
+        r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None);
         // It did not re-dial (seed 000 after a reset): disconnected after the grace.
-        let plan = r.plan(
-            c.at(16),
-            &[facts(&kcm, State::Disconnected, c.at(16))],
-            None,
-            None,
-        );
+        let plan = r.plan(c.at(16), &[facts(&kcm, State::Disconnected, c.at(16))], None);
         let d = one(&plan);
         assert_eq!(
             (d.action.kind(), &d.disposition),
@@ -799,9 +762,9 @@ mod tests {
 
         // Or it re-dialed, was healthy, and its new connection went stale too.
         let (mut r, c) = setup(RemediationMode::Restart);
-        r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None, None);
-        r.plan(c.at(2), &[facts(&kcm, State::Healthy, c.at(2))], None, None);
-        let plan = r.plan(c.at(95), &[facts(&kcm, State::Stale, c.at(95))], None, None);
+        r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None);
+        r.plan(c.at(2), &[facts(&kcm, State::Healthy, c.at(2))], None);
+        let plan = r.plan(c.at(95), &[facts(&kcm, State::Stale, c.at(95))], None);
         assert_eq!(summary(&plan), [(7, ActionKind::Restart, Disposition::Act)]);
     }
 
@@ -809,11 +772,11 @@ mod tests {
     fn after_the_escalation_window_a_new_episode_starts_with_a_reset() {
         let (mut r, c) = setup(RemediationMode::Restart);
         let kcm = host(7, "kcm");
-        r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None, None);
-        r.plan(c.at(2), &[facts(&kcm, State::Healthy, c.at(2))], None, None);
+        r.plan(c.at(0), &[facts(&kcm, State::Stale, c.at(0))], None);
+        r.plan(c.at(2), &[facts(&kcm, State::Healthy, c.at(2))], None);
         let later = [facts(&kcm, State::Stale, c.at(11 * MIN))];
         assert_eq!(
-            summary(&r.plan(c.at(11 * MIN), &later, None, None)),
+            summary(&r.plan(c.at(11 * MIN), &later, None)),
             [(7, ActionKind::Reset, Disposition::Act)]
         );
     }
@@ -828,9 +791,9 @@ mod tests {
         assert_eq!(r.settings().escalation_window(), Duration::from_secs(120));
         let kcm = host(7, "kcm");
         let stale = [facts(&kcm, State::Stale, c.at(0))];
-        r.plan(c.at(0), &stale, None, None);
+        r.plan(c.at(0), &stale, None);
         assert_eq!(
-            summary(&r.plan(c.at(60), &stale, None, None)),
+            summary(&r.plan(c.at(60), &stale, None)),
             [(7, ActionKind::Restart, Disposition::Act)]
         );
     }
@@ -839,18 +802,13 @@ mod tests {
     fn a_restarted_host_process_back_with_a_new_pid_is_in_cooldown() {
         let (mut r, c) = setup(RemediationMode::Restart);
         let old = host(7, "kcm");
-        let plan = r.plan(c.at(0), &[facts(&old, State::Disconnected, c.at(0))], None, None);
+        let plan = r.plan(c.at(0), &[facts(&old, State::Disconnected, c.at(0))], None);
         assert_eq!(summary(&plan), [(7, ActionKind::Restart, Disposition::Act)]);
         settle(&mut r, c.at(1), one(&plan), Resolution::Done("SIGTERM".into()));
         // Its supervisor started it again (same name and command line, new pid); it connects,
         // then loses the apiserver again 2 min later.
         let new = host(70, "kcm");
-        let plan = r.plan(
-            c.at(120),
-            &[facts(&new, State::Disconnected, c.at(120))],
-            None,
-            None,
-        );
+        let plan = r.plan(c.at(120), &[facts(&new, State::Disconnected, c.at(120))], None);
         assert!(
             matches!(
                 summary(&plan)[..],
@@ -859,26 +817,16 @@ mod tests {
             "{plan:#?}"
         );
         // No reset either, and a different program is not affected.
-        let plan = r.plan(c.at(130), &[facts(&new, State::Stale, c.at(130))], None, None);
+        let plan = r.plan(c.at(130), &[facts(&new, State::Stale, c.at(130))], None);
         assert!(matches!(
             summary(&plan)[..],
             [(70, ActionKind::Reset, Disposition::Skip(Skip::Cooldown { .. }))]
         ));
         let other = host(71, "scheduler");
-        let plan = r.plan(
-            c.at(130),
-            &[facts(&other, State::Disconnected, c.at(120))],
-            None,
-            None,
-        );
+        let plan = r.plan(c.at(130), &[facts(&other, State::Disconnected, c.at(120))], None);
         assert_eq!(summary(&plan), [(71, ActionKind::Restart, Disposition::Act)]);
         // After the cooldown the new process may be restarted.
-        let plan = r.plan(
-            c.at(600),
-            &[facts(&new, State::Disconnected, c.at(590))],
-            None,
-            None,
-        );
+        let plan = r.plan(c.at(600), &[facts(&new, State::Disconnected, c.at(590))], None);
         assert_eq!(summary(&plan), [(70, ActionKind::Restart, Disposition::Act)]);
     }
 
@@ -889,14 +837,12 @@ mod tests {
             c.at(0),
             &[facts(&pod(8, "op-0"), State::Disconnected, c.at(0))],
             None,
-            None,
         );
         assert_eq!(summary(&plan), [(8, ActionKind::Restart, Disposition::Act)]);
         // The evicted pod's replacement under the same name (a StatefulSet): in cooldown.
         let plan = r.plan(
             c.at(200),
             &[facts(&pod(80, "op-0"), State::Disconnected, c.at(200))],
-            None,
             None,
         );
         assert!(matches!(
@@ -906,7 +852,6 @@ mod tests {
         let plan = r.plan(
             c.at(200),
             &[facts(&pod(81, "op-1"), State::Disconnected, c.at(200))],
-            None,
             None,
         );
         assert_eq!(summary(&plan), [(81, ActionKind::Restart, Disposition::Act)]);
@@ -918,7 +863,7 @@ mod tests {
         let (a, b) = (pod(8, "op-0"), pod(9, "op-0"));
         let stale = [facts(&a, State::Stale, c.at(0)), facts(&b, State::Stale, c.at(0))];
         assert_eq!(
-            summary(&r.plan(c.at(0), &stale, None, None)),
+            summary(&r.plan(c.at(0), &stale, None)),
             [
                 (8, ActionKind::Reset, Disposition::Act),
                 (9, ActionKind::Reset, Disposition::Act)
@@ -931,7 +876,7 @@ mod tests {
             facts(&b, State::Disconnected, c.at(0)),
         ];
         assert_eq!(
-            summary(&r.plan(c.at(0), &gone, None, None)),
+            summary(&r.plan(c.at(0), &gone, None)),
             [(8, ActionKind::Restart, Disposition::Act)],
             "one eviction for the pod"
         );
@@ -943,23 +888,23 @@ mod tests {
         let clients: Vec<Client> = (1..=4).map(|i| host(i, &format!("ctl{i}"))).collect();
         let at = [0, 10 * MIN, 20 * MIN];
         for (client, t) in clients.iter().zip(at) {
-            let plan = r.plan(c.at(t), &[facts(client, State::Stale, c.at(t))], None, None);
+            let plan = r.plan(c.at(t), &[facts(client, State::Stale, c.at(t))], None);
             assert_eq!(one(&plan).disposition, Disposition::Act);
         }
         let fourth = [facts(&clients[3], State::Stale, c.at(30 * MIN))];
         assert_eq!(
-            summary(&r.plan(c.at(30 * MIN), &fourth, None, None)),
+            summary(&r.plan(c.at(30 * MIN), &fourth, None)),
             [(4, ActionKind::Reset, Disposition::Skip(Skip::Budget { limit: 3 }))]
         );
-        assert_eq!(r.plan(c.at(59 * MIN), &fourth, None, None), Plan::default());
+        assert_eq!(r.plan(c.at(59 * MIN), &fourth, None), Plan::default());
         // The first action leaves the window an hour after it was taken.
         assert_eq!(
-            summary(&r.plan(c.at(60 * MIN), &fourth, None, None)),
+            summary(&r.plan(c.at(60 * MIN), &fourth, None)),
             [(4, ActionKind::Reset, Disposition::Act)]
         );
         let fifth = [facts(&host(5, "ctl5"), State::Stale, c.at(61 * MIN))];
         assert!(matches!(
-            summary(&r.plan(c.at(61 * MIN), &fifth, None, None))[..],
+            summary(&r.plan(c.at(61 * MIN), &fifth, None))[..],
             [(5, ActionKind::Reset, Disposition::Skip(Skip::Budget { .. }))]
         ));
     }
@@ -971,12 +916,7 @@ mod tests {
             budget_per_hour: 0,
             ..*r.settings()
         });
-        let plan = r.plan(
-            c.at(0),
-            &[facts(&host(7, "kcm"), State::Stale, c.at(0))],
-            None,
-            None,
-        );
+        let plan = r.plan(c.at(0), &[facts(&host(7, "kcm"), State::Stale, c.at(0))], None);
         assert_eq!(
             summary(&plan),
             [(7, ActionKind::Reset, Disposition::Skip(Skip::Budget { limit: 0 }))]
@@ -984,35 +924,45 @@ mod tests {
     }
 
     #[test]
-    fn no_restarts_during_an_apiserver_outage() {
-        let outage = Outage {
-            affected: 3,
-            clients: 4,
-        };
+    fn no_action_on_a_client_whose_endpoint_is_unreachable() {
         let (mut r, c) = setup(RemediationMode::Restart);
         let kcm = host(7, "kcm");
-        let gone = [facts(&kcm, State::Disconnected, c.at(0))];
+        let mut gone = [facts(&kcm, State::Disconnected, c.at(0))];
+        gone[0].endpoint_down = Some("10.0.0.1:6443".into());
         assert_eq!(
-            summary(&r.plan(c.at(1), &gone, Some(&outage), Some(true))),
+            summary(&r.plan(c.at(1), &gone, Some(true))),
             [(
                 7,
                 ActionKind::Restart,
-                Disposition::Skip(Skip::Outage(OutageCause::Node {
-                    affected: 3,
-                    clients: 4
+                Disposition::Skip(Skip::Outage(OutageCause::Endpoint {
+                    endpoint: "10.0.0.1:6443".into()
                 }))
             )]
         );
-        assert_eq!(r.plan(c.at(2), &gone, Some(&outage), None), Plan::default());
-        // The outage is over: the restart goes ahead.
+        assert_eq!(r.plan(c.at(2), &gone, None), Plan::default(), "reported once");
+        // The endpoint is back: the restart goes ahead.
+        gone[0].endpoint_down = None;
         assert_eq!(
-            summary(&r.plan(c.at(3), &gone, None, Some(true))),
+            summary(&r.plan(c.at(3), &gone, Some(true))),
             [(7, ActionKind::Restart, Disposition::Act)]
         );
-
+        // A reset cannot help either while the endpoint is unreachable.
+        let (mut r, c) = setup(RemediationMode::Reset);
+        let mut stale = [facts(&kcm, State::Stale, c.at(0))];
+        stale[0].endpoint_down = Some("10.0.0.1:6443".into());
+        assert_eq!(
+            summary(&r.plan(c.at(1), &stale, None)),
+            [(
+                7,
+                ActionKind::Reset,
+                Disposition::Skip(Skip::Outage(OutageCause::Endpoint {
+                    endpoint: "10.0.0.1:6443".into()
+                }))
+            )]
+        );
         let (mut r, c) = setup(RemediationMode::Restart);
         assert_eq!(
-            summary(&r.plan(c.at(1), &gone, None, Some(false))),
+            summary(&r.plan(c.at(1), &gone, Some(false))),
             [(
                 7,
                 ActionKind::Restart,
@@ -1022,25 +972,34 @@ mod tests {
     }
 
     #[test]
-    fn resets_wait_only_for_the_agents_own_apiserver_check() {
-        let outage = Outage {
-            affected: 2,
-            clients: 2,
-        };
+    fn many_clients_unhealthy_at_once_is_no_reason_to_hold_back() {
+        // Seed 002 on a whole node: everyone stale behind the proxy, the endpoint reachable;
+        // seeds 000/004: every old controller disconnected after an upgrade.
         let (mut r, c) = setup(RemediationMode::Restart);
         let (a, b) = (host(7, "kcm"), host(8, "op"));
-        // Seed 002 on a whole node: everyone stale behind the proxy, the apiserver is fine.
         let stale = [facts(&a, State::Stale, c.at(0)), facts(&b, State::Stale, c.at(0))];
         assert_eq!(
-            summary(&r.plan(c.at(1), &stale, Some(&outage), None)),
+            summary(&r.plan(c.at(1), &stale, None)),
             [
                 (7, ActionKind::Reset, Disposition::Act),
                 (8, ActionKind::Reset, Disposition::Act)
             ]
         );
+        let (mut r, c) = setup(RemediationMode::Restart);
+        let gone = [
+            facts(&a, State::Disconnected, c.at(0)),
+            facts(&b, State::Disconnected, c.at(0)),
+        ];
+        assert_eq!(
+            summary(&r.plan(c.at(1), &gone, Some(true))),
+            [
+                (7, ActionKind::Restart, Disposition::Act),
+                (8, ActionKind::Restart, Disposition::Act)
+            ]
+        );
         let (mut r, c) = setup(RemediationMode::Reset);
         assert_eq!(
-            summary(&r.plan(c.at(1), &stale[..1], None, Some(false))),
+            summary(&r.plan(c.at(1), &stale[..1], Some(false))),
             [(
                 7,
                 ActionKind::Reset,
@@ -1058,24 +1017,24 @@ mod tests {
         });
         let op = pod(8, "op-0");
         let gone = [facts(&op, State::Disconnected, c.at(0))];
-        let plan = r.plan(c.at(0), &gone, None, None);
+        let plan = r.plan(c.at(0), &gone, None);
         let blocked = Resolution::Skipped(Skip::Blocked("PodDisruptionBudget op-pdb".into()));
         assert!(settle(&mut r, c.at(1), one(&plan), blocked.clone()), "reported");
         for t in 2..31 {
             assert_eq!(
-                r.plan(c.at(t), &gone, None, None),
+                r.plan(c.at(t), &gone, None),
                 Plan::default(),
                 "waits for the retry"
             );
         }
         // Tried again: neither cooldown nor budget (of 1) hold it back.
-        let plan = r.plan(c.at(31), &gone, None, None);
+        let plan = r.plan(c.at(31), &gone, None);
         assert_eq!(summary(&plan), [(8, ActionKind::Restart, Disposition::Act)]);
         assert!(
             !settle(&mut r, c.at(31), one(&plan), blocked),
             "blocked again: not reported again"
         );
-        let plan = r.plan(c.at(61), &gone, None, None);
+        let plan = r.plan(c.at(61), &gone, None);
         assert!(settle(
             &mut r,
             c.at(62),
@@ -1085,7 +1044,7 @@ mod tests {
         // That one counted: the budget of 1 is spent.
         let other = [facts(&pod(9, "op-1"), State::Disconnected, c.at(0))];
         assert!(matches!(
-            summary(&r.plan(c.at(70), &other, None, None))[..],
+            summary(&r.plan(c.at(70), &other, None))[..],
             [(9, ActionKind::Restart, Disposition::Skip(Skip::Budget { .. }))]
         ));
     }
@@ -1095,11 +1054,11 @@ mod tests {
         let (mut r, c) = setup(RemediationMode::Restart);
         let op = pod(8, "op-0");
         let stale = [facts(&op, State::Stale, c.at(0))];
-        r.plan(c.at(0), &stale, None, None);
-        let plan = r.plan(c.at(60), &stale, None, None);
+        r.plan(c.at(0), &stale, None);
+        let plan = r.plan(c.at(60), &stale, None);
         let blocked = Resolution::Skipped(Skip::Blocked("429".into()));
         settle(&mut r, c.at(60), one(&plan), blocked);
-        let plan = r.plan(c.at(90), &stale, None, None);
+        let plan = r.plan(c.at(90), &stale, None);
         assert_eq!(summary(&plan), [(8, ActionKind::Restart, Disposition::Act)]);
         assert!(
             one(&plan).reason.starts_with("still stale 90s"),
@@ -1115,20 +1074,10 @@ mod tests {
             budget_per_hour: 1,
             ..*r.settings()
         });
-        let plan = r.plan(
-            c.at(0),
-            &[facts(&host(7, "a"), State::Stale, c.at(0))],
-            None,
-            None,
-        );
+        let plan = r.plan(c.at(0), &[facts(&host(7, "a"), State::Stale, c.at(0))], None);
         let gone = Resolution::Skipped(Skip::Gone("sockets already closed".into()));
         assert!(settle(&mut r, c.at(1), one(&plan), gone));
-        let plan = r.plan(
-            c.at(2),
-            &[facts(&host(8, "b"), State::Stale, c.at(0))],
-            None,
-            None,
-        );
+        let plan = r.plan(c.at(2), &[facts(&host(8, "b"), State::Stale, c.at(0))], None);
         assert_eq!(one(&plan).disposition, Disposition::Act, "budget refunded");
         assert!(settle(
             &mut r,
@@ -1136,12 +1085,7 @@ mod tests {
             one(&plan),
             Resolution::Failed("netlink".into())
         ));
-        let plan = r.plan(
-            c.at(4),
-            &[facts(&host(9, "c"), State::Stale, c.at(0))],
-            None,
-            None,
-        );
+        let plan = r.plan(c.at(4), &[facts(&host(9, "c"), State::Stale, c.at(0))], None);
         assert!(matches!(
             one(&plan).disposition,
             Disposition::Skip(Skip::Budget { .. })
@@ -1153,13 +1097,8 @@ mod tests {
         let (mut r, c) = setup(RemediationMode::Restart);
         let mut f = facts(&host(7, "kcm"), State::Stale, c.at(0));
         f.opted_in = false;
-        assert_eq!(
-            r.plan(c.at(1), std::slice::from_ref(&f), None, None)
-                .decisions
-                .len(),
-            1
-        );
-        r.plan(c.at(2), &[], None, None);
-        assert_eq!(r.plan(c.at(3), &[f], None, None).decisions.len(), 1);
+        assert_eq!(r.plan(c.at(1), std::slice::from_ref(&f), None).decisions.len(), 1);
+        r.plan(c.at(2), &[], None);
+        assert_eq!(r.plan(c.at(3), &[f], None).decisions.len(), 1);
     }
 }

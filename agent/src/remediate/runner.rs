@@ -1,14 +1,12 @@
-//! The glue between the run loop and remediation: [`ClientFacts`] built from the connection
-//! table and the judge's verdicts, and [`Remediation`], which plans once per tick (under the
-//! run loop's locks, without I/O), hands the actions to a tokio task and records every outcome
-//! (one log line, one `lifeline_remediations_total` increment) when it is known.
+//! The glue between the tick and remediation: [`ClientFacts`] taken from the tick's snapshot,
+//! and [`Remediation`], which plans once per tick (without I/O), hands the actions to a tokio
+//! task and records every outcome (one log line, one `lifeline_remediations_total` increment)
+//! when it is known.
 use std::{
-    collections::HashMap,
     sync::{mpsc as std_mpsc, Arc, Mutex, PoisonError},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use lifeline_common::tcp_state;
 use prometheus::IntCounterVec;
 use tokio::{sync::mpsc, task::JoinHandle};
 
@@ -19,11 +17,8 @@ use super::{
     policy::{Remediator, Settings},
 };
 use crate::{
-    health::{assess_outage, Thresholds, Verdict},
     metrics::Metrics,
-    process::ProcessInfo,
-    table::{Connection, ConnectionTable},
-    views::ClientKey,
+    snapshot::{ClientSnapshot, Snapshot},
 };
 
 /// Where a client process runs and whether it may be remediated, as the caller knows it.
@@ -87,19 +82,16 @@ impl Remediation {
     /// actions to the worker. Returns every outcome recorded now (for Kubernetes Events).
     /// Never blocks on I/O.
     ///
-    /// `workload` says, per client process, its pod and whether it is opted in;
+    /// `workload` says, per client, its pod and whether it is opted in;
     /// `apiserver_reachable` is the agent's own apiserver check (`None`: unknown).
     pub fn tick(
         &self,
-        table: &ConnectionTable,
-        verdicts: &HashMap<ClientKey, Verdict>,
-        thresholds: &Thresholds,
+        snap: &Snapshot,
         apiserver_reachable: Option<bool>,
-        workload: impl FnMut(&ProcessInfo) -> Workload,
-        now: Instant,
+        workload: impl FnMut(&ClientSnapshot) -> Workload,
     ) -> Vec<Outcome> {
-        let clients = facts(table, verdicts, thresholds, now, workload);
-        let outage = assess_outage(verdicts.values());
+        let now = snap.at;
+        let clients = facts(snap, workload);
         let mut inner = self.lock();
         let inner = &mut *inner;
         let mut outcomes = Vec::new();
@@ -108,9 +100,7 @@ impl Remediation {
                 outcomes.push(outcome);
             }
         }
-        let plan = inner
-            .policy
-            .plan(now, &clients, outage.as_ref(), apiserver_reachable);
+        let plan = inner.policy.plan(now, &clients, apiserver_reachable);
         for decision in plan.decisions {
             match decision.disposition.clone() {
                 Disposition::Act => {
@@ -202,141 +192,59 @@ fn record(outcome: &Outcome, counter: &IntCounterVec) {
     }
 }
 
-/// The policy's view of every judged client still in the table, with its suspect sockets.
-/// The agent itself is never remediated (it may well be a client of the apiserver).
-pub fn facts(
-    table: &ConnectionTable,
-    verdicts: &HashMap<ClientKey, Verdict>,
-    thresholds: &Thresholds,
-    now: Instant,
-    mut workload: impl FnMut(&ProcessInfo) -> Workload,
-) -> Vec<ClientFacts> {
+/// The policy's view of every judged client of the snapshot, with its suspect sockets and
+/// whether its endpoint is unreachable. The agent itself is never remediated.
+pub fn facts(snap: &Snapshot, mut workload: impl FnMut(&ClientSnapshot) -> Workload) -> Vec<ClientFacts> {
     let me = std::process::id();
-    let mut out: Vec<ClientFacts> = verdicts
+    snap.clients
         .iter()
-        .filter(|(key, verdict)| verdict.is_client && key.0 != me)
-        .filter_map(|(key, verdict)| {
-            let record = table
-                .process(key.0)
-                .filter(|r| r.info.start_time_ticks == key.1)?;
-            let info = &record.info;
-            let Workload { pod, opted_in } = workload(info);
-            let mut suspect: Vec<_> = table
-                .connections_of(key.0)
-                .filter(|c| is_suspect(c, thresholds, now))
-                .map(|c| c.tuple)
-                .collect();
-            suspect.sort_by_key(|t| (t.netns, t.local, t.remote));
-            Some(ClientFacts {
+        .filter(|c| c.verdict.is_client && c.key.0 != me)
+        .map(|c| {
+            let Workload { pod, opted_in } = workload(c);
+            let endpoint_down = c
+                .verdict
+                .endpoint
+                .as_deref()
+                .filter(|e| snap.unreachable(e).is_some())
+                .map(str::to_owned);
+            ClientFacts {
                 client: Client {
-                    pid: info.pid,
-                    start_time: info.start_time_ticks,
-                    comm: info.comm.clone(),
-                    cmdline: info.cmdline.clone(),
+                    pid: c.process.pid,
+                    start_time: c.process.start_time_ticks,
+                    comm: c.process.comm.clone(),
+                    cmdline: c.process.cmdline.clone(),
                     pod,
                 },
                 opted_in,
-                state: verdict.state,
-                since: verdict.since,
-                reason: verdict.reason.clone(),
-                suspect,
-            })
+                state: c.verdict.state,
+                since: c.verdict.since,
+                reason: c.verdict.reason.clone(),
+                suspect: c.suspect_tuples(),
+                endpoint_down,
+            }
         })
-        .collect();
-    out.sort_by_key(|f| f.client.key());
-    out
-}
-
-/// An established connection that is blackholed (retransmitting without ACK progress for
-/// `blackhole_after`) or stale (no payload for `stale_after`).
-fn is_suspect(c: &Connection, t: &Thresholds, now: Instant) -> bool {
-    let stalled = c
-        .stalled_since
-        .is_some_and(|since| now.saturating_duration_since(since) >= t.blackhole_after);
-    let quiet = now.saturating_duration_since(c.last_payload.unwrap_or(c.first_seen)) >= t.stale_after;
-    c.tcp_state == tcp_state::ESTABLISHED && c.tuple.local.port() != 0 && (stalled || quiet)
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use std::{io, time::Duration};
+    use std::{
+        io,
+        time::{Duration, Instant},
+    };
 
     use super::*;
     use crate::{
         config::RemediationMode,
-        endpoint::{Endpoint, EndpointSet, Source},
         health::State,
-        kernel::events::{Change, KernelEvent},
         remediate::{
             evict::EvictOutcome,
             model::{Action, Skip, Target},
             Actuator, NoCluster, Remediation, Settings, Workload,
         },
         table::Tuple,
+        testkit::{client_snapshot, snapshot, NETNS},
     };
-
-    const NETNS: u64 = 4026531840;
-
-    /// A table in which each `(pid, start time)` holds one established connection since `t0`
-    /// (local port 40000 + pid % 20000) that never received payload.
-    fn table(processes: &[(u32, u64)], t0: Instant) -> ConnectionTable {
-        let mut set = EndpointSet::default();
-        for e in Endpoint::parse_all("10.0.0.1:6443").unwrap() {
-            set.insert(e, Source::Flag);
-        }
-        let mut table = ConnectionTable::new(set);
-        for &(pid, start) in processes {
-            let ev = |local: String, old, new, tgid| KernelEvent {
-                at: t0,
-                sk: u64::from(pid),
-                netns: NETNS,
-                change: Change::State { old, new },
-                local: local.parse().unwrap(),
-                remote: "10.0.0.1:6443".parse().unwrap(),
-                owner_tgid: tgid,
-                thread_comm: "worker".into(),
-                sk_err: 0,
-                bytes_received: 0,
-            };
-            let info = ProcessInfo {
-                pid,
-                comm: format!("ctl{pid}"),
-                cmdline: format!("/bin/ctl{pid} --v=2"),
-                cgroup: "/".into(),
-                container: None,
-                netns: Some(NETNS),
-                start_time_ticks: start,
-            };
-            table.apply_event(
-                &ev(
-                    "10.0.0.2:0".into(),
-                    tcp_state::CLOSE,
-                    tcp_state::SYN_SENT,
-                    Some(pid),
-                ),
-                Some(info),
-            );
-            table.apply_event(
-                &ev(
-                    format!("10.0.0.2:{}", 40000 + pid % 20000),
-                    tcp_state::SYN_SENT,
-                    tcp_state::ESTABLISHED,
-                    None,
-                ),
-                None,
-            );
-        }
-        table
-    }
-
-    fn verdict(state: State, since: Instant) -> Verdict {
-        Verdict {
-            state,
-            since,
-            reason: format!("judged {state}"),
-            is_client: true,
-        }
-    }
 
     fn op_pod() -> PodRef {
         PodRef {
@@ -348,8 +256,8 @@ mod tests {
 
     /// pid 7 runs in pod kube-system/op-0 (opted in); the others are host processes, not
     /// opted in.
-    fn workload(info: &ProcessInfo) -> Workload {
-        match info.pid {
+    fn workload(c: &ClientSnapshot) -> Workload {
+        match c.key.0 {
             7 => Workload {
                 pod: Some(op_pod()),
                 opted_in: true,
@@ -367,52 +275,33 @@ mod tests {
         }
     }
 
-    #[test]
-    fn facts_carry_the_workload_and_the_suspect_sockets() {
-        let t0 = Instant::now();
-        let table = table(&[(7, 42), (8, 43)], t0);
-        let thresholds = Thresholds::default();
-        let verdicts = HashMap::from([
-            ((7, 42), verdict(State::Stale, t0)),
-            ((8, 43), verdict(State::Healthy, t0)),
-            ((8, 1), verdict(State::Stale, t0)), // an older process with that pid: gone
-            ((9, 1), verdict(State::Stale, t0)), // not in the table
-        ]);
-        let tuple = |pid: u32| Tuple {
+    fn tuple(pid: u32) -> Tuple {
+        Tuple {
             netns: NETNS,
             local: format!("10.0.0.2:{}", 40000 + pid).parse().unwrap(),
             remote: "10.0.0.1:6443".parse().unwrap(),
-        };
-        // 89 s without payload: not stale yet.
-        let early = facts(
-            &table,
-            &verdicts,
-            &thresholds,
-            t0 + Duration::from_secs(89),
-            workload,
+        }
+    }
+
+    #[test]
+    fn facts_carry_the_workload_the_suspect_sockets_and_the_endpoint() {
+        let t0 = Instant::now();
+        let mut snap = snapshot(
+            t0,
+            vec![
+                client_snapshot(7, 42, State::Stale, t0),
+                client_snapshot(8, 43, State::Healthy, t0),
+            ],
         );
-        assert_eq!(
-            early
-                .iter()
-                .map(|f| (f.client.key(), f.suspect.len()))
-                .collect::<Vec<_>>(),
-            [((7, 42), 0), ((8, 43), 0)]
-        );
-        let got = facts(
-            &table,
-            &verdicts,
-            &thresholds,
-            t0 + Duration::from_secs(90),
-            workload,
-        );
+        let got = facts(&snap, workload);
         assert_eq!(
             got[0],
             ClientFacts {
                 client: Client {
                     pid: 7,
                     start_time: 42,
-                    comm: "ctl7".into(),
-                    cmdline: "/bin/ctl7 --v=2".into(),
+                    comm: "proc-7".into(),
+                    cmdline: "/usr/bin/proc-7 --serve".into(),
                     pod: Some(op_pod()),
                 },
                 opted_in: true,
@@ -420,62 +309,35 @@ mod tests {
                 since: t0,
                 reason: "judged stale".into(),
                 suspect: vec![tuple(7)],
+                endpoint_down: None,
             }
         );
         assert_eq!((got[1].client.pod.as_ref(), got[1].opted_in), (None, false));
+        assert!(got[1].suspect.is_empty(), "a healthy verdict names no suspect");
+        // Its endpoint unreachable: said.
+        snap.endpoints = vec![crate::reachability::EndpointStatus {
+            endpoint: crate::testkit::endpoint("10.0.0.1:6443"),
+            status: crate::reachability::Status::Unreachable {
+                since: t0,
+                reason: "refused".into(),
+            },
+            outage: false,
+        }];
         assert_eq!(
-            got[1].suspect,
-            [tuple(8)],
-            "quiet sockets are suspect whatever the verdict"
+            facts(&snap, workload)[0].endpoint_down.as_deref(),
+            Some("10.0.0.1:6443")
         );
         // Non-clients are not the policy's business.
-        let mut not_client = verdict(State::Healthy, t0);
-        not_client.is_client = false;
-        let verdicts = HashMap::from([((7, 42), not_client)]);
-        assert!(facts(&table, &verdicts, &thresholds, t0, workload).is_empty());
+        snap.clients[0].verdict.is_client = false;
+        assert_eq!(facts(&snap, workload).len(), 1);
     }
 
     #[test]
     fn the_agent_itself_is_never_a_candidate() {
         let t0 = Instant::now();
         let me = std::process::id();
-        let table = table(&[(me, 1)], t0);
-        let verdicts = HashMap::from([((me, 1), verdict(State::Disconnected, t0))]);
-        assert!(table.process(me).is_some());
-        assert!(facts(&table, &verdicts, &Thresholds::default(), t0, workload).is_empty());
-    }
-
-    #[test]
-    fn blackholed_sockets_are_suspect_before_they_are_quiet() {
-        let t0 = Instant::now();
-        let mut table = table(&[(7, 42)], t0);
-        let retransmit = KernelEvent {
-            at: t0 + Duration::from_secs(5),
-            sk: 7,
-            netns: NETNS,
-            change: Change::Retransmit {
-                state: tcp_state::ESTABLISHED,
-            },
-            local: "10.0.0.2:40007".parse().unwrap(),
-            remote: "10.0.0.1:6443".parse().unwrap(),
-            owner_tgid: None,
-            thread_comm: String::new(),
-            sk_err: 0,
-            bytes_received: 0,
-        };
-        table.apply_event(&retransmit, None);
-        let verdicts = HashMap::from([((7, 42), verdict(State::Blackholed, t0))]);
-        let at = |s| t0 + Duration::from_secs(s);
-        let thresholds = Thresholds::default();
-        assert!(facts(&table, &verdicts, &thresholds, at(24), workload)[0]
-            .suspect
-            .is_empty());
-        assert_eq!(
-            facts(&table, &verdicts, &thresholds, at(25), workload)[0]
-                .suspect
-                .len(),
-            1
-        );
+        let snap = snapshot(t0, vec![client_snapshot(me, 1, State::Disconnected, t0)]);
+        assert!(facts(&snap, workload).is_empty());
     }
 
     /// Evicts every pod, after telling the test.
@@ -504,24 +366,14 @@ mod tests {
             &metrics,
         );
         let t0 = Instant::now();
-        // Two healthy clients besides: not a node-level outage, which would hold restarts back.
-        let table = table(&[(7, 42), (8, 43), (9, 44), (10, 45)], t0);
-        let verdicts = HashMap::from([
-            ((7, 42), verdict(State::Disconnected, t0)),
-            ((8, 43), verdict(State::Stale, t0)),
-            ((9, 44), verdict(State::Healthy, t0)),
-            ((10, 45), verdict(State::Healthy, t0)),
-        ]);
-        let thresholds = Thresholds::default();
+        let clients = vec![
+            client_snapshot(7, 42, State::Disconnected, t0),
+            client_snapshot(8, 43, State::Stale, t0),
+            client_snapshot(9, 44, State::Healthy, t0),
+        ];
         let tick = |secs: u64| {
-            remediation.tick(
-                &table,
-                &verdicts,
-                &thresholds,
-                Some(true),
-                workload,
-                t0 + Duration::from_secs(100 + secs),
-            )
+            let snap = snapshot(t0 + Duration::from_secs(100 + secs), clients.clone());
+            remediation.tick(&snap, Some(true), workload)
         };
         let first = tick(0);
         assert_eq!(first.len(), 1, "{first:#?}");
@@ -556,7 +408,7 @@ mod tests {
         assert_eq!(outcome.event_reason(), "LifelineRestart");
         assert!(
             outcome.summary().starts_with(
-                "pod kube-system/op-0 (ctl7 pid 7): restart (eviction) of pod kube-system/op-0: done (pod kube-system/op-0 evicted); reason: disconnected: judged disconnected"
+                "pod kube-system/op-0 (proc-7 pid 7): restart (eviction) of pod kube-system/op-0: done (pod kube-system/op-0 evicted); reason: disconnected: judged disconnected"
             ),
             "{}",
             outcome.summary()
@@ -588,23 +440,19 @@ mod tests {
             &metrics,
         );
         let t0 = Instant::now();
-        let table = table(&[(7, 42)], t0);
-        let verdicts = HashMap::from([((7, 42), verdict(State::Stale, t0))]);
-        let now = t0 + Duration::from_secs(100);
-        let tick = |now| remediation.tick(&table, &verdicts, &Thresholds::default(), None, workload, now);
-        assert!(tick(now).is_empty());
+        let snap = snapshot(
+            t0 + Duration::from_secs(100),
+            vec![client_snapshot(7, 42, State::Stale, t0)],
+        );
+        assert!(remediation.tick(&snap, None, workload).is_empty());
         remediation.reconfigure(settings(RemediationMode::Reset, true));
-        let got = tick(now);
+        let got = remediation.tick(&snap, None, workload);
         assert_eq!(got.len(), 1);
         assert_eq!(
             (&got[0].action, &got[0].result),
             (
                 &Action::Reset {
-                    tuples: vec![Tuple {
-                        netns: NETNS,
-                        local: "10.0.0.2:40007".parse().unwrap(),
-                        remote: "10.0.0.1:6443".parse().unwrap(),
-                    }]
+                    tuples: vec![tuple(7)]
                 },
                 &Resolution::DryRun
             )
@@ -623,9 +471,8 @@ mod tests {
         );
         remediation.shutdown(Duration::from_secs(1)).await;
         let t0 = Instant::now();
-        let table = table(&[(7, 42)], t0);
-        let verdicts = HashMap::from([((7, 42), verdict(State::Disconnected, t0))]);
-        let got = remediation.tick(&table, &verdicts, &Thresholds::default(), None, workload, t0);
+        let snap = snapshot(t0, vec![client_snapshot(7, 42, State::Disconnected, t0)]);
+        let got = remediation.tick(&snap, None, workload);
         assert_eq!(got.len(), 1);
         assert_eq!(
             got[0].result,

@@ -1,0 +1,763 @@
+use super::*;
+use crate::testkit::{counters, endpoint, endpoints, process, state, Lab, APISERVER, NETNS};
+
+fn loss(lab: &Lab, pid: u32) -> Option<(LossCause, Instant)> {
+    lab.table
+        .process(pid)
+        .and_then(|p| p.loss)
+        .map(|l| (l.cause, l.at))
+}
+
+#[test]
+fn connect_then_establish_is_one_connection_owned_by_the_connecting_process() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let conns: Vec<&Connection> = lab.table.connections().collect();
+    assert_eq!(conns.len(), 1);
+    assert_eq!(
+        conns[0].tuple,
+        lab.tuple(40000),
+        "the port from the softirq event fills the tuple"
+    );
+    assert_eq!(
+        conns[0].owner,
+        Some(7),
+        "the softirq event's bystander (999) is not the owner"
+    );
+    assert_eq!(conns[0].tcp_state, tcp_state::ESTABLISHED);
+    assert!(conns[0].established_at.is_some());
+    let p = lab.table.process(7).unwrap();
+    assert_eq!(p.connected_since, Some(lab.at(0)));
+    assert_eq!(p.trying_since, None, "connected: not trying any more");
+}
+
+#[test]
+fn scanned_connection_and_later_events_do_not_duplicate() {
+    let mut lab = Lab::new();
+    let t = lab.tuple(40000);
+    assert!(lab.table.insert_scanned(t, 77, tcp_state::ESTABLISHED, lab.at(0)));
+    assert!(
+        !lab.table.insert_scanned(t, 77, tcp_state::ESTABLISHED, lab.at(0)),
+        "rescan"
+    );
+    // A retransmit on a scanned socket is matched by its tuple.
+    let retrans = lab.ev(5, 0xb, 40000, Change::Retransmit { state: 1 }, None);
+    assert!(matches!(
+        lab.table.apply_event(&retrans, None),
+        Some(Applied::Retransmit { pid: None, .. })
+    ));
+    lab.peer_close(6, 0xb, 40000);
+    assert_eq!(
+        lab.table.connections().count(),
+        1,
+        "the event found the scanned entry by tuple"
+    );
+    assert_eq!(lab.table.connections().next().unwrap().sk, Some(0xb));
+    // The owner comes from the inode, later.
+    assert_eq!(lab.table.ownerless(), vec![(t, Some(77))]);
+    lab.table.set_owner(&t, process(8, 1), lab.at(8));
+    assert!(lab.table.ownerless().is_empty());
+}
+
+#[test]
+fn closing_its_own_idle_connection_is_not_a_loss_but_a_peer_close_is() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.connect(10, 0xb, 40001, 7);
+    lab.close(20, 0xa, 40000);
+    assert_eq!(lab.table.connections().count(), 1);
+    assert!(
+        lab.table.process(7).unwrap().connected_since.is_some(),
+        "still has one"
+    );
+    // Go's IdleConnTimeout: the client closes its last connection itself.
+    lab.close(30, 0xb, 40001);
+    let p = lab.table.process(7).unwrap();
+    assert_eq!(
+        (p.connected_since, p.loss),
+        (None, None),
+        "an idle close is not a loss"
+    );
+    assert_eq!(p.closed_idle_at, Some(lab.at(30)));
+    assert_eq!(p.last_endpoint, Some(endpoint(APISERVER)));
+    // The apiserver side closes a connection: a loss, listed until the process closes it.
+    lab.connect(40, 0xc, 40002, 7);
+    lab.peer_close(50, 0xc, 40002);
+    assert_eq!(loss(&lab, 7), Some((LossCause::PeerClosed, lab.at(50))));
+    assert_eq!(lab.table.connections().count(), 1, "CLOSE_WAIT is still held");
+    lab.apply(
+        60,
+        0xc,
+        40002,
+        state(tcp_state::CLOSE_WAIT, tcp_state::LAST_ACK),
+        0,
+    );
+    assert_eq!(lab.table.connections().count(), 0);
+    assert_eq!(
+        loss(&lab, 7),
+        Some((LossCause::PeerClosed, lab.at(50))),
+        "the loss stays"
+    );
+    // A re-dial clears it.
+    lab.connect(70, 0xd, 40003, 7);
+    assert_eq!(loss(&lab, 7), None);
+}
+
+#[test]
+fn resets_timeouts_and_aborts_are_losses_with_their_cause() {
+    for (sk_err, cause) in [
+        (libc::ECONNRESET, LossCause::Reset),
+        (libc::ETIMEDOUT, LossCause::TimedOut),
+        (libc::ECONNABORTED, LossCause::Aborted),
+    ] {
+        let mut lab = Lab::new();
+        lab.connect(0, 0xa, 40000, 7);
+        lab.sample(500, 40000, counters(2000, 3, 300, 2));
+        lab.apply(
+            1000,
+            0xa,
+            40000,
+            state(tcp_state::ESTABLISHED, tcp_state::CLOSE),
+            sk_err,
+        );
+        assert_eq!(loss(&lab, 7), Some((cause, lab.at(1000))), "sk_err {sk_err}");
+        assert!(
+            lab.table.process(7).unwrap().connect_failures.is_empty(),
+            "it had received payload"
+        );
+    }
+    // An abort with no error recorded is the client's own (SO_LINGER 0): not a loss.
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.apply(
+        1000,
+        0xa,
+        40000,
+        state(tcp_state::ESTABLISHED, tcp_state::CLOSE),
+        0,
+    );
+    assert_eq!(loss(&lab, 7), None);
+}
+
+#[test]
+fn a_close_of_its_own_while_the_endpoint_goes_away_is_a_loss() {
+    // A graceful apiserver shutdown: GOAWAY, some clients close first, others see the server
+    // close their connection; re-dials are refused.
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.connect(0, 0xb, 40001, 8);
+    lab.connect(0, 0xc, 40002, 9);
+    lab.close(10_000, 0xa, 40000);
+    assert_eq!(loss(&lab, 7), None, "nothing says the endpoint is going away yet");
+    lab.peer_close(11_000, 0xb, 40001);
+    assert_eq!(loss(&lab, 8), Some((LossCause::PeerClosed, lab.at(11_000))));
+    assert_eq!(
+        loss(&lab, 7),
+        Some((LossCause::Prompted, lab.at(10_000))),
+        "the close 1 s before the peer's was prompted by the apiserver side"
+    );
+    lab.close(12_000, 0xc, 40002);
+    assert_eq!(
+        loss(&lab, 9),
+        Some((LossCause::Prompted, lab.at(12_000))),
+        "and the one 1 s after"
+    );
+    // Long after, a close is idle again.
+    lab.connect(30_000, 0xd, 40003, 9);
+    lab.close(40_000, 0xd, 40003);
+    assert_eq!(loss(&lab, 9), None);
+}
+
+#[test]
+fn failed_connects_carry_the_reason_the_kernel_recorded() {
+    let mut lab = Lab::new();
+    let cases = [
+        (libc::ECONNREFUSED, FailureReason::Refused),
+        (libc::ETIMEDOUT, FailureReason::Timeout),
+        (libc::EHOSTUNREACH, FailureReason::Unreachable),
+        (libc::ENETUNREACH, FailureReason::Unreachable),
+        (0, FailureReason::Timeout),
+    ];
+    for (i, (sk_err, reason)) in cases.into_iter().enumerate() {
+        let (ms, sk) = (1000 * i as u64, 0x10 + i as u64);
+        lab.syn(ms, sk, 7);
+        let mut gave_up = lab.ev(
+            ms + 500,
+            sk,
+            40000 + i as u16,
+            state(tcp_state::SYN_SENT, tcp_state::CLOSE),
+            None,
+        );
+        gave_up.sk_err = sk_err;
+        assert_eq!(
+            lab.table.apply_event(&gave_up, None),
+            Some(Applied::ConnectFailed {
+                pid: 7,
+                endpoint: endpoint(APISERVER),
+                reason
+            }),
+            "sk_err {sk_err}"
+        );
+    }
+    let p = lab.table.process(7).unwrap();
+    assert_eq!(p.connect_failures.len(), cases.len());
+    assert_eq!(p.connected_since, None);
+    assert_eq!(p.trying_since, Some(lab.at(0)), "trying since its first connect");
+    assert_eq!(lab.table.connections().count(), 0);
+}
+
+#[test]
+fn a_connection_reset_before_anything_arrived_is_a_failed_connect() {
+    // A proxy that accepts and resets at once (no upstream).
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut rst = lab.ev(
+        5,
+        0xa,
+        40000,
+        state(tcp_state::ESTABLISHED, tcp_state::CLOSE),
+        None,
+    );
+    rst.sk_err = libc::ECONNRESET;
+    assert_eq!(
+        lab.table.apply_event(&rst, None),
+        Some(Applied::ConnectFailed {
+            pid: 7,
+            endpoint: endpoint(APISERVER),
+            reason: FailureReason::Reset
+        })
+    );
+    assert_eq!(loss(&lab, 7), Some((LossCause::Reset, lab.at(5))));
+}
+
+#[test]
+fn the_failure_history_is_bounded() {
+    // A tight refused-connect loop: memory and per-tick work stay bounded.
+    let mut lab = Lab::new();
+    for i in 0..10_000u64 {
+        lab.syn(i, 0x1000 + i, 7);
+        lab.apply(
+            i,
+            0x1000 + i,
+            40000,
+            state(tcp_state::SYN_SENT, tcp_state::CLOSE),
+            libc::ECONNREFUSED,
+        );
+    }
+    lab.table.record_connect_failures(
+        7,
+        endpoint(APISERVER),
+        FailureReason::Refused,
+        1_000_000,
+        lab.at(20_000),
+    );
+    let p = lab.table.process(7).unwrap();
+    assert_eq!(p.connect_failures.len(), FAILURES_KEPT);
+    assert_eq!(p.connect_failures.back().unwrap().at, lab.at(20_000));
+    assert_eq!(lab.table.connections().count(), 0);
+}
+
+#[test]
+fn removing_an_endpoint_forgets_its_connections_without_a_loss() {
+    let mut lab = Lab::watching(&["10.0.0.1:6443", "10.0.0.9:6443"], APISERVER);
+    lab.connect(0, 0xa, 40000, 7);
+    lab.table
+        .set_endpoints(endpoints(&["10.0.0.0/8:6443"]), lab.at(5));
+    assert_eq!(
+        lab.table.connections().next().unwrap().endpoint.to_string(),
+        "10.0.0.0/8:6443",
+        "re-matched"
+    );
+    // An aged-out kubeconfig address, a SIGHUP dropping it: the client did nothing.
+    lab.table.set_endpoints(endpoints(&["10.0.0.9:6443"]), lab.at(6));
+    assert_eq!(lab.table.connections().count(), 0);
+    assert!(
+        lab.table.process(7).is_none(),
+        "no longer an apiserver client as far as we know"
+    );
+    // Events for other destinations are ignored.
+    lab.syn(7, 0xb, 8);
+    assert!(lab.table.process(8).is_none());
+}
+
+/// Cumulative counters of a watch connection: TLS handshake and request out, answer in.
+fn watch_started() -> TcpInfo {
+    counters(2000, 4, 600, 3)
+}
+
+#[test]
+fn keepalives_are_neither_payload_nor_requests() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.sample(1000, 40000, watch_started());
+    let c = lab.table.connections().next().unwrap().clone();
+    assert_eq!(
+        c.waiting_since, None,
+        "the request was answered in the same second"
+    );
+    assert_eq!(c.last_payload, Some(lab.at(1000)));
+    // A PING and its ack (39 bytes each way, TLS 1.3), 46 with TLS 1.2; a PING and a
+    // WINDOW_UPDATE coalesced into one segment (74 bytes).
+    let mut tcp = watch_started();
+    for (ms, bytes_in, bytes_out, segs_out) in [(31_000, 39, 39, 1), (61_000, 46, 46, 1), (91_000, 39, 74, 1)]
+    {
+        tcp.bytes_received += bytes_in;
+        tcp.data_segs_in += 1;
+        tcp.bytes_sent += bytes_out;
+        tcp.data_segs_out += segs_out;
+        tcp.last_data_recv_ms = 10;
+        tcp.last_data_sent_ms = 20;
+        lab.sample(ms, 40000, tcp);
+        let c = lab.table.connections().next().unwrap();
+        assert_eq!(
+            c.last_payload,
+            Some(lab.at(1000)),
+            "at {ms}: keepalives are not payload"
+        );
+        assert_eq!(c.last_receive, Some(lab.at(ms - 10)));
+        assert_eq!(
+            (c.waiting_since, c.last_request),
+            (None, Some(lab.at(1000))),
+            "at {ms}: nor requests"
+        );
+    }
+}
+
+#[test]
+fn a_request_waits_until_payload_answers_it() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    // A watch restart: the old watch's END_STREAM (31) and the new request (180 bytes).
+    tcp.bytes_received += 31;
+    tcp.data_segs_in += 1;
+    tcp.bytes_sent += 180;
+    tcp.data_segs_out += 1;
+    tcp.last_data_recv_ms = 300;
+    tcp.last_data_sent_ms = 200;
+    lab.sample(300_000, 40000, tcp);
+    let c = lab.table.connections().next().unwrap().clone();
+    assert_eq!(c.waiting_since, Some(lab.at(299_800)), "the request is pending");
+    assert_eq!(c.last_request, Some(lab.at(299_800)));
+    // A quiet second, then a retry 30 s later does not move the start of the wait (a retry loop keeps waiting).
+    lab.sample(301_000, 40000, tcp);
+    tcp.bytes_sent += 180;
+    tcp.data_segs_out += 1;
+    tcp.last_data_sent_ms = 100;
+    lab.sample(330_000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().waiting_since,
+        Some(lab.at(299_800))
+    );
+    // Response headers (110 bytes) together with a PING ack: payload, the wait is over.
+    tcp.bytes_received += 110 + 39;
+    tcp.data_segs_in += 2;
+    tcp.last_data_recv_ms = 50;
+    lab.sample(331_000, 40000, tcp);
+    let c = lab.table.connections().next().unwrap();
+    assert_eq!((c.waiting_since, c.last_payload), (None, Some(lab.at(330_950))));
+    // The process's rhythm: requests at 1 s (the connect's), 299.8 s, 329.9 s.
+    let r = lab.table.process(7).unwrap().rhythm;
+    assert_eq!(r.last_request, Some(lab.at(329_900)));
+    assert_eq!(r.gaps, 2);
+    assert_eq!(r.longest_gap, Duration::from_millis(298_800));
+}
+
+#[test]
+fn a_headers_only_answer_is_an_answer_and_keepalive_acks_are_not() {
+    // kube-proxy at a watch restart (measured on kube-apiserver 1.20): the old watch's
+    // END_STREAM (31 bytes), the new request (150), a HEADERS-only answer (50).
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    tcp.bytes_received += 31 + 50;
+    tcp.data_segs_in += 2;
+    tcp.bytes_sent += 150;
+    tcp.data_segs_out += 1;
+    tcp.last_data_recv_ms = 10;
+    tcp.last_data_sent_ms = 12;
+    lab.sample(300_000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().waiting_since,
+        None,
+        "answered"
+    );
+    // The answer alone, 46 bytes, in the request's sample.
+    tcp.bytes_received += 46;
+    tcp.data_segs_in += 1;
+    tcp.bytes_sent += 150;
+    tcp.data_segs_out += 1;
+    lab.sample(600_000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().waiting_since,
+        None,
+        "answered"
+    );
+    // Behind a gateway with a dead upstream: the request, then a PING every 30 s whose ack
+    // comes back — sometimes a sample later.
+    tcp.bytes_sent += 150;
+    tcp.data_segs_out += 1;
+    tcp.last_data_sent_ms = 100;
+    lab.sample(601_000, 40000, tcp);
+    let waiting = lab.table.connections().next().unwrap().waiting_since;
+    assert_eq!(waiting, Some(lab.at(600_900)));
+    tcp.bytes_sent += 39;
+    tcp.data_segs_out += 1;
+    lab.sample(631_000, 40000, tcp);
+    tcp.bytes_received += 39;
+    tcp.data_segs_in += 1;
+    lab.sample(632_000, 40000, tcp);
+    tcp.bytes_sent += 39;
+    tcp.data_segs_out += 1;
+    tcp.bytes_received += 39;
+    tcp.data_segs_in += 1;
+    lab.sample(661_000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().waiting_since,
+        waiting,
+        "PING acks answer PINGs, not the request"
+    );
+    // A watch event arrives: answered.
+    tcp.bytes_received += 400;
+    tcp.data_segs_in += 1;
+    lab.sample(662_000, 40000, tcp);
+    assert_eq!(lab.table.connections().next().unwrap().waiting_since, None);
+}
+
+/// Adds a data record of `bytes` in (`inbound`) or out, `ms_ago` before the sample.
+fn record(tcp: &mut TcpInfo, inbound: bool, bytes: u64, ms_ago: u32) {
+    if inbound {
+        tcp.bytes_received += bytes;
+        tcp.data_segs_in += 1;
+        tcp.last_data_recv_ms = ms_ago;
+    } else {
+        tcp.bytes_sent += bytes;
+        tcp.data_segs_out += 1;
+        tcp.last_data_sent_ms = ms_ago;
+    }
+}
+
+fn waiting(lab: &Lab) -> Option<Instant> {
+    lab.table.connections().next().unwrap().waiting()
+}
+
+#[test]
+fn small_requests_nothing_answers_are_a_wait_pings_answered_are_not() {
+    // A standby controller behind a gateway with a dead upstream: its lease GET, repeated, is
+    // ~41 bytes once HPACK indexed everything; it times out after 10 s, cancels (RST_STREAM,
+    // 35 bytes) and asks again; its PINGs are answered by the gateway.
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    // Healthy first: GET (41) answered by HEADERS + DATA (300).
+    for s in [3, 5, 7] {
+        record(&mut tcp, false, 41, 300);
+        record(&mut tcp, true, 300, 290);
+        lab.sample(s * 1000, 40000, tcp);
+        assert_eq!(waiting(&lab), None, "answered at {s} s");
+    }
+    // The upstream dies: GET at 9.7 s, nothing back.
+    record(&mut tcp, false, 41, 300);
+    lab.sample(10_000, 40000, tcp);
+    lab.sample(11_000, 40000, tcp);
+    assert_eq!(
+        waiting(&lab),
+        None,
+        "one unanswered small record could be anything"
+    );
+    // A PING and its ack at 15 s: followed.
+    record(&mut tcp, false, 39, 500);
+    record(&mut tcp, true, 39, 499);
+    lab.sample(16_000, 40000, tcp);
+    assert_eq!(waiting(&lab), None);
+    // The cancel and the retry at 19.7 s: nothing follows.
+    record(&mut tcp, false, 35, 301);
+    record(&mut tcp, false, 41, 300);
+    lab.sample(20_000, 40000, tcp);
+    lab.sample(21_000, 40000, tcp);
+    assert_eq!(
+        waiting(&lab),
+        Some(lab.at(9700)),
+        "waiting since the first unanswered GET"
+    );
+    // An answer at last (a 503 from the gateway, say): the wait is over.
+    record(&mut tcp, true, 200, 100);
+    lab.sample(22_000, 40000, tcp);
+    assert_eq!(waiting(&lab), None);
+}
+
+#[test]
+fn a_quiet_informer_with_pings_and_window_updates_never_waits() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    for k in 1..=20u64 {
+        let at = k * 30_000;
+        // PING, its ack a sample later sometimes.
+        record(&mut tcp, false, 39, 999);
+        lab.sample(at, 40000, tcp);
+        record(&mut tcp, true, 39, 998);
+        lab.sample(at + 1000, 40000, tcp);
+        // A watch event now and then, and the WINDOW_UPDATE that follows it.
+        if k % 5 == 0 {
+            record(&mut tcp, true, 600, 500);
+            record(&mut tcp, false, 35, 480);
+            lab.sample(at + 2000, 40000, tcp);
+        }
+        assert_eq!(waiting(&lab), None, "at {at} ms");
+    }
+}
+
+#[test]
+fn streaming_an_upload_is_not_waiting() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    for s in 2..100u64 {
+        tcp.bytes_sent += 64 * 1024;
+        tcp.data_segs_out += 2;
+        tcp.last_data_sent_ms = 0;
+        lab.sample(s * 1000, 40000, tcp);
+    }
+    assert_eq!(
+        lab.table.connections().next().unwrap().waiting_since,
+        Some(lab.at(99_000)),
+        "the wait starts at the last chunk, not the first"
+    );
+}
+
+#[test]
+fn retransmits_without_ack_progress_stall_even_without_the_tracepoint() {
+    // iptables OUTPUT DROP on the client's own path: no tcp_retransmit_skb event on this
+    // kernel; tcp_info shows the data unsent, the backoff growing, no ACK.
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    tcp.bytes_sent += 100;
+    tcp.data_segs_out += 1;
+    tcp.notsent_bytes = 100;
+    tcp.last_ack_recv_ms = 400;
+    lab.sample(2000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().stalled_since,
+        None,
+        "not retried yet"
+    );
+    tcp.backoff = 2;
+    tcp.last_ack_recv_ms = 1400;
+    lab.sample(3000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().stalled_since,
+        Some(lab.at(3000))
+    );
+    tcp.backoff = 3;
+    lab.sample(4000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().stalled_since,
+        Some(lab.at(3000))
+    );
+    // The path heals: the peer acknowledges.
+    tcp.bytes_acked += 100;
+    tcp.notsent_bytes = 0;
+    tcp.backoff = 0;
+    lab.sample(5000, 40000, tcp);
+    assert_eq!(lab.table.connections().next().unwrap().stalled_since, None);
+    // Segments sent and retransmitted with no ACK (dropped further away) stall too.
+    tcp.unacked = 1;
+    tcp.retransmits = 2;
+    tcp.last_ack_recv_ms = 2000;
+    lab.sample(6000, 40000, tcp);
+    assert_eq!(
+        lab.table.connections().next().unwrap().stalled_since,
+        Some(lab.at(6000))
+    );
+}
+
+#[test]
+fn a_full_receive_window_is_not_a_blackhole() {
+    // A slow reader: data waits, zero-window probes back off, but the peer acknowledges them.
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    tcp.notsent_bytes = 65536;
+    tcp.backoff = 4;
+    tcp.probes = 4;
+    tcp.last_ack_recv_ms = 200;
+    for ms in [2000, 3000, 30_000] {
+        lab.sample(ms, 40000, tcp);
+        assert_eq!(
+            lab.table.connections().next().unwrap().stalled_since,
+            None,
+            "at {ms}"
+        );
+    }
+}
+
+#[test]
+fn a_scan_adds_what_is_missing_heals_lost_events_and_removes_what_is_gone() {
+    let mut lab = Lab::new();
+    // A connect whose ESTABLISHED event was lost: left in SYN_SENT without a port.
+    lab.syn(0, 0xa, 7);
+    // An established connection whose close event was lost.
+    lab.connect(0, 0xb, 40001, 8);
+    // One whose peer close (CLOSE_WAIT) event was lost.
+    lab.connect(0, 0xc, 40002, 9);
+    let scanned = |port, state| Scanned {
+        tuple: lab.tuple(port),
+        inode: u64::from(port),
+        tcp_state: state,
+    };
+    let found = [
+        scanned(40000, tcp_state::ESTABLISHED),
+        scanned(40002, tcp_state::CLOSE_WAIT),
+        scanned(40005, tcp_state::ESTABLISHED),
+    ];
+    let added = lab.table.reconcile_scan(NETNS, &found, lab.at(5000));
+    assert_eq!(
+        added, 2,
+        "40000 (the lost connect's socket) and 40005 (older than the agent)"
+    );
+    let mut ports: Vec<u16> = lab.table.connections().map(|c| c.tuple.local.port()).collect();
+    ports.sort();
+    assert_eq!(
+        ports,
+        [40000, 40002, 40005],
+        "the portless SYN_SENT entry and 40001 are gone"
+    );
+    assert_eq!(
+        loss(&lab, 9),
+        Some((LossCause::PeerClosed, lab.at(5000))),
+        "the lost FIN applied"
+    );
+    assert_eq!(loss(&lab, 8), None, "who closed 40001 is unknown: not a loss");
+    // The found sockets get their owners through their inodes.
+    lab.table
+        .set_owner(&lab.tuple(40000), process(7, 1), lab.at(5001));
+    assert!(lab.table.process(7).unwrap().connected_since.is_some());
+}
+
+#[test]
+fn a_socket_found_closed_by_the_peer_at_start_up_is_a_loss() {
+    // Seeds 000/004 across an agent restart: the socket sits in CLOSE_WAIT.
+    let mut lab = Lab::new();
+    let found = [Scanned {
+        tuple: lab.tuple(40000),
+        inode: 77,
+        tcp_state: tcp_state::CLOSE_WAIT,
+    }];
+    lab.table.reconcile_scan(NETNS, &found, lab.at(0));
+    lab.table.set_owner(&lab.tuple(40000), process(7, 1), lab.at(100));
+    assert_eq!(loss(&lab, 7), Some((LossCause::FoundClosed, lab.at(0))));
+    // A scanned SYN_SENT socket is an attempt in flight.
+    let found = [Scanned {
+        tuple: lab.tuple(40001),
+        inode: 78,
+        tcp_state: tcp_state::SYN_SENT,
+    }];
+    lab.table.reconcile_scan(NETNS, &found, lab.at(200));
+    lab.table.set_owner(&lab.tuple(40001), process(8, 1), lab.at(300));
+    assert_eq!(lab.table.process(8).unwrap().trying_since, Some(lab.at(200)));
+}
+
+#[test]
+fn a_vanished_socket_waits_a_moment_for_the_event_that_explains_it() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let t = lab.tuple(40000);
+    lab.table.apply_sample(&t, Sample::Gone, lab.at(1000));
+    assert_eq!(
+        lab.table.connections().count(),
+        1,
+        "the close event may be on its way"
+    );
+    lab.peer_close(1100, 0xa, 40000);
+    assert_eq!(
+        loss(&lab, 7),
+        Some((LossCause::PeerClosed, lab.at(1100))),
+        "the event explained it"
+    );
+    // With no event at all, it goes on the next sample.
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.table.apply_sample(&t, Sample::Gone, lab.at(1000));
+    lab.table.apply_sample(&t, Sample::Gone, lab.at(2000));
+    assert_eq!(lab.table.connections().count(), 0);
+    assert_eq!(loss(&lab, 7), None);
+}
+
+#[test]
+fn dual_stack_sockets_keep_their_form_and_match_ipv4_endpoints() {
+    // A JVM: AF_INET6 socket to ::ffff:10.0.0.1.
+    let mut lab = Lab::watching(&[APISERVER], "[::ffff:10.0.0.1]:6443");
+    lab.connect(0, 0xa, 40000, 7);
+    let c = lab.table.connections().next().unwrap();
+    assert_eq!(c.tuple.remote.to_string(), "[::ffff:10.0.0.1]:6443");
+    assert_eq!(c.endpoint, endpoint(APISERVER));
+    assert_eq!(
+        lab.table.sample_targets(),
+        [lab.tuple(40000)],
+        "sampled in its own form"
+    );
+    lab.sample(1000, 40000, watch_started());
+    assert_eq!(lab.table.connections().count(), 1, "its sample found it");
+    assert!(lab.table.connections().next().unwrap().readable(lab.at(1000)));
+}
+
+#[test]
+fn a_forked_child_keeps_the_socket_its_parent_leaves_behind() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.sample(1000, 40000, watch_started());
+    lab.table.forget_process(7, lab.at(2000));
+    assert!(lab.table.process(7).is_none());
+    assert_eq!(
+        lab.table.ownerless(),
+        vec![(lab.tuple(40000), Some(5))],
+        "kept, owner unknown"
+    );
+    lab.table
+        .set_owner(&lab.tuple(40000), process(70, 3), lab.at(2100));
+    let child = lab.table.process(70).unwrap();
+    assert!(child.connected_since.is_some());
+    assert_eq!(child.loss, None);
+}
+
+#[test]
+fn the_agents_own_connections_are_not_listed() {
+    let mut lab = Lab::new();
+    lab.table = ConnectionTable::new(endpoints(&[APISERVER])).ignoring(7);
+    lab.connect(0, 0xa, 40000, 7);
+    lab.sample(1000, 40000, watch_started());
+    assert!(lab.table.process(7).is_none());
+    lab.table
+        .set_owner(&lab.tuple(40000), process(7, 1), lab.at(1500));
+    assert_eq!(
+        lab.table.connections().count(),
+        0,
+        "found through its inode, then dropped"
+    );
+}
+
+#[test]
+fn a_recycled_pid_is_a_new_process_and_exits_are_forgotten() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.table.forget_process(7, lab.at(10));
+    assert!(lab.table.process(7).is_none());
+    assert_eq!(
+        lab.table.connections().count(),
+        0,
+        "no inode known: nothing to find it by"
+    );
+    let syn = lab.ev(20, 0xb, 0, state(tcp_state::CLOSE, tcp_state::SYN_SENT), Some(7));
+    lab.table.apply_event(&syn, Some(process(7, 2)));
+    assert_eq!(lab.table.process(7).unwrap().info.start_time_ticks, 2);
+    assert_eq!(lab.table.process(7).unwrap().first_seen, lab.at(20));
+}

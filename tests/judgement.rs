@@ -1,0 +1,509 @@
+//! The judgement against the real kernel: real sockets in network namespaces, the real eBPF
+//! programs and `tcp_info`, short thresholds. Each test is one rule of the README's state table
+//! that only the kernel can prove (the pure rules are unit-tested in `agent/src/health`):
+//! dual-stack sockets, a client's own idle close, peer closes across an agent restart, connects
+//! into a blackhole, drops on the client's own path, requests left unanswered, silence beyond a
+//! learned rhythm, forked children, removed endpoints and the failure reasons.
+use std::{
+    net::SocketAddr,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant, SystemTime},
+};
+
+use lifeline_integration::{scenario::WebhookSink, *};
+use serde_json::Value;
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// disconnect_grace, seconds.
+const GRACE: f64 = 4.0;
+/// stale_after, seconds.
+const STALE: f64 = 6.0;
+/// blackhole_after, seconds.
+const BLACKHOLE: f64 = 5.0;
+
+/// The agent watching `endpoints`, alerting to `sink`, with short thresholds and `extra`
+/// config lines (under the top level) and flags.
+fn agent(endpoints: &[String], sink: &WebhookSink, config_tail: &str, flags: &[&str]) -> (Agent, TempDir) {
+    let dir = TempDir::new();
+    let config = dir.path().join("lifeline.yaml");
+    let list: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
+    std::fs::write(
+        &config,
+        format!(
+            "endpoints: [{}]\nthresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: 2s\n  stale_after: {STALE}s\n  \
+blackhole_after: {BLACKHOLE}s\n  outage_after: 5m\nreceivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n{config_tail}",
+            list.join(", "),
+            sink.url
+        ),
+    )
+    .expect("write config");
+    let mut args = vec!["--config".to_owned(), config.display().to_string()];
+    args.extend(flags.iter().map(|f| (*f).to_owned()));
+    (Agent::start_with(&args), dir)
+}
+
+/// Waits until `pid` is judged (a client, past min_client_age) and in `state`; returns its
+/// object and when it was seen so.
+fn wait_state(agent: &Agent, pid: u32, state: &str, timeout: Duration) -> (Value, SystemTime) {
+    let c = agent.wait_clients(timeout, &format!("pid {pid} {state}"), |clients| {
+        find_pid(clients, pid)
+            .filter(|c| c["state"] == state && !c["reason"].as_str().unwrap_or("").contains("not judged yet"))
+            .cloned()
+    });
+    (c, SystemTime::now())
+}
+
+fn elapsed(from: SystemTime, to: SystemTime) -> f64 {
+    to.duration_since(from).unwrap_or_default().as_secs_f64()
+}
+
+/// Asserts `what` happened between `low` and `high` seconds after `from`.
+fn assert_within(what: &str, from: SystemTime, at: SystemTime, low: f64, high: f64) {
+    let took = elapsed(from, at);
+    assert!(
+        (low..=high).contains(&took),
+        "{what} after {took:.1}s, expected within [{low}, {high}] s"
+    );
+}
+
+fn metrics_lines(agent: &Agent, prefix: &str) -> Vec<String> {
+    let (_, text) = agent.get("/metrics");
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn reason(c: &Value) -> &str {
+    c["reason"].as_str().unwrap_or("")
+}
+
+/// A JVM's connection to an IPv4 apiserver is an AF_INET6 socket to `::ffff:a.b.c.d`: listed
+/// in that form, sampled, kept, judged from its requests, and reset by `SOCK_DESTROY`.
+#[test]
+fn a_dual_stack_socket_is_listed_sampled_judged_and_reset() {
+    init!();
+    let sink = WebhookSink::start();
+    let mut server = Server::spawn(None, "127.0.0.1:0");
+    let endpoint = format!("127.0.0.1:{}", server.port());
+    let tail = "select:\n  comm: [\"ll-client\"]\nremediation:\n  mode: reset\n  cooldown: 1m\n";
+    let (agent, _dir) = agent(std::slice::from_ref(&endpoint), &sink, tail, &[]);
+    let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", server.port()).parse().unwrap();
+    let mut client = Client::spawn(None, &[mapped]);
+    let conn = client.conns[0];
+    assert!(conn.local.is_ipv6(), "an AF_INET6 socket: {conn:?}");
+
+    let clients = agent.wait_table(secs(2.0), &expected(&[&client]));
+    let k = find_conn(find_pid(&clients, client.pid()).unwrap(), conn);
+    assert_eq!(k["remote"], mapped.to_string(), "its own form");
+    assert_eq!(k["endpoint"], endpoint.as_str(), "matched to the IPv4 endpoint");
+    // Sampled in that form: still there seconds later, and its inbound bytes counted.
+    agent.hold_table(secs(3.0), &expected(&[&client]));
+    assert!(server.send(500) >= 1);
+    agent.wait_clients(secs(3.0), "500 bytes received on the mapped socket", |clients| {
+        let c = find_pid(clients, client.pid())?;
+        (find_conn(c, conn)["bytes_received"].as_u64() >= Some(500)).then_some(())
+    });
+    // A request left unanswered: stale, then its socket is reset in its own form.
+    client.send(conn, 300);
+    let sent = SystemTime::now();
+    let (_, at) = wait_state(&agent, client.pid(), "stale", secs(STALE + 5.0));
+    assert_within("stale", sent, at, STALE - 1.0, STALE + 2.0);
+    // The reset follows in the same tick.
+    agent.wait_clients(
+        secs(10.0),
+        "the mapped socket destroyed by the reset",
+        |clients| {
+            let c = find_pid(clients, client.pid())?;
+            connections(c).is_empty().then_some(())
+        },
+    );
+    let done = metrics_lines(
+        &agent,
+        "lifeline_remediations_total{action=\"reset\",result=\"done\"}",
+    );
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert!(done[0].ends_with(" 1"), "{done:?}");
+}
+
+/// A client closing its own idle connection (Go's IdleConnTimeout) stays healthy and raises
+/// nothing; a client whose connection the peer closed is `disconnected` after the grace.
+#[test]
+fn an_idle_close_of_its_own_is_not_a_loss_a_peer_close_is() {
+    init!();
+    let sink = WebhookSink::start();
+    let server = Server::spawn(None, "127.0.0.1:0");
+    let endpoint = format!("127.0.0.1:{}", server.port());
+    let (agent, _dir) = agent(std::slice::from_ref(&endpoint), &sink, "", &[]);
+    let target: SocketAddr = endpoint.parse().unwrap();
+    let mut idle = Client::spawn(None, &[target]);
+    wait_state(&agent, idle.pid(), "healthy", secs(5.0));
+    let conn = idle.conns[0];
+    idle.close(conn);
+    hold(secs(GRACE + 5.0), "the idle closer healthy, no alert", || {
+        let clients = agent.clients();
+        match find_pid(&clients, idle.pid()) {
+            Some(c) if c["state"] == "healthy" && sink.alerts().is_empty() => Ok(()),
+            other => Err((other.cloned(), sink.alerts())),
+        }
+    });
+
+    let other = Client::spawn(None, &[target]);
+    wait_state(&agent, other.pid(), "healthy", secs(5.0));
+    drop(server); // the apiserver side goes away: FIN, the client never closes (CLOSE_WAIT)
+    let lost = SystemTime::now();
+    let (c, at) = wait_state(&agent, other.pid(), "disconnected", secs(GRACE + 5.0));
+    assert_within("disconnected", lost, at, GRACE - 0.5, GRACE + 2.0);
+    assert!(reason(&c).contains("closed by the apiserver side"), "{c}");
+    let idle_state = find_pid(&agent.clients(), idle.pid()).map(|c| c["state"].clone());
+    assert_eq!(
+        idle_state,
+        Some(Value::from("healthy")),
+        "the idle closer lost nothing"
+    );
+}
+
+/// A client whose connection is lost and whose new connect goes into a blackhole (its SYNs
+/// unanswered, a connect takes minutes to fail) is trying: `unreachable`, never `disconnected`.
+#[test]
+fn retrying_into_a_blackhole_is_unreachable_not_disconnected() {
+    init!();
+    let sink = WebhookSink::start();
+    let net = VethPair::new();
+    let server = Server::spawn(Some(&net.b), "0.0.0.0:0");
+    let target = server.at(net.b_ip);
+    let (agent, _dir) = agent(&[target.to_string()], &sink, "", &[]);
+    let mut client = Client::spawn_with(Some(&net.a), &[target], &["--connect-timeout", "120"]);
+    client.go();
+    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    // New connects are dropped; the established one is closed by the peer.
+    let port = target.port().to_string();
+    net.b.run(&[
+        "iptables", "-w", "-A", "INPUT", "-p", "tcp", "--syn", "--dport", &port, "-j", "DROP",
+    ]);
+    drop(server);
+    let lost = SystemTime::now();
+    thread::sleep(secs(0.5));
+    client.start_connect(target);
+    let deadline = Instant::now() + secs(GRACE + 5.0);
+    let c = loop {
+        let clients = agent.clients();
+        let c = find_pid(&clients, client.pid()).cloned().expect("listed");
+        assert_ne!(
+            c["state"], "disconnected",
+            "a client retrying is never disconnected: {c}"
+        );
+        if c["state"] == "unreachable" {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "not unreachable in time: {c}");
+        thread::sleep(secs(0.2));
+    };
+    assert_within("unreachable", lost, SystemTime::now(), GRACE - 0.5, GRACE + 2.0);
+    assert!(reason(&c).contains("unanswered"), "{c}");
+    assert!(
+        connections(&c).iter().any(|k| k["tcp_state"] == "SYN_SENT"),
+        "the attempt in flight is listed: {c}"
+    );
+}
+
+/// Segments dropped on the client's own path (iptables OUTPUT DROP in its namespace, the
+/// seed-002 reproduction) fire no retransmit tracepoint here; `tcp_info` shows them.
+#[test]
+fn drops_on_the_clients_own_path_are_a_blackhole() {
+    init!();
+    let sink = WebhookSink::start();
+    let net = VethPair::new();
+    let server = Server::spawn(Some(&net.b), "0.0.0.0:0");
+    let target = server.at(net.b_ip);
+    let (agent, _dir) = agent(&[target.to_string()], &sink, "", &[]);
+    let mut client = Client::spawn(Some(&net.a), &[target]);
+    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    let b_ip = net.b_ip.to_string();
+    net.a
+        .run(&["iptables", "-w", "-A", "OUTPUT", "-d", &b_ip, "-j", "DROP"]);
+    let conn = client.conns[0];
+    client.send(conn, 100);
+    let sent = SystemTime::now();
+    let (c, at) = wait_state(&agent, client.pid(), "blackholed", secs(BLACKHOLE + 6.0));
+    // The first retransmit is one RTO (>= 200 ms) after the send; seen within a sample.
+    assert_within("blackholed", sent, at, BLACKHOLE, BLACKHOLE + 3.0);
+    assert!(reason(&c).contains("no acknowledgement"), "{c}");
+    let alert = wait_until(secs(5.0), "the blackholed alert", || {
+        let a = sink.named("LifelineClientBlackholed");
+        a.first().cloned().ok_or_else(|| sink.alerts())
+    });
+    assert_eq!(alert["labels"]["endpoint"], target.to_string());
+}
+
+/// Clients whose apiserver socket sits in CLOSE_WAIT (the peer closed it, the process never
+/// did: seeds 000/004, the apiserver restarted and they never re-dial) are `disconnected`;
+/// after the agent is killed and started again they are `disconnected` again within the grace,
+/// and their alert fires again.
+#[test]
+fn an_agent_restart_does_not_forgive_a_connection_the_peer_closed() {
+    init!();
+    let sink = WebhookSink::start();
+    let server = Server::spawn(None, "127.0.0.1:0");
+    let endpoint = format!("127.0.0.1:{}", server.port());
+    let target: SocketAddr = endpoint.parse().unwrap();
+    let (agent1, dir) = agent(std::slice::from_ref(&endpoint), &sink, "", &[]);
+    let clients = [Client::spawn(None, &[target]), Client::spawn(None, &[target])];
+    for c in &clients {
+        wait_state(&agent1, c.pid(), "healthy", secs(5.0));
+    }
+    // The apiserver restarts; the clients never dial again.
+    drop(server);
+    let _server = Server::spawn(None, &endpoint);
+    for c in &clients {
+        wait_state(&agent1, c.pid(), "disconnected", secs(GRACE + 5.0));
+    }
+    wait_until(secs(5.0), "the disconnected alert", || {
+        let a = sink.named("LifelineClientDisconnected");
+        (!a.is_empty()).then_some(()).ok_or_else(|| sink.alerts())
+    });
+    let before = sink.named("LifelineClientDisconnected").len();
+    let config = dir.path().join("lifeline.yaml").display().to_string();
+    unsafe_kill(agent1.pid());
+    drop(agent1);
+
+    let agent2 = Agent::start_with(&["--config".to_owned(), config]);
+    let started = SystemTime::now();
+    for c in &clients {
+        let (c, at) = wait_state(&agent2, c.pid(), "disconnected", secs(GRACE + 5.0));
+        assert_within("disconnected again", started, at, GRACE - 1.0, GRACE + 2.0);
+        assert!(reason(&c).contains("found closed"), "{c}");
+    }
+    wait_until(secs(5.0), "the alert sent again", || {
+        let now = sink.named("LifelineClientDisconnected");
+        (now.len() > before && now.last().is_some_and(|a| a["status"] == "firing"))
+            .then_some(())
+            .ok_or_else(|| sink.alerts())
+    });
+}
+
+/// SIGKILL, as a liveness probe or a rollout does.
+fn unsafe_kill(pid: u32) {
+    // SAFETY: plain syscall on a pid this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+/// Rule A: a quiet connection is healthy past stale_after; a request left unanswered is stale
+/// within stale_after + 2 s; an answer heals it.
+#[test]
+fn a_request_left_unanswered_is_stale_and_quiet_is_healthy() {
+    init!();
+    let sink = WebhookSink::start();
+    let mut server = Server::spawn(None, "127.0.0.1:0");
+    let endpoint = format!("127.0.0.1:{}", server.port());
+    let (agent, _dir) = agent(std::slice::from_ref(&endpoint), &sink, "", &[]);
+    let mut client = Client::spawn(None, &[endpoint.parse().unwrap()]);
+    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    hold(secs(STALE + 4.0), "a quiet connection healthy", || {
+        let clients = agent.clients();
+        match find_pid(&clients, client.pid()) {
+            Some(c) if c["state"] == "healthy" => Ok(()),
+            other => Err(other.cloned()),
+        }
+    });
+    client.send(client.conns[0], 300);
+    let sent = SystemTime::now();
+    let (c, at) = wait_state(&agent, client.pid(), "stale", secs(STALE + 5.0));
+    assert_within("stale", sent, at, STALE - 1.0, STALE + 2.0);
+    assert!(reason(&c).contains("sent a request"), "{c}");
+    assert!(server.send(600) >= 1);
+    wait_state(&agent, client.pid(), "healthy", secs(3.0));
+}
+
+/// Rule B: a client whose requests came every ~2 s is stale once it has neither sent nor
+/// received for silence_floor (twice its rhythm is less).
+#[test]
+fn silence_beyond_the_learned_rhythm_is_stale() {
+    init!();
+    const FLOOR: f64 = 6.0;
+    let sink = WebhookSink::start();
+    let mut server = Server::spawn(None, "127.0.0.1:0");
+    let endpoint = format!("127.0.0.1:{}", server.port());
+    let (agent, _dir) = agent(
+        std::slice::from_ref(&endpoint),
+        &sink,
+        "",
+        &[
+            "--silence-floor",
+            "6s",
+            "--silence-max",
+            "10m",
+            "--stale-after",
+            "1m",
+        ],
+    );
+    let mut client = Client::spawn(None, &[endpoint.parse().unwrap()]);
+    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    for _ in 0..4 {
+        client.send(client.conns[0], 300);
+        thread::sleep(secs(0.3));
+        assert!(server.send(600) >= 1);
+        thread::sleep(secs(1.7));
+    }
+    let last = SystemTime::now() - secs(1.7);
+    let (c, at) = wait_state(&agent, client.pid(), "stale", secs(FLOOR + 5.0));
+    assert_within("stale by silence", last, at, FLOOR - 1.0, FLOOR + 2.5);
+    assert!(reason(&c).contains("silence_floor"), "{c}");
+}
+
+/// A process that forks and exits leaves its socket to the child: the child is listed with it
+/// and is not `disconnected`.
+#[test]
+fn a_forked_child_keeps_the_socket_its_parent_leaves() {
+    init!();
+    let sink = WebhookSink::start();
+    let server = Server::spawn(None, "127.0.0.1:0");
+    let endpoint = format!("127.0.0.1:{}", server.port());
+    let (agent, _dir) = agent(std::slice::from_ref(&endpoint), &sink, "", &[]);
+    let script = format!(
+        "import socket, os, sys, time\n\
+s = socket.create_connection(('127.0.0.1', {port}))\n\
+time.sleep(3)\n\
+pid = os.fork()\n\
+if pid:\n    print(pid, flush=True)\n    os._exit(0)\n\
+time.sleep(60)\n",
+        port = server.port()
+    );
+    let mut out = Command::new(SYSTEM_PYTHON)
+        .args(["-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3");
+    let parent = out.id();
+    // The child keeps the pipe open: read the one line, then reap the parent.
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(out.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("child pid line");
+    out.wait().expect("parent exits");
+    let child: u32 = line.trim().parse().expect("child pid");
+    let _reap = KillOnDrop(child);
+    let gone = SystemTime::now();
+    let c = agent.wait_clients(secs(5.0), "the child listed with the socket", |clients| {
+        find_pid(clients, child)
+            .filter(|c| connections(c).iter().any(|k| k["tcp_state"] == "ESTABLISHED"))
+            .cloned()
+    });
+    assert!(
+        find_pid(&agent.clients(), parent).is_none(),
+        "the parent is forgotten"
+    );
+    thread::sleep(
+        secs(GRACE + 2.0).saturating_sub(SystemTime::now().duration_since(gone).unwrap_or_default()),
+    );
+    let c2 = find_pid(&agent.clients(), child).cloned().unwrap_or(c);
+    assert_eq!(c2["state"], "healthy", "{c2}");
+    assert!(sink.alerts().is_empty(), "{:?}", sink.alerts());
+}
+
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        unsafe_kill(self.0);
+    }
+}
+
+/// Removing an endpoint from the set (SIGHUP) forgets its clients: no `disconnected`, no alert.
+#[test]
+fn removing_an_endpoint_does_not_disconnect_its_clients() {
+    init!();
+    let sink = WebhookSink::start();
+    let (s1, s2) = (
+        Server::spawn(None, "127.0.0.1:0"),
+        Server::spawn(None, "127.0.0.1:0"),
+    );
+    let (e1, e2) = (
+        format!("127.0.0.1:{}", s1.port()),
+        format!("127.0.0.1:{}", s2.port()),
+    );
+    let (agent, dir) = agent(&[e1.clone(), e2.clone()], &sink, "", &[]);
+    let client = Client::spawn(None, &[e1.parse().unwrap()]);
+    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    let config = dir.path().join("lifeline.yaml");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&config, text.replace(&format!("\"{e1}\", "), "")).expect("rewrite config");
+    // SAFETY: plain syscall on the agent this test started.
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    agent.wait_clients(
+        secs(5.0),
+        "the client of the removed endpoint unlisted",
+        |clients| find_pid(clients, client.pid()).is_none().then_some(()),
+    );
+    thread::sleep(secs(GRACE + 3.0));
+    assert!(find_pid(&agent.clients(), client.pid()).is_none());
+    assert!(sink.alerts().is_empty(), "{:?}", sink.alerts());
+}
+
+/// Failed connects carry the reason the kernel recorded: nothing listening (refused), an ICMP
+/// host unreachable (unreachable), accepted then reset (reset).
+#[test]
+fn failed_connects_carry_refused_unreachable_and_reset() {
+    init!();
+    let sink = WebhookSink::start();
+    let net = VethPair::new();
+    let ports: [u16; 3] = [free_port(), free_port(), free_port()];
+    let [refused, unreachable, reset] = ports.map(|p| SocketAddr::new(net.b_ip, p));
+    net.b.run(&[
+        "iptables",
+        "-w",
+        "-A",
+        "INPUT",
+        "-p",
+        "tcp",
+        "--dport",
+        &ports[1].to_string(),
+        "-j",
+        "REJECT",
+        "--reject-with",
+        "icmp-host-unreachable",
+    ]);
+    // Accepts, then closes with SO_LINGER 0: a reset right after the handshake.
+    let rst_script = format!(
+        "import socket, struct\n\
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+l.bind(('{ip}', {port})); l.listen(16); print('listening', flush=True)\n\
+while True:\n    c, _ = l.accept()\n    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 0))\n    c.close()\n",
+        ip = net.b_ip,
+        port = ports[2]
+    );
+    let mut rst = net.b.command(SYSTEM_PYTHON);
+    rst.args(["-c", &rst_script]);
+    let mut rst = Proc::spawn(rst);
+    rst.expect(&["listening"]);
+    let endpoints: Vec<String> = [refused, unreachable, reset]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let (agent, _dir) = agent(&endpoints, &sink, "", &[]);
+    let mut client = Client::spawn(Some(&net.a), &[]);
+    for target in [refused, unreachable] {
+        client.start_connect(target);
+        assert!(client.connected().is_err(), "{target} must fail");
+    }
+    client.start_connect(reset);
+    let _ = client.connected();
+    wait_until(secs(5.0), "failures counted by reason", || {
+        let lines = metrics_lines(&agent, "lifeline_client_connect_failures_total{");
+        let all = ["refused", "reset"]
+            .iter()
+            .all(|r| lines.iter().any(|l| l.contains(&format!("reason=\"{r}\""))));
+        if all {
+            Ok(())
+        } else {
+            Err(lines)
+        }
+    });
+}

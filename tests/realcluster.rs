@@ -1,0 +1,891 @@
+//! The real-cluster tier: the agent against a real Kubernetes 1.20 control plane (etcd,
+//! kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, built by `cargo xtask
+//! setup` from Debian's source package) and real clients: the components themselves, the JDK's
+//! HttpClient (HTTP/2 through AF_INET6 sockets to `::ffff:a.b.c.d`), a python3-kubernetes watch
+//! without a timeout, the kube crate's watcher, and `ll-stuck` (the x/net/http2 bug).
+//!
+//! What the fixture apiserver could not show: real watch cadences (client-go restarts each
+//! watch after 5–10 min; a quiet watch receives nothing in between), leader-election renewals,
+//! a real graceful shutdown (GOAWAY after the 60 s request timeout), the JVM's mapped
+//! addresses. Cases: a quiet soak with zero alerts, SIGKILL and SIGTERM apiserver restarts
+//! with zero alerts, and the seeds still caught within their bounds: the never-redial client
+//! (`disconnected`) and a gateway with a dead upstream (`stale`, seed 002).
+//!
+//! Each test starts its own cluster (≈40 s) and holds the host's cluster lock, so they run one
+//! after the other. Thresholds are shortened as in the scenario suite; each bound is the
+//! threshold plus the 2 s the issue allows. A test collects every failed expectation of its
+//! case before failing, so one run shows all of them.
+use std::{
+    fmt::Write as _,
+    net::SocketAddr,
+    thread,
+    time::{Duration, Instant, SystemTime},
+};
+
+use lifeline_integration::{
+    real_cluster::{
+        clients::{self, Kind, RealClient},
+        image::Image,
+        in_cluster_kubeconfig,
+        monitor::{Monitor, Sighting},
+        secs, ControlPlane, Node, Options, Restart, Stop,
+    },
+    scenario::{wait_alert, wait_state, Gateway, Topology, WebhookSink, SETTLE},
+    *,
+};
+use serde_json::Value;
+
+/// `--stale-after` of the agent, seconds.
+const STALE: u64 = 20;
+/// `--disconnect-grace`, seconds.
+const GRACE: u64 = 10;
+/// `--min-client-age`, seconds.
+const MIN_AGE: u64 = 3;
+/// The quiet soak, from the moment every client is judged: client-go ends each watch after
+/// 5–10 min, so every client-go watch (all started before) restarts at least once in it. `LIFELINE_SOAK_SECONDS` shortens it for local iteration.
+const SOAK: Duration = Duration::from_secs(600);
+/// How long a client gets to be listed and judged healthy after it started.
+const JUDGED_TIMEOUT: Duration = Duration::from_secs(60);
+/// Its node name (the agent's `--node-name` and the alerts' `node` label).
+const NODE: &str = "lifeline-node";
+
+/// Failed expectations of one case, reported together.
+#[derive(Default)]
+struct Findings(Vec<String>);
+
+impl Findings {
+    fn add(&mut self, what: impl Into<String>) {
+        let what = what.into();
+        eprintln!("FINDING: {what}");
+        self.0.push(what);
+    }
+
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            self.add(what());
+        }
+    }
+
+    fn assert_none(self, case: &str) {
+        if !self.0.is_empty() {
+            let mut text = format!("{case}: {} failed expectation(s):\n", self.0.len());
+            for (i, f) in self.0.iter().enumerate() {
+                let _ = writeln!(text, "{}. {f}", i + 1);
+            }
+            panic!("{text}");
+        }
+    }
+}
+
+/// One client the tier expects the agent to list: a component or a real client.
+#[derive(Clone, Debug)]
+struct Expected {
+    what: String,
+    pid: u32,
+    comm: &'static str,
+    /// The endpoint it connects to, as the agent names it.
+    endpoint: SocketAddr,
+}
+
+/// The cluster, the webhook sink, the agent watching the cluster's endpoints, and the real
+/// clients.
+struct Bench {
+    clients: Vec<RealClient>,
+    agent: Agent,
+    sink: WebhookSink,
+    cp: ControlPlane,
+}
+
+impl Bench {
+    /// A control plane, the sink and the agent with shortened thresholds and explicit
+    /// endpoints: 127.0.0.1:6443, the advertised address, the ClusterIP, plus `extra`.
+    fn start(options: Options, extra: &[SocketAddr]) -> Bench {
+        init!();
+        let cp = ControlPlane::start(options);
+        let sink = WebhookSink::start();
+        let mut args: Vec<String> = vec![
+            "--node-name".into(),
+            NODE.into(),
+            "--webhook".into(),
+            sink.url.clone(),
+            "--stale-after".into(),
+            format!("{STALE}s"),
+            "--disconnect-grace".into(),
+            format!("{GRACE}s"),
+            "--min-client-age".into(),
+            format!("{MIN_AGE}s"),
+        ];
+        for e in [
+            cp.loopback_endpoint(),
+            cp.advertise_endpoint(),
+            cp.cluster_ip_endpoint(),
+        ]
+        .iter()
+        .chain(extra)
+        {
+            args.extend(["--endpoint".into(), e.to_string()]);
+        }
+        let agent = Agent::start_with(&args);
+        Bench {
+            clients: Vec::new(),
+            agent,
+            sink,
+            cp,
+        }
+    }
+
+    /// The JVM on the advertised address (its socket is AF_INET6, `::ffff:ADV`), the python
+    /// watch on the ClusterIP, the kube crate's watcher on 127.0.0.1; returns once each talks.
+    fn start_real_clients(&mut self) {
+        for (kind, server) in [
+            (Kind::Jvm, self.cp.advertise_url()),
+            (Kind::PyWatch, self.cp.cluster_ip_url()),
+            (Kind::KubeWatch, self.cp.url()),
+        ] {
+            self.start_client(kind, &server);
+        }
+    }
+
+    fn start_client(&mut self, kind: Kind, server: &str) -> u32 {
+        let client = clients::start(&self.cp, kind, server);
+        clients::wait_talking(&client, secs(90));
+        let pid = client.pid();
+        self.clients.push(client);
+        pid
+    }
+
+    fn client(&self, kind: Kind) -> &RealClient {
+        self.clients
+            .iter()
+            .find(|c| c.kind == kind)
+            .unwrap_or_else(|| panic!("no {kind} client started"))
+    }
+
+    /// Everything the agent should list: the controller-manager, the scheduler and kube-proxy
+    /// (on 127.0.0.1), and the real clients started.
+    fn expected(&self) -> Vec<Expected> {
+        let loopback = self.cp.loopback_endpoint();
+        let mut list: Vec<Expected> = [
+            ("kube-controller-manager", "kube-controller"),
+            ("kube-scheduler", "kube-scheduler"),
+            ("kube-proxy", "kube-proxy"),
+        ]
+        .into_iter()
+        .map(|(name, comm)| Expected {
+            what: name.to_owned(),
+            pid: self.cp.pid(name),
+            comm,
+            endpoint: loopback,
+        })
+        .collect();
+        for c in &self.clients {
+            let endpoint = match c.server.strip_prefix("https://") {
+                Some(hostport) => hostport.parse().expect("server URL with an IP"),
+                None => panic!("server URL {}", c.server),
+            };
+            list.push(Expected {
+                what: format!("{} client", c.kind),
+                pid: c.pid(),
+                comm: c.kind.comm(),
+                endpoint,
+            });
+        }
+        list
+    }
+
+    /// Waits until every expected client is listed, judged and healthy with an established
+    /// connection to its endpoint; records those that are not after [`JUDGED_TIMEOUT`].
+    fn wait_judged_healthy(&self, expected: &[Expected], findings: &mut Findings) {
+        let deadline = Instant::now() + JUDGED_TIMEOUT;
+        loop {
+            let clients = self.agent.clients();
+            let missing: Vec<String> = expected
+                .iter()
+                .filter_map(|e| judged_healthy(&clients, e).err())
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                for m in missing {
+                    findings.add(format!("{JUDGED_TIMEOUT:?} after start: {m}"));
+                }
+                eprintln!("the agent's clients then:\n{:?}", Pretty(&clients));
+                return;
+            }
+            thread::sleep(secs(1));
+        }
+    }
+
+    /// After `restart`: every expected client (the components by their current pid) is judged
+    /// healthy and holds a connection made after the restart.
+    fn check_redialed(&self, restart: &Restart, findings: &mut Findings) {
+        let how = restart.how;
+        let clients = self.agent.clients();
+        for e in &self.expected() {
+            if let Err(why) = judged_healthy(&clients, e) {
+                findings.add(format!("after the {how:?} restart: {why}"));
+                continue;
+            }
+            let c = find_pid(&clients, e.pid).expect("listed");
+            let redialed = connections(c).iter().any(|k| {
+                k["established_at"]
+                    .as_str()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .is_some_and(|t| SystemTime::from(t) > restart.signalled_at)
+            });
+            findings.check(redialed, || {
+                format!(
+                    "after the {how:?} restart: {} holds no connection newer than the restart: {c}",
+                    e.what
+                )
+            });
+        }
+    }
+
+    /// The clients a fault does not concern (all of `expected` but `faulty`): each judged
+    /// healthy, and no alert but those `concerned` accepts.
+    fn check_bystanders(
+        &self,
+        expected: &[Expected],
+        faulty: u32,
+        concerned: impl Fn(&Value) -> bool,
+        fault: &str,
+        findings: &mut Findings,
+    ) {
+        let clients = self.agent.clients();
+        for e in expected.iter().filter(|e| e.pid != faulty) {
+            if let Err(why) = judged_healthy(&clients, e) {
+                findings.add(format!("bystander of {fault}: {why}"));
+            }
+        }
+        let others: Vec<Value> = self.sink.alerts().into_iter().filter(|a| !concerned(a)).collect();
+        findings.check(others.is_empty(), || {
+            format!("alerts for clients {fault} does not concern: {others:#?}")
+        });
+    }
+
+    /// Records an alert for every alert the sink received (none is expected).
+    fn check_no_alerts(&self, findings: &mut Findings, during: &str) {
+        for a in self.sink.alerts() {
+            findings.add(format!(
+                "alert during {during}: {} {} for {} (labels {}); {}",
+                a["status"].as_str().unwrap_or("?"),
+                a["labels"]["alertname"].as_str().unwrap_or("?"),
+                a["labels"]["comm"].as_str().unwrap_or("?"),
+                a["labels"],
+                a["annotations"]["description"].as_str().unwrap_or("")
+            ));
+        }
+    }
+}
+
+/// `Ok` when `e` is listed, judged, healthy and holds an established connection to its
+/// endpoint; else why not.
+fn judged_healthy(clients: &[Value], e: &Expected) -> Result<(), String> {
+    let Some(c) = find_pid(clients, e.pid) else {
+        return Err(format!(
+            "{} (pid {}, comm {}) -> {} is not listed by the agent",
+            e.what, e.pid, e.comm, e.endpoint
+        ));
+    };
+    let reason = c["reason"].as_str().unwrap_or("");
+    let connected = connections(c)
+        .iter()
+        .any(|k| k["tcp_state"] == "ESTABLISHED" && k["endpoint"] == e.endpoint.to_string());
+    if c["state"] == "healthy" && !reason.contains("not judged yet") && connected {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} (pid {}) is {} ({reason}); connected to {}: {connected}",
+            e.what, e.pid, c["state"], e.endpoint
+        ))
+    }
+}
+
+fn describe(sightings: &[Sighting]) -> String {
+    sightings.iter().map(|s| format!("\n    {s}")).collect()
+}
+
+/// `lifeline_detection_seconds`: (observations, observations ≤ 2 s).
+fn detection_histogram(agent: &Agent) -> (u64, u64) {
+    let (_, metrics) = agent.get("/metrics");
+    let mut count = 0;
+    let mut within = 0;
+    for line in metrics.lines() {
+        let value = || {
+            line.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0) as u64
+        };
+        if line.starts_with("lifeline_detection_seconds_count") {
+            count = value();
+        } else if line.starts_with("lifeline_detection_seconds_bucket{le=\"2\"}") {
+            within = value();
+        }
+    }
+    (count, within)
+}
+
+/// Asserts the state change after `before` was observed in `lifeline_detection_seconds`,
+/// within 2 s of its threshold.
+fn check_detection_metric(agent: &Agent, before: (u64, u64), what: &str, findings: &mut Findings) {
+    let after = detection_histogram(agent);
+    let (new, new_within) = (after.0 - before.0, after.1 - before.1);
+    eprintln!("{what}: lifeline_detection_seconds got {new} observation(s), {new_within} of them ≤ 2 s");
+    findings.check(new >= 1, || {
+        format!(
+            "{what}: no lifeline_detection_seconds observation (count {} → {})",
+            before.0, after.0
+        )
+    });
+    findings.check(new_within == new, || {
+        format!(
+            "{what}: {} of {new} lifeline_detection_seconds observation(s) above 2 s",
+            new - new_within
+        )
+    });
+}
+
+/// Records a finding unless `at - fault` is within `bound` seconds.
+fn check_detected(what: &str, fault: SystemTime, at: SystemTime, bound: (f64, f64), findings: &mut Findings) {
+    let took = at
+        .duration_since(fault)
+        .map_or_else(|e| -e.duration().as_secs_f64(), |d| d.as_secs_f64());
+    eprintln!(
+        "{what}: detected {took:.2} s after the fault (bound {:.1}..{:.1} s)",
+        bound.0, bound.1
+    );
+    findings.check(took >= bound.0 && took <= bound.1, || {
+        format!(
+            "{what}: detected {took:.2} s after the fault, outside {:.1}..{:.1} s",
+            bound.0, bound.1
+        )
+    });
+}
+
+/// `ss -Htni` output → local address → (bytes_sent, lastsnd in ms).
+fn sent_by_socket(ss: &str) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut sockets = std::collections::BTreeMap::new();
+    let mut local = None;
+    for line in ss.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            local = line.split_whitespace().nth(3).map(str::to_owned);
+            continue;
+        }
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(name))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        if let (Some(l), Some(sent)) = (local.take(), field("bytes_sent:")) {
+            sockets.insert(l, (sent, field("lastsnd:").unwrap_or(0)));
+        }
+    }
+    sockets
+}
+
+fn soak_duration() -> Duration {
+    std::env::var("LIFELINE_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(SOAK, Duration::from_secs)
+}
+
+/// A quiet cluster for longer than client-go's longest watch: every client listed, judged
+/// healthy at every poll, the JVM through its `::ffff:` socket, and not one alert.
+#[test]
+fn quiet_soak_raises_nothing() {
+    let mut bench = Bench::start(Options::default(), &[]);
+    bench.start_real_clients();
+    let mut findings = Findings::default();
+    let expected = bench.expected();
+    bench.wait_judged_healthy(&expected, &mut findings);
+
+    // The premise of the dual-stack check, seen by `ss` rather than the agent.
+    let jvm = bench.client(Kind::Jvm).pid();
+    let mapped = clients::ss_connections(jvm, bench.cp.options().port);
+    let mapped_ok = mapped
+        .iter()
+        .any(|(_, peer)| peer == &format!("[::ffff:{}]:{}", bench.cp.advertise, bench.cp.options().port));
+    assert!(
+        mapped_ok,
+        "the JVM should hold an AF_INET6 socket to [::ffff:{}]; ss shows {mapped:?}",
+        bench.cp.advertise
+    );
+
+    let soak = soak_duration();
+    eprintln!("quiet soak for {soak:?}, polling the agent every second");
+    let monitor = Monitor::start(bench.agent.addr, |_| false);
+    while monitor.elapsed() < soak {
+        thread::sleep(secs(5));
+        bench.cp.assert_running();
+    }
+    let sightings = monitor.sightings();
+    let listed = monitor.listed();
+    let failed_polls = monitor.failed_polls();
+    eprintln!("soak over: {} polls of the agent", monitor.polls());
+    drop(monitor);
+    findings.check(failed_polls.is_empty(), || {
+        format!("the agent's API did not answer every poll: {failed_polls:?}")
+    });
+
+    findings.check(sightings.is_empty(), || {
+        format!("non-healthy judgements during the soak:{}", describe(&sightings))
+    });
+    for e in &expected {
+        findings.check(listed.contains_key(&e.pid), || {
+            format!("{} (pid {}) was never listed during the soak", e.what, e.pid)
+        });
+    }
+    let now = bench.agent.clients();
+    for e in &expected {
+        if let Err(why) = judged_healthy(&now, e) {
+            findings.add(format!("after the soak: {why}"));
+        }
+    }
+    // The agent lists the JVM's connection as it is now (the JVM may have re-dialed).
+    let port = bench.cp.options().port;
+    let mapped_now = clients::ss_connections(jvm, port);
+    match find_pid(&now, jvm) {
+        Some(c) => {
+            let listed_ports: Vec<&str> = connections(c)
+                .iter()
+                .filter(|k| k["endpoint"] == bench.cp.advertise_endpoint().to_string())
+                .filter_map(|k| k["local"].as_str()?.rsplit(':').next())
+                .collect();
+            let seen = mapped_now.iter().any(|(local, _)| {
+                local
+                    .rsplit(':')
+                    .next()
+                    .is_some_and(|p| listed_ports.contains(&p))
+            });
+            findings.check(seen, || {
+                format!("the JVM's AF_INET6 connection {mapped_now:?} is not among its listed ones: {c}")
+            });
+        }
+        None => findings.add(format!(
+            "the JVM (pid {jvm}, AF_INET6 socket {mapped_now:?}) is not listed after the soak"
+        )),
+    }
+    for exit in bench.cp.exits() {
+        findings.add(format!(
+            "{} (pid {}) exited during the soak with {}:\n{}",
+            exit.name, exit.pid, exit.status, exit.log_tail
+        ));
+    }
+    bench.check_no_alerts(&mut findings, "the soak");
+    findings.assert_none("quiet soak");
+}
+
+/// Apiserver restarts with re-dialing clients. SIGKILL, then SIGTERM with the new apiserver
+/// started as soon as the old one closed its listener (HTTP/2 clients get a GOAWAY at once and
+/// re-dial, HTTP/1.1 watches are drained by the old one for its 60 s request timeout): a few
+/// seconds without an apiserver, every client re-dials and is healthy again, nothing is judged
+/// unhealthy, nothing is alerted. Then SIGTERM with the new apiserver started only once the old
+/// one exited (a single apiserver restarted by systemd or the kubelet): no apiserver accepts a
+/// connection for over 60 s, which is an apiserver outage (`outage_after`, 30 s): the outage
+/// alert for the endpoints the clients use, no per-client alert, all resolved once it is back.
+///
+/// kube-controller-manager and kube-scheduler exit when they cannot renew their lease within
+/// 10 s (both do in the long restart, sometimes in the short ones on this slow machine); the
+/// harness restarts them as systemd or the kubelet would, and the agent forgets the old
+/// process: never an alert.
+#[test]
+fn apiserver_restarts() {
+    let mut bench = Bench::start(Options::default(), &[]);
+    bench.start_real_clients();
+    let mut findings = Findings::default();
+    bench.wait_judged_healthy(&bench.expected(), &mut findings);
+    // The apiserver's own loopback client exits with it: not one of the clients under test.
+    let monitor = Monitor::start(bench.agent.addr, |c| c["comm"] == "kube-apiserver");
+
+    for how in [Stop::Kill, Stop::Term] {
+        let restart = bench.cp.restart_apiserver(how);
+        // Past the grace and the alert settle delay, with a margin.
+        thread::sleep(secs(GRACE + SETTLE + 5));
+        bench.check_redialed(&restart, &mut findings);
+        if how == Stop::Term {
+            findings.check(restart.ready_after < secs(20), || {
+                format!(
+                    "the SIGTERM restart left no apiserver for {:.1} s",
+                    restart.ready_after.as_secs_f64()
+                )
+            });
+        }
+    }
+    let sightings = monitor.sightings();
+    findings.check(sightings.is_empty(), || {
+        format!(
+            "non-healthy judgements across the SIGKILL and SIGTERM restarts:{}",
+            describe(&sightings)
+        )
+    });
+    bench.check_no_alerts(&mut findings, "the SIGKILL and SIGTERM restarts");
+    let alerts_before = bench.sink.alerts().len();
+
+    let restart = bench.cp.restart_apiserver(Stop::TermWaitExit);
+    findings.check(restart.exited_after > secs(40), || {
+        format!(
+            "the SIGTERMed apiserver exited {:.1} s after the signal: with watches open it should drain them for its 60 s request timeout",
+            restart.exited_after.as_secs_f64()
+        )
+    });
+    thread::sleep(secs(GRACE + SETTLE + 5));
+    bench.check_redialed(&restart, &mut findings);
+    let alerts: Vec<Value> = bench.sink.alerts().into_iter().skip(alerts_before).collect();
+    let endpoints = [
+        bench.cp.loopback_endpoint(),
+        bench.cp.advertise_endpoint(),
+        bench.cp.cluster_ip_endpoint(),
+    ]
+    .map(|e| e.to_string());
+    let outage: Vec<&Value> = alerts
+        .iter()
+        .filter(|a| a["labels"]["alertname"] == "LifelineApiserverOutage")
+        .collect();
+    findings.check(outage.iter().any(|a| a["status"] == "firing"), || {
+        format!(
+            "no LifelineApiserverOutage while no apiserver accepted connections for {:.0} s; alerts: {alerts:#?}",
+            restart.ready_after.as_secs_f64()
+        )
+    });
+    for a in &outage {
+        let endpoint = a["labels"]["endpoint"].as_str().unwrap_or("");
+        findings.check(endpoints.iter().any(|e| e == endpoint), || {
+            format!("outage alert for endpoint {endpoint:?}, not one of {endpoints:?}: {a}")
+        });
+        findings.check(
+            a["status"] == "resolved"
+                || alerts
+                    .iter()
+                    .any(|r| r["status"] == "resolved" && r["labels"] == a["labels"]),
+            || format!("the outage alert was not resolved once the apiserver was back: {a}"),
+        );
+    }
+    let per_client: Vec<&Value> = alerts
+        .iter()
+        .filter(|a| a["labels"]["alertname"] != "LifelineApiserverOutage")
+        .collect();
+    findings.check(per_client.is_empty(), || {
+        format!("per-client alerts during the outage (they give way to the outage alert): {per_client:#?}")
+    });
+    for exit in bench.cp.exits() {
+        eprintln!(
+            "(restarted by the harness: {} pid {} {})",
+            exit.name, exit.pid, exit.status
+        );
+    }
+    findings.assert_none("apiserver restarts");
+}
+
+/// Seeds 000/004: `ll-stuck` loses its connection in a SIGKILL restart and never dials again:
+/// `disconnected` within `disconnect_grace` + 2 s, alerted; the re-dialing clients raise nothing.
+#[test]
+fn never_redialing_client_is_disconnected_after_a_restart() {
+    let mut bench = Bench::start(Options::default(), &[]);
+    bench.start_real_clients();
+    let advertise = bench.cp.advertise_url();
+    let stuck = bench.start_client(Kind::Stuck, &advertise);
+    let mut findings = Findings::default();
+    let expected = bench.expected();
+    bench.wait_judged_healthy(&expected, &mut findings);
+    let before = detection_histogram(&bench.agent);
+
+    let restart = bench.cp.restart_apiserver(Stop::Kill);
+    let (c, at) = wait_state(&bench.agent, stuck, "disconnected", secs(GRACE + 15));
+    check_detected(
+        "ll-stuck disconnected",
+        restart.signalled_at,
+        at,
+        (GRACE as f64 - 0.5, GRACE as f64 + 2.0),
+        &mut findings,
+    );
+    assert!(connections(&c).is_empty(), "ll-stuck holds no connection: {c}");
+    let alert = wait_alert(
+        &bench.sink,
+        "LifelineClientDisconnected",
+        "ll-stuck",
+        secs(SETTLE + 5),
+    );
+    assert_eq!(alert["labels"]["node"], NODE);
+    assert_eq!(alert["labels"]["severity"], "critical");
+    assert_eq!(
+        alert["labels"]["endpoint"],
+        bench.cp.advertise_endpoint().to_string(),
+        "{alert}"
+    );
+    check_detection_metric(&bench.agent, before, "ll-stuck disconnected", &mut findings);
+
+    thread::sleep(secs(SETTLE + 2));
+    // The components by their current pids (one may have been restarted, see apiserver_restarts).
+    bench.check_bystanders(
+        &bench.expected(),
+        stuck,
+        |a| a["labels"]["comm"] == "ll-stuck",
+        "the restart",
+        &mut findings,
+    );
+    findings.assert_none("never-redial client");
+}
+
+/// Seed 002: a kube-scheduler (a standby: leader election on, trying the lease every 2–4 s)
+/// talks to the apiserver through haproxy, an HTTP/2 gateway in its own network namespace.
+/// The gateway's upstream is blackholed: the scheduler's connection to the gateway stays
+/// ESTABLISHED, the gateway answers its PINGs and keeps forwarding requests to the dead
+/// upstream, no answer comes. `stale` within `stale_after` + 2 s of the first unanswered
+/// request.
+#[test]
+fn gateway_with_a_dead_upstream_makes_its_client_stale() {
+    let topo = Topology::new(&["gw"]);
+    let host_ip = topo.link_host();
+    let gw = topo.host("gw");
+    let gw_endpoint = gw.addr(6443);
+    let mut bench = Bench::start(Options::default(), &[gw_endpoint]);
+    let mut findings = Findings::default();
+
+    let cert = bench.cp.pki().issue(
+        "gateway",
+        lifeline_integration::real_cluster::pki::Profile::Server {
+            sans: &[gw.ip.to_string()],
+        },
+    );
+    let upstream = SocketAddr::new(host_ip, bench.cp.options().port);
+    // No health check (the gateway of the seed kept using its dead upstream); requests share
+    // the upstream HTTP/2 connection; a new upstream connection would wait 60 s, so nothing
+    // answers 503 inside the test's window.
+    let config = format!(
+        "global\n    log stderr format raw local0 info\n\
+defaults\n    mode http\n    log global\n    option httplog\n    retries 0\n\
+    timeout connect 60s\n    timeout client 1h\n    timeout server 1h\n    timeout tunnel 1h\n\
+frontend api\n    bind {gw_endpoint} ssl crt {pem} alpn h2,http/1.1\n    default_backend apiserver\n\
+backend apiserver\n    http-reuse always\n    server api {upstream} ssl verify required ca-file {ca} alpn h2\n",
+        pem = cert.combined().display(),
+        ca = bench.cp.ca_pem().display(),
+    );
+    let _gateway = Gateway::start_with_config(gw, 6443, &config, bench.cp.dir());
+    let standby = bench
+        .cp
+        .start_scheduler("kube-scheduler-behind-gateway", &format!("https://{gw_endpoint}"));
+    let mut expected = bench.expected();
+    expected.push(Expected {
+        what: "kube-scheduler behind the gateway".into(),
+        pid: standby,
+        comm: "kube-scheduler",
+        endpoint: gw_endpoint,
+    });
+    bench.wait_judged_healthy(&expected, &mut findings);
+    // A few lease attempts through the gateway first: its request rhythm.
+    thread::sleep(secs(10));
+    let before = detection_histogram(&bench.agent);
+
+    let dead = host_ip.to_string();
+    let port = bench.cp.options().port.to_string();
+    gw.iptables(&["OUTPUT", "-p", "tcp", "-d", &dead, "--dport", &port, "-j", "DROP"]);
+    gw.iptables(&["INPUT", "-p", "tcp", "-s", &dead, "--sport", &port, "-j", "DROP"]);
+    let fault = SystemTime::now();
+    // Every byte the gateway sends upstream after the fault is a forwarded request that gets
+    // no answer (haproxy sends its upstream no PINGs): the first one is the first unanswered
+    // request. `ss` says when the socket last sent (`lastsnd`, ms ago).
+    let upstream_sockets = || {
+        let out = gw.ns.run(&["ss", "-Htni", "dst", &upstream.to_string()]);
+        sent_by_socket(&String::from_utf8_lossy(&out.stdout))
+    };
+    let baseline = upstream_sockets();
+    let first_unanswered = wait_until(
+        secs(15),
+        "the first request forwarded to the dead upstream",
+        || {
+            let now = SystemTime::now();
+            let sockets = upstream_sockets();
+            sockets
+                .iter()
+                .filter(|(local, (sent, _))| baseline.get(*local).is_none_or(|(before, _)| sent > before))
+                .map(|(_, (_, lastsnd))| now - Duration::from_millis(*lastsnd))
+                .min()
+                .ok_or(sockets)
+        },
+    );
+    eprintln!(
+        "first unanswered request {:.1} s after the fault",
+        first_unanswered
+            .duration_since(fault)
+            .unwrap_or_default()
+            .as_secs_f64()
+    );
+
+    let (c, at) = wait_state(&bench.agent, standby, "stale", secs(STALE + 15));
+    check_detected(
+        "the scheduler behind the gateway stale",
+        first_unanswered,
+        at,
+        (STALE as f64 - 1.0, STALE as f64 + 2.0),
+        &mut findings,
+    );
+    let k = connections(&c)
+        .iter()
+        .find(|k| k["endpoint"] == gw_endpoint.to_string())
+        .unwrap_or_else(|| panic!("no connection to the gateway listed: {c}"));
+    assert_eq!(
+        k["tcp_state"], "ESTABLISHED",
+        "the connection to the gateway looks fine: {c}"
+    );
+    let alert = wait_alert(
+        &bench.sink,
+        "LifelineClientStale",
+        "kube-scheduler",
+        secs(SETTLE + 5),
+    );
+    assert_eq!(alert["labels"]["endpoint"], gw_endpoint.to_string(), "{alert}");
+    assert_eq!(alert["labels"]["severity"], "warning");
+    check_detection_metric(
+        &bench.agent,
+        before,
+        "scheduler behind the gateway stale",
+        &mut findings,
+    );
+
+    let gw_label = gw_endpoint.to_string();
+    bench.check_bystanders(
+        &expected,
+        standby,
+        |a| a["labels"]["endpoint"] == gw_label.as_str(),
+        "the dead gateway",
+        &mut findings,
+    );
+    findings.assert_none("seed 002 gateway");
+}
+
+/// The node the shipping end-to-end test builds on: containerd + runc + CNI + kubelet run a pod
+/// from a locally built OCI image (the kube crate's watcher and its shared libraries, no
+/// registry), and the pod reaches the apiserver through the `kubernetes` ClusterIP with its
+/// service-account token.
+#[test]
+fn node_runs_a_pod_that_reaches_the_apiserver_through_the_cluster_ip() {
+    init!();
+    let cp = ControlPlane::start(Options::default());
+    let node = Node::start(&cp);
+    const NS: &str = "lifeline-node-test";
+    let kubeconfig = in_cluster_kubeconfig(cp.cluster_ip_endpoint(), NS);
+    let image = Image::new("localhost/ll-kube-watch:test")
+        .program_with_libraries(&scenario::sibling_bin("ll-kube-watch"), "/ll-kube-watch")
+        .file("/kubeconfig", kubeconfig.into_bytes(), 0o644)
+        .entrypoint(&["/ll-kube-watch", "--kubeconfig", "/kubeconfig", "--namespace", NS])
+        .write(&node.dir().join("ll-kube-watch.tar"));
+    node.import_image(&image);
+
+    cp.apply(&format!(
+        "apiVersion: v1
+kind: Namespace
+metadata: {{name: {NS}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: default-view, namespace: {NS}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}}
+subjects: [{{kind: ServiceAccount, name: default, namespace: {NS}}}]
+"
+    ));
+    wait_until(
+        secs(60),
+        "the namespace's default service account and its token",
+        || {
+            let out = cp.kubectl(&[
+                "-n",
+                NS,
+                "get",
+                "sa",
+                "default",
+                "-o",
+                "jsonpath={.secrets[0].name}",
+            ]);
+            let secret = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            if secret.is_empty() {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            } else {
+                Ok(())
+            }
+        },
+    );
+    cp.apply(&format!(
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: watcher, namespace: {NS}}}
+spec:
+  containers:
+  - name: watcher
+    image: localhost/ll-kube-watch:test
+    imagePullPolicy: Never
+"
+    ));
+    let describe = || cp.kubectl(&["-n", NS, "describe", "pod", "watcher"]);
+    wait_until(secs(120), "pod watcher Running", || {
+        let out = cp.kubectl(&[
+            "-n",
+            NS,
+            "get",
+            "pod",
+            "watcher",
+            "-o",
+            "jsonpath={.status.phase}",
+        ]);
+        if String::from_utf8_lossy(&out.stdout).trim() == "Running" {
+            Ok(())
+        } else {
+            Err(Shown(String::from_utf8_lossy(&describe().stdout).into_owned()))
+        }
+    });
+    // The watcher listed the pods through the ClusterIP: its log (read through the apiserver
+    // and the kubelet) says so.
+    wait_until(secs(60), "INIT_DONE in the watcher's log", || {
+        let out = cp.kubectl(&["-n", NS, "logs", "watcher"]);
+        let log = String::from_utf8_lossy(&out.stdout).into_owned();
+        if log.lines().any(|l| l == "INIT_DONE") {
+            Ok(())
+        } else {
+            Err(format!("{log}{}", String::from_utf8_lossy(&out.stderr)))
+        }
+    });
+    // And its socket goes to the ClusterIP, from the pod network.
+    let pid = wait_until(secs(10), "the watcher's process", || {
+        lifeline_integration::real_cluster::pids_named("ll-kube-watch")
+            .into_iter()
+            .find(|pid| cgroup_of(*pid).contains("kubepods"))
+            .ok_or("no ll-kube-watch process in a kubepods cgroup")
+    });
+    let sockets = tcp_sockets_of(pid);
+    let to_cluster_ip = sockets
+        .iter()
+        .find(|s| s.remote == cp.cluster_ip_endpoint())
+        .unwrap_or_else(|| {
+            panic!(
+                "no socket of pid {pid} to {}: {sockets:?}",
+                cp.cluster_ip_endpoint()
+            )
+        });
+    let pod_ip = cp.kubectl_ok(&[
+        "-n",
+        NS,
+        "get",
+        "pod",
+        "watcher",
+        "-o",
+        "jsonpath={.status.podIP}",
+    ]);
+    assert_eq!(
+        to_cluster_ip.local.ip().to_string(),
+        pod_ip.trim(),
+        "{to_cluster_ip:?}"
+    );
+    assert!(
+        pod_ip.starts_with(node.pod_cidr.trim_end_matches("0/24")),
+        "pod IP {pod_ip} in the node's pod network {}",
+        node.pod_cidr
+    );
+}
+
+/// Every cgroup path of `pid` (all hierarchies), for messages and matching.
+fn cgroup_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
+}

@@ -1,0 +1,144 @@
+//! Watching what the agent judges while a test does something slow (a soak, an apiserver
+//! restart): a background thread polls `/api/v1/clients` every second and records every
+//! non-healthy judgement it sees, so a test can fail on all of them at once, with when and why.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    thread::{self, JoinHandle},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// How often the monitor asks the agent.
+const INTERVAL: Duration = Duration::from_secs(1);
+
+/// A client seen in a non-healthy state (first sighting of that pid in that state).
+#[derive(Clone, Debug)]
+pub struct Sighting {
+    /// Since the monitor started.
+    pub at: Duration,
+    pub pid: u32,
+    pub comm: String,
+    pub state: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Sighting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "+{:.0}s {} (pid {}) {}: {}",
+            self.at.as_secs_f64(),
+            self.comm,
+            self.pid,
+            self.state,
+            self.reason
+        )
+    }
+}
+
+#[derive(Default)]
+struct Record {
+    polls: u64,
+    failed_polls: Vec<String>,
+    sightings: Vec<Sighting>,
+    seen: BTreeSet<(u32, String)>,
+    /// Every pid ever listed, with its comm.
+    listed: BTreeMap<u32, String>,
+}
+
+/// A running monitor; stopped on drop.
+pub struct Monitor {
+    started: Instant,
+    stop: Arc<AtomicBool>,
+    record: Arc<Mutex<Record>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Monitor {
+    /// Polls the agent at `agent` every second; clients for which `ignore` returns true (e.g.
+    /// the kube-apiserver's own loopback client while it restarts) are not recorded.
+    pub fn start(agent: SocketAddr, ignore: impl Fn(&Value) -> bool + Send + 'static) -> Monitor {
+        let started = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let record = Arc::new(Mutex::new(Record::default()));
+        let (stop2, record2) = (stop.clone(), record.clone());
+        let thread = thread::spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                let answer = crate::http_get(agent, "/api/v1/clients");
+                let mut r = record2.lock().expect("monitor lock");
+                r.polls += 1;
+                match answer.map(|(status, body)| (status, serde_json::from_str::<Value>(&body))) {
+                    Ok((200, Ok(Value::Array(clients)))) => {
+                        for c in clients.iter().filter(|c| !ignore(c)) {
+                            let pid = c["pid"].as_u64().unwrap_or(0) as u32;
+                            let comm = c["comm"].as_str().unwrap_or("?").to_owned();
+                            r.listed.insert(pid, comm.clone());
+                            let state = c["state"].as_str().unwrap_or("?").to_owned();
+                            if state != "healthy" && r.seen.insert((pid, state.clone())) {
+                                r.sightings.push(Sighting {
+                                    at: started.elapsed(),
+                                    pid,
+                                    comm,
+                                    state,
+                                    reason: c["reason"].as_str().unwrap_or("").to_owned(),
+                                });
+                            }
+                        }
+                    }
+                    other => {
+                        let at = started.elapsed().as_secs_f64();
+                        r.failed_polls.push(format!("+{at:.0}s: {other:?}"));
+                    }
+                }
+                drop(r);
+                thread::sleep(INTERVAL);
+            }
+        });
+        Monitor {
+            started,
+            stop,
+            record,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Every non-healthy judgement seen so far.
+    pub fn sightings(&self) -> Vec<Sighting> {
+        self.record.lock().expect("monitor lock").sightings.clone()
+    }
+
+    /// Polls that got no valid answer from the agent.
+    pub fn failed_polls(&self) -> Vec<String> {
+        self.record.lock().expect("monitor lock").failed_polls.clone()
+    }
+
+    /// How many polls were made.
+    pub fn polls(&self) -> u64 {
+        self.record.lock().expect("monitor lock").polls
+    }
+
+    /// Every (pid, comm) listed at least once.
+    pub fn listed(&self) -> BTreeMap<u32, String> {
+        self.record.lock().expect("monitor lock").listed.clone()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
