@@ -133,6 +133,7 @@ impl Judge {
             transitions,
             endpoint_set: table.endpoints().clone(),
             endpoints,
+            thresholds: t,
         }
     }
 }
