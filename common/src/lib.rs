@@ -158,6 +158,15 @@ pub struct KernelOffsets {
     pub net_ns_inum: u32,
     /// `struct sock.sk_err`.
     pub sock_sk_err: u32,
+    /// `struct sock_common.skc_state` (one byte).
+    pub sock_common_skc_state: u32,
+    /// `struct sock.sk_error_queue`, `struct sk_buff_head.prev` (its newest skb),
+    /// `struct sk_buff.cb` and `struct sock_exterr_skb.ee` (whose first field is `ee_errno`):
+    /// the errno of the ICMP error queued on a connecting socket.
+    pub sock_sk_error_queue: u32,
+    pub sk_buff_head_prev: u32,
+    pub sk_buff_cb: u32,
+    pub sock_exterr_skb_ee: u32,
     /// `struct tcp_sock.bytes_received`.
     pub tcp_sock_bytes_received: u32,
     /// Fields of `sock/inet_sock_set_state`.
@@ -225,7 +234,7 @@ mod pod {
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 18);
 const _: () = assert!(core::mem::size_of::<SockEvent>() == 8 * 3 + 4 * 8 + 2 * 4 + 16 * 3);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 16 + 48 + 40);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 48 + 40);
 const _: () = assert!(core::mem::size_of::<DeferredConnect>() == 16 + COMM_LEN);
 const _: () = assert!(core::mem::size_of::<Budget>() == 16);
 const _: () = assert!(core::mem::size_of::<FailureKey>() == 16 + 16);

@@ -21,9 +21,9 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint, tracepoint},
     maps::{lpm_trie::Key, Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    programs::{RawTracePointContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::warn;
@@ -42,6 +42,11 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     sock_common_skc_net: 0,
     net_ns_inum: 0,
     sock_sk_err: 0,
+    sock_common_skc_state: 0,
+    sock_sk_error_queue: 0,
+    sk_buff_head_prev: 0,
+    sk_buff_cb: 0,
+    sock_exterr_skb_ee: 0,
     tcp_sock_bytes_received: 0,
     set_state: lifeline_common::SetStateOffsets {
         skaddr: 0,
@@ -100,6 +105,14 @@ static DEFERRED: LruHashMap<u64, DeferredConnect> = LruHashMap::with_max_entries
 /// Failed held-back connects, counted per (process, destination, errno) and CPU.
 #[map]
 static FAILURES: LruPerCpuHashMap<FailureKey, u64> = LruPerCpuHashMap::with_max_entries(8192, 0);
+
+/// Errors queued on connecting sockets that did not end them, by socket address (errno): an
+/// ICMP unreachable for a SYN that arrived while the process held the socket only queues the
+/// error (and sets `sk_err_soft`), and the process consumes it (`SO_ERROR`) before it closes
+/// the socket, so at SYN_SENT → CLOSE `sk_err` is 0. Written by `inet_sk_error_report`, read
+/// and removed when the socket leaves SYN_SENT.
+#[map]
+static SOFT_ERRORS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(4096, 0);
 
 fn bump(index: u32) {
     if let Some(count) = COUNTERS.get_ptr_mut(index) {
@@ -252,6 +265,20 @@ struct Watched {
     dest: Destination,
 }
 
+/// `sock.sk_err` for a transition (0 when unreadable); for a connect that failed without one,
+/// the error reported on it earlier (`SOFT_ERRORS`).
+#[inline(always)]
+fn ended_with(sk: u64, old_state: u32, new_state: u32) -> i32 {
+    // SAFETY: bpf_probe_read_kernel tolerates any address; offset from the kernel's BTF.
+    let sk_err: i32 =
+        unsafe { bpf_probe_read_kernel((sk + u64::from(offset!(sock_sk_err))) as *const i32) }.unwrap_or(0);
+    if sk_err != 0 || old_state != tcp_state::SYN_SENT || new_state != tcp_state::CLOSE {
+        return sk_err;
+    }
+    // SAFETY: copied out at once.
+    unsafe { SOFT_ERRORS.get(sk) }.map_or(0, |e| *e as i32)
+}
+
 /// Sends one event. `owner` is (tgid, pid, comm, timestamp) of a connect that was held back,
 /// sent now on its behalf; `None` takes them from the current task and time.
 #[inline(always)]
@@ -263,8 +290,7 @@ fn emit(kind: EventKind, w: &Watched, old_state: u32, new_state: u32, owner: Opt
     // Only for sockets that passed the endpoint filter: two reads that tell userspace why a
     // connection ended and whether data arrived just before a close. A failed read is 0.
     // SAFETY: bpf_probe_read_kernel tolerates any address; offsets come from the kernel's BTF.
-    let sk_err: i32 =
-        unsafe { bpf_probe_read_kernel((w.sk + u64::from(offset!(sock_sk_err))) as *const i32) }.unwrap_or(0);
+    let sk_err = ended_with(w.sk, old_state, new_state);
     let bytes_received: u64 =
         unsafe { bpf_probe_read_kernel((w.sk + u64::from(offset!(tcp_sock_bytes_received))) as *const u64) }
             .unwrap_or(0);
@@ -392,6 +418,7 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
             let _ = DEFERRED.remove(sk);
             if new == tcp_state::CLOSE {
                 count_failure(&w, &held);
+                let _ = SOFT_ERRORS.remove(sk);
                 return Ok(());
             }
             // It connected: its connect is sent now, then what happened.
@@ -405,6 +432,10 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
         }
     }
     emit(EventKind::StateChange, &w, old, new, None);
+    if old == tcp_state::SYN_SENT {
+        // Read by `ended_with` for this event; not needed any more.
+        let _ = SOFT_ERRORS.remove(sk);
+    }
     Ok(())
 }
 
@@ -412,8 +443,7 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
 #[inline(always)]
 fn count_failure(w: &Watched, held: &DeferredConnect) {
     // SAFETY: bpf_probe_read_kernel tolerates any address; offset from the kernel's BTF.
-    let sk_err: i32 =
-        unsafe { bpf_probe_read_kernel((w.sk + u64::from(offset!(sock_sk_err))) as *const i32) }.unwrap_or(0);
+    let sk_err = ended_with(w.sk, tcp_state::SYN_SENT, tcp_state::CLOSE);
     let key = FailureKey {
         tgid: held.tgid,
         netns: w.netns,
@@ -430,6 +460,40 @@ fn count_failure(w: &Watched, held: &DeferredConnect) {
         }
     }
     bump(counter::AGGREGATED);
+}
+
+/// `sock/inet_sk_error_report` (raw: its first argument is the `struct sock`): remembers the
+/// errno of an ICMP error queued on a connecting socket that the report did not end (see
+/// `SOFT_ERRORS`). Errors are rare, and only sockets in SYN_SENT are looked at further.
+#[raw_tracepoint(tracepoint = "inet_sk_error_report")]
+pub fn inet_sk_error_report(ctx: RawTracePointContext) -> i32 {
+    let _ = try_inet_sk_error_report(&ctx);
+    0
+}
+
+fn try_inet_sk_error_report(ctx: &RawTracePointContext) -> Result<(), i64> {
+    let sk: *const u8 = ctx.arg(0);
+    let sk = sk as u64;
+    // SAFETY (all reads): bpf_probe_read_kernel tolerates any address; offsets from BTF.
+    let state: u8 =
+        unsafe { bpf_probe_read_kernel((sk + u64::from(offset!(sock_common_skc_state))) as *const u8)? };
+    if u32::from(state) != tcp_state::SYN_SENT {
+        return Ok(());
+    }
+    // The report comes from queueing the ICMP error (before TCP sets `sk_err_soft`): its
+    // errno is in the newest skb of the error queue.
+    let queue = sk + u64::from(offset!(sock_sk_error_queue));
+    let newest: u64 =
+        unsafe { bpf_probe_read_kernel((queue + u64::from(offset!(sk_buff_head_prev))) as *const u64)? };
+    if newest == 0 || newest == queue {
+        return Ok(()); // empty: `prev` points at the head itself
+    }
+    let ee = newest + u64::from(offset!(sk_buff_cb)) + u64::from(offset!(sock_exterr_skb_ee));
+    let errno: u32 = unsafe { bpf_probe_read_kernel(ee as *const u32)? };
+    if errno > 0 && errno < 4096 {
+        SOFT_ERRORS.insert(sk, errno, 0)?;
+    }
+    Ok(())
 }
 
 #[tracepoint]

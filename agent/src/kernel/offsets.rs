@@ -41,10 +41,20 @@ pub fn discover() -> Result<KernelOffsets> {
     let btf = Btf::from_file(VMLINUX_BTF)?;
     let set_state = TracepointFormat::read("sock", "inet_sock_set_state")?;
     let retransmit = TracepointFormat::read("tcp", "tcp_retransmit_skb")?;
+    // Only for the optional error-report program: a kernel without them still runs the rest
+    // (all zero: the program is then not attached, see `programs::Probes::load`).
+    let error_report = error_report_offsets(&btf)
+        .inspect_err(|err| tracing::warn!("offsets for the error-report program: {err}"))
+        .ok();
     Ok(KernelOffsets {
         sock_common_skc_net: member_offset(&btf, "sock_common", "skc_net")?,
         net_ns_inum: member_offset(&btf, "net", "ns")? + member_offset(&btf, "ns_common", "inum")?,
         sock_sk_err: member_offset(&btf, "sock", "sk_err")?,
+        sock_common_skc_state: error_report.map_or(0, |o| o[0]),
+        sock_sk_error_queue: error_report.map_or(0, |o| o[1]),
+        sk_buff_head_prev: error_report.map_or(0, |o| o[2]),
+        sk_buff_cb: error_report.map_or(0, |o| o[3]),
+        sock_exterr_skb_ee: error_report.map_or(0, |o| o[4]),
         tcp_sock_bytes_received: member_offset(&btf, "tcp_sock", "bytes_received")?,
         set_state: SetStateOffsets {
             skaddr: set_state.offset("skaddr")?,
@@ -73,6 +83,17 @@ pub fn discover() -> Result<KernelOffsets> {
             _pad: 0,
         },
     })
+}
+
+/// `skc_state`, `sk_error_queue`, `sk_buff_head.prev`, `sk_buff.cb`, `sock_exterr_skb.ee`.
+fn error_report_offsets(btf: &Btf) -> Result<[u32; 5]> {
+    Ok([
+        member_offset(btf, "sock_common", "skc_state")?,
+        member_offset(btf, "sock", "sk_error_queue")?,
+        member_offset(btf, "sk_buff_head", "prev")?,
+        member_offset(btf, "sk_buff", "cb")?,
+        member_offset(btf, "sock_exterr_skb", "ee")?,
+    ])
 }
 
 /// Byte offset of `member` in `struct strukt`, looking through anonymous structs and unions.

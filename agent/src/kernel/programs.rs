@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use aya::{
     maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{trace_point::TracePointLinkId, ProgramError, ProgramFd, TracePoint},
+    programs::{trace_point::TracePointLinkId, ProgramError, ProgramFd, RawTracePoint, TracePoint},
     Ebpf, EbpfError, EbpfLoader,
 };
 use lifeline_common::{counter, EndpointKey, FailureKey, KernelOffsets, MAX_ENDPOINTS, PORT_WORDS};
@@ -28,6 +28,10 @@ pub const TRACEPOINTS: [(&str, &str, &str); 2] = [
     ("inet_sock_set_state", "sock", "inet_sock_set_state"),
     ("tcp_retransmit_skb", "tcp", "tcp_retransmit_skb"),
 ];
+
+/// The raw tracepoint that remembers errors reported on connecting sockets (program and
+/// tracepoint share the name): optional, see [`Probes::load`].
+pub const ERROR_REPORT: &str = "inet_sk_error_report";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -72,6 +76,30 @@ pub struct KernelCounters {
 pub struct KernelFeed {
     pub events: RingBuf<MapData>,
     pub failures: PerCpuHashMap<MapData, FailureKey, u64>,
+}
+
+/// Loads and attaches [`ERROR_REPORT`] for the programs' lifetime.
+fn attach_error_report(ebpf: &mut Ebpf, offsets: &KernelOffsets) -> Result<()> {
+    let name = ERROR_REPORT;
+    if offsets.sk_buff_cb == 0 {
+        return Err(Error::Missing {
+            kind: "kernel BTF offset for",
+            name,
+        });
+    }
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(name)
+        .ok_or(Error::Missing {
+            kind: "program",
+            name,
+        })?
+        .try_into()
+        .map_err(|source| Error::Program { name, source })?;
+    program.load().map_err(|source| Error::Program { name, source })?;
+    program
+        .attach(name)
+        .map_err(|source| Error::Program { name, source })?;
+    Ok(())
 }
 
 /// How the full programs are reached.
@@ -135,6 +163,14 @@ impl Probes {
                 .try_into()
                 .map_err(|source| Error::Program { name, source })?;
             program.load().map_err(|source| Error::Program { name, source })?;
+        }
+        // Rare events (socket errors) that only tell the reason of a failed connect: without it
+        // an ICMP unreachable that the process read before closing is reported as a timeout.
+        if let Err(err) = attach_error_report(&mut ebpf, offsets) {
+            tracing::warn!(
+                "{}; failed connects ended by an ICMP error the process read first are counted as reason \"timeout\", not \"unreachable\"",
+                crate::chain(&err)
+            );
         }
         let endpoints = take_map(&mut ebpf, "ENDPOINTS", LpmTrie::try_from)?;
         let ports = take_map(&mut ebpf, "WATCHED_PORTS", Array::try_from)?;
