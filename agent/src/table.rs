@@ -698,9 +698,11 @@ impl ConnectionTable {
                     if let Some(end) = end_of(old, tcp_state, 0) {
                         self.end_connection(id, Some(end), now);
                     }
-                }
-                if let Some(pid) = self.conns[&id].owner {
-                    self.update_connected(pid, now);
+                    // Only a state change changes what the owner has established (this walks
+                    // the table: once per sample would make a round quadratic).
+                    if let Some(pid) = self.conns[&id].owner {
+                        self.update_connected(pid, now);
+                    }
                 }
             }
         }

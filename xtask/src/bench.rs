@@ -951,10 +951,11 @@ fn detection_section(bins: &Bins, report: &mut Report) -> Result {
         lab.spawn(&mut server)?;
         lab.agent(bins, &detection_flags(None))?;
         let t0 = Instant::now();
-        let (hold, _) = Hold::start_with(&lab, bins, 1, &["--send-every", "1"])?;
+        // Every 3 s: requests in consecutive one-second samples are an upload, not a wait.
+        let (hold, _) = Hold::start_with(&lab, bins, 1, &["--send-every", "3"])?;
         let took = wait_state(hold.child.id(), "stale", t0, timeout);
         report.line(format!(
-            "| stale | a 200-byte request every second, never answered | stale_after 10 s | {} |",
+            "| stale | a 200-byte request every 3 s, never answered | stale_after 10 s | {} |",
             shown(took)
         ));
     }
