@@ -225,7 +225,7 @@ struct PeerSlot {
 
 impl PeerSlot {
     fn take(counts: &Arc<PeerCounts>, ip: IpAddr, max: usize) -> Option<Self> {
-        let mut map = counts.0.lock().expect("peer counts lock");
+        let mut map = counts.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = map.entry(ip).or_insert(0);
         if *n >= max {
             return None;
@@ -240,7 +240,11 @@ impl PeerSlot {
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
-        let mut map = self.counts.0.lock().expect("peer counts lock");
+        let mut map = self
+            .counts
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(n) = map.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {

@@ -71,7 +71,7 @@ impl Report {
 fn outcome<T, E: std::error::Error>(r: Result<T, E>, ok: impl FnOnce(T) -> String) -> Outcome {
     match r {
         Ok(v) => Outcome::Ok(ok(v)),
-        Err(e) => Outcome::Fail(crate::chain(&e)),
+        Err(e) => Outcome::Fail(crate::error::chain(&e)),
     }
 }
 
@@ -143,7 +143,7 @@ pub fn run() -> Report {
                 o.sock_common_skc_net,
                 o.net_ns_inum
             )),
-            Err(e) => Outcome::Fail(crate::chain(e)),
+            Err(e) => Outcome::Fail(crate::error::chain(e)),
         },
     ));
     if let Ok(offsets) = &discovered {
@@ -192,7 +192,7 @@ pub fn run() -> Report {
                 )),
                 Err(err) => Outcome::Warn(format!(
                     "{}; the agent runs blind: {}",
-                    crate::chain(&err),
+                    crate::error::chain(&err),
                     Blind::OtherNetns.unseen()
                 )),
             },

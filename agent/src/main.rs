@@ -12,6 +12,7 @@ mod cluster;
 mod config;
 mod container;
 mod endpoint;
+mod error;
 mod health;
 mod judge;
 mod kernel;
@@ -36,21 +37,6 @@ mod testkit;
 mod views;
 mod workers;
 
-/// An error with its causes, `outer: inner: innermost`.
-pub fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     logging::init(cli.log_format);
@@ -64,7 +50,7 @@ fn main() -> ExitCode {
             cli::Command::Run(args) => match run::run(*args).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
-                    tracing::error!("{}", chain(&err));
+                    tracing::error!("{}", error::chain(&err));
                     ExitCode::from(err.exit_code())
                 }
             },
@@ -75,7 +61,7 @@ fn main() -> ExitCode {
                         ExitCode::SUCCESS
                     }
                     Err(err) => {
-                        eprintln!("lifeline status: {}", chain(&err));
+                        eprintln!("lifeline status: {}", error::chain(&err));
                         ExitCode::FAILURE
                     }
                 }

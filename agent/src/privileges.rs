@@ -307,7 +307,10 @@ impl Blindness {
 
     /// Records that the agent is blind to `what`, and why (logged as an error once).
     pub fn set(&self, what: Blind, reason: String) {
-        let mut reasons = self.reasons.lock().expect("blindness lock");
+        let mut reasons = self
+            .reasons
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if reasons.get(&what) != Some(&reason) {
             tracing::error!(what = what.label(), "running blind: {reason}");
         }
@@ -317,7 +320,10 @@ impl Blindness {
 
     /// Every current blindness with its reason.
     pub fn reasons(&self) -> Vec<(Blind, String)> {
-        let reasons = self.reasons.lock().expect("blindness lock");
+        let reasons = self
+            .reasons
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         reasons.iter().map(|(b, r)| (*b, r.clone())).collect()
     }
 

@@ -159,7 +159,7 @@ async fn start_cluster(args: &RunArgs, node: &str) -> Option<Cluster> {
     let c = match Cluster::start(cluster::Options::new(args.kubeconfig.clone(), node)).await {
         Ok(c) => c,
         Err(err) => {
-            tracing::info!("without Kubernetes: {}", crate::chain(&err));
+            tracing::info!("without Kubernetes: {}", crate::error::chain(&err));
             return None;
         }
     };
@@ -231,7 +231,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let offsets = offsets::discover()?;
     let (probes, feed) = Probes::load(&offsets)?;
     let probes = Arc::new(Mutex::new(probes));
-    probes.lock().expect("probes lock").set_endpoints(&endpoints)?;
+    probes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .set_endpoints(&endpoints)?;
     // Parsing the kernel's BTF (offsets) and loading the objects left ~20 MiB of freed heap
     // that glibc would otherwise keep for the agent's lifetime.
     // SAFETY: malloc_trim only returns free memory to the kernel.
@@ -367,7 +370,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
             Err(err) => tracing::error!(
                 "config not reloaded ({why}), keeping the previous one entirely: {}",
-                crate::chain(&err)
+                crate::error::chain(&err)
             ),
         }
     }
@@ -410,10 +413,13 @@ impl Reload<'_> {
         let dry_run = self.dry_run || new.file.remediation.dry_run;
         self.privileges
             .check_remediation(new.file.remediation.mode, dry_run)?;
-        self.feed.lock().expect("feed lock").set_base(base)?;
+        self.feed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .set_base(base)?;
         self.judge
             .lock()
-            .expect("judge lock")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .reconfigure(new.thresholds(), new.file.select.clone());
         self.remediation
             .reconfigure(remediate::Settings::new(&new.file.remediation, self.dry_run));
@@ -467,10 +473,13 @@ impl EndpointFeed {
             tracing::warn!("no apiserver endpoint left to watch");
         }
         let summary: Vec<String> = set.iter().map(|(e, _)| e.to_string()).collect();
-        self.probes.lock().expect("probes lock").set_endpoints(&set)?;
+        self.probes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .set_endpoints(&set)?;
         self.table
             .lock()
-            .expect("table lock")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .set_endpoints(set, Instant::now());
         let _ = self.commands.send(Command::Rescan);
         tracing::info!(endpoints = ?summary, "endpoints in force");
@@ -484,12 +493,12 @@ async fn follow_discovery(cluster: Cluster, feed: Arc<Mutex<EndpointFeed>>) {
     loop {
         let discovered = rx.borrow_and_update().clone();
         {
-            let mut feed = feed.lock().expect("feed lock");
+            let mut feed = feed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if feed.discovered != discovered {
                 if let Err(err) = feed.set_discovered(discovered) {
                     tracing::error!(
                         "discovered endpoints not applied, keeping the previous ones: {}",
-                        crate::chain(&err)
+                        crate::error::chain(&err)
                     );
                 }
             }

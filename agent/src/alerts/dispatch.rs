@@ -46,7 +46,8 @@ use tokio::{
 use super::{queue::Queue, wire};
 use crate::{
     alerts::{Alert, Labels, Status},
-    chain, config,
+    config,
+    error::chain,
 };
 
 /// Alerts per request at most.
@@ -420,7 +421,9 @@ struct Receiver {
 
 impl Receiver {
     fn pending(&self) -> MutexGuard<'_, Pending> {
-        self.pending.lock().expect("alert queue lock")
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn count_dropped(&self, dropped: &[Alert]) {
@@ -555,7 +558,13 @@ impl Dispatcher {
     /// Stops the receivers' tasks, letting them deliver what is queued for at most `grace`.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.stop.send_replace(true);
-        let tasks = std::mem::take(&mut *self.inner.tasks.lock().expect("task list lock"));
+        let tasks = std::mem::take(
+            &mut *self
+                .inner
+                .tasks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         let deadline = Instant::now() + grace;
         for mut task in tasks {
             if tokio::time::timeout_at(deadline, &mut task).await.is_err() {

@@ -214,7 +214,12 @@ impl Drop for Inner {
         for task in &self.tasks {
             task.abort();
         }
-        if let Some(writer) = self.writer.lock().expect("writer lock").take() {
+        if let Some(writer) = self
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
             writer.abort();
         }
     }
@@ -366,14 +371,12 @@ impl Cluster {
     /// Records an event and queues its write; never blocks on I/O (see `events.rs` for the
     /// dedup and rate-limit rules).
     pub fn emit(&self, target: EventTarget, reason: &str, message: &str, type_: EventType) -> Emitted {
-        let admission = self.inner.book.lock().expect("events lock").admit(
-            Instant::now(),
-            chrono::Utc::now(),
-            target,
-            reason,
-            message,
-            type_,
-        );
+        let admission = self
+            .inner
+            .book
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .admit(Instant::now(), chrono::Utc::now(), target, reason, message, type_);
         match admission {
             Admission::Write(write) => match self.inner.writes.try_send(write) {
                 Ok(()) => Emitted::Queued,
@@ -440,13 +443,22 @@ impl Cluster {
     /// Whether the agent's own probe of the apiserver (`/readyz` every few seconds) recently
     /// succeeded; `None` before the first probe ended or when the probe went quiet.
     pub fn apiserver_reachable(&self) -> Option<bool> {
-        self.inner.reach.lock().expect("reach lock").get(Instant::now())
+        self.inner
+            .reach
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(Instant::now())
     }
 
     /// Writes the queued events (at most `grace`), then stops every task.
     pub async fn shutdown(&self, grace: Duration) {
         let _ = self.inner.stop.send(true);
-        let writer = self.inner.writer.lock().expect("writer lock").take();
+        let writer = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         if let Some(mut writer) = writer {
             if tokio::time::timeout(grace, &mut writer).await.is_err() {
                 writer.abort();
@@ -491,7 +503,7 @@ impl Trouble {
                 failing_for_s = now.duration_since(since).as_secs(),
                 "{}: {}",
                 self.what,
-                crate::chain(err)
+                crate::error::chain(err)
             );
         }
     }
@@ -539,7 +551,7 @@ async fn discover(client: &Client, server: &str) -> Result<ApiVersions> {
     let version = match call(server, "GET /version", client.apiserver_version()).await {
         Ok(info) => Some(info.git_version),
         Err(err) => {
-            tracing::debug!("{}", crate::chain(&err));
+            tracing::debug!("{}", crate::error::chain(&err));
             None
         }
     };
@@ -862,13 +874,16 @@ async fn probe_loop(client: Client, reach: Arc<Mutex<Reachability>>, server: Str
                     ProbeResult::Answered(status.code),
                     format!("{} {}", status.code, status.message.lines().next().unwrap_or("")),
                 ),
-                Ok(Err(err)) => (ProbeResult::NoAnswer, crate::chain(&err)),
+                Ok(Err(err)) => (ProbeResult::NoAnswer, crate::error::chain(&err)),
                 Err(_) => (
                     ProbeResult::NoAnswer,
                     format!("no answer within {:?}", probe::PROBE_TIMEOUT),
                 ),
             };
-        let changed = reach.lock().expect("reach lock").record(Instant::now(), result);
+        let changed = reach
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .record(Instant::now(), result);
         match changed {
             Some(true) => tracing::info!("apiserver {server} reachable (GET /readyz: {detail})"),
             Some(false) => tracing::warn!("apiserver {server} unreachable (GET /readyz: {detail})"),
@@ -923,7 +938,7 @@ impl EventWriter {
                     None => return,
                 },
                 _ = flush.tick() => {
-                    let due = self.book.lock().expect("events lock").flush(Instant::now());
+                    let due = self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner).flush(Instant::now());
                     for write in due {
                         self.write(api, write).await;
                     }
@@ -1004,7 +1019,10 @@ impl EventWriter {
         let uid = match call(&self.server, &what, api.get(&self.node)).await {
             Ok(node) => node.metadata.uid,
             Err(err) => {
-                tracing::debug!("{}; node events use the node name as its UID", crate::chain(&err));
+                tracing::debug!(
+                    "{}; node events use the node name as its UID",
+                    crate::error::chain(&err)
+                );
                 None
             }
         };

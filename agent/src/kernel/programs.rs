@@ -169,7 +169,7 @@ impl Probes {
         if let Err(err) = attach_error_report(&mut ebpf, offsets) {
             tracing::warn!(
                 "{}; failed connects ended by an ICMP error the process read first are counted as reason \"timeout\", not \"unreachable\"",
-                crate::chain(&err)
+                crate::error::chain(&err)
             );
         }
         let endpoints = take_map(&mut ebpf, "ENDPOINTS", LpmTrie::try_from)?;
@@ -215,7 +215,7 @@ impl Probes {
                     if ports.len() <= filter::PORT_SLOTS {
                         tracing::warn!(
                             "the port filter is not usable ({}); attaching the full programs directly",
-                            crate::chain(&err)
+                            crate::error::chain(&err)
                         );
                     }
                     match &self.attachment {
