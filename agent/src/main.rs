@@ -3,39 +3,28 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-mod alerts;
-mod api;
-mod check;
-mod cli;
-// Not wired into `run.rs` yet: remove these two attributes when it is.
+// The pipeline, in order: kernel events → connection table → client health → actions.
+mod act;
+mod health;
+mod kernel;
+mod table;
+// Beside it: what is read from the host and the cluster, what is served, and the program.
+mod app;
 mod cluster;
-mod config;
-mod container;
 mod endpoint;
 mod error;
-mod health;
-mod judge;
-mod kernel;
-mod logging;
-mod metrics;
-mod netns;
-mod privileges;
-mod prober;
-mod process;
-mod reachability;
-mod redact;
-mod remediate;
-mod resources;
-mod run;
-mod sampler;
-mod snapshot;
-mod sock_diag;
-mod status;
-mod table;
+mod host;
+mod serve;
 #[cfg(test)]
 mod testkit;
-mod views;
-mod workers;
+
+// Short paths for the modules every step uses (`crate::process`, `crate::alerts`, ...).
+use act::{alerts, metrics, remediate};
+use app::{check, cli, config, logging, run, workers};
+use health::{judge, reachability, snapshot};
+use host::{container, netns, privileges, prober, process, redact, resources, sock_diag};
+use serve::{api, status, views};
+use table::sampler;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();

@@ -1174,5 +1174,7 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) -> Option
     request_at
 }
 
+pub mod sampler;
+
 #[cfg(test)]
 mod tests;

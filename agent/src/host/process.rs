@@ -899,13 +899,15 @@ mod tests {
     fn out_of_descriptors_is_unknown_not_exited() {
         // Exhausting descriptors would disturb the tests running beside this one: do it in a
         // child process running only `emfile_child`.
+        // The test's path without the crate name: `host::process::tests::emfile_child`.
+        let child_test = format!(
+            "{}::emfile_child",
+            module_path!()
+                .split_once("::")
+                .map_or(module_path!(), |(_, rest)| rest)
+        );
         let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--exact",
-                "process::tests::emfile_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["--exact", &child_test, "--nocapture", "--test-threads=1"])
             .env(EMFILE_CHILD, "1")
             .output()
             .expect("run the child");

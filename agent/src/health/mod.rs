@@ -664,5 +664,9 @@ fn judge_not_connected(
     }
 }
 
+pub mod judge;
+pub mod reachability;
+pub mod snapshot;
+
 #[cfg(test)]
 mod tests;

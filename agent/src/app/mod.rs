@@ -1,0 +1,8 @@
+//! The agent as a program: the command line and settings, `lifeline check`, logging, and
+//! `run`, which wires kernel → table → health → act and runs the tick (`workers`).
+pub mod check;
+pub mod cli;
+pub mod config;
+pub mod logging;
+pub mod run;
+pub mod workers;

@@ -1,0 +1,11 @@
+//! What lifeline reads from the host besides the kernel programs: sockets (sock_diag, in every
+//! network namespace), processes and their containers, the agent's own probe of the
+//! endpoints, and what the agent itself is allowed and able to do.
+pub mod container;
+pub mod netns;
+pub mod privileges;
+pub mod prober;
+pub mod process;
+pub mod redact;
+pub mod resources;
+pub mod sock_diag;
