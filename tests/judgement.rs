@@ -497,7 +497,7 @@ while True:\n    c, _ = l.accept()\n    c.setsockopt(socket.SOL_SOCKET, socket.S
     let _ = client.connected();
     wait_until(secs(5.0), "failures counted by reason", || {
         let lines = metrics_lines(&agent, "lifeline_client_connect_failures_total{");
-        let all = ["refused", "reset"]
+        let all = ["refused", "unreachable", "reset"]
             .iter()
             .all(|r| lines.iter().any(|l| l.contains(&format!("reason=\"{r}\""))));
         if all {

@@ -10,6 +10,7 @@ use std::{fmt::Write as _, path::Path};
 use aya::{programs::ProgramType, sys::is_program_supported};
 
 use crate::{
+    endpoint::{Endpoint, EndpointSet, Source},
     kernel::{
         offsets,
         programs::{Probes, TRACEPOINTS},
@@ -147,11 +148,18 @@ pub fn run() -> Report {
     ));
     if let Ok(offsets) = &discovered {
         let start = std::time::Instant::now();
+        // Attached for one endpoint on port 1, so the port filter is tried too.
+        let mut probe_endpoint = EndpointSet::default();
+        probe_endpoint.insert(Endpoint::exact([127, 0, 0, 1].into(), 1), Source::Flag);
+        let attached = Probes::load(offsets).and_then(|(mut probes, _feed)| {
+            probes.set_endpoints(&probe_endpoint)?;
+            Ok(probes.attachment())
+        });
         items.push((
             "load + attach",
-            outcome(Probes::load(offsets), |(_probes, _ring)| {
+            outcome(attached, |how| {
                 format!(
-                    "programs attached, ring buffer ready in {} ms (detached again)",
+                    "programs attached ({how}), ring buffer ready in {} ms (detached again)",
                     start.elapsed().as_millis()
                 )
             }),

@@ -72,7 +72,7 @@ impl Judge {
                     local: c.tuple.local,
                     endpoint: c.endpoint.to_string(),
                     last_payload: c.last_payload.unwrap_or(c.first_seen),
-                    waiting_since: c.waiting_since,
+                    waiting_since: c.waiting(),
                     stalled_since: c.stalled_since,
                     unreadable: !c.readable(now)
                         && now.saturating_duration_since(c.first_seen) > crate::table::SAMPLE_MAX_AGE,
@@ -133,6 +133,7 @@ impl Judge {
             transitions,
             endpoint_set: table.endpoints().clone(),
             endpoints,
+            thresholds: t,
         }
     }
 }
@@ -169,8 +170,8 @@ fn observe(
     }
 }
 
-/// Per endpoint, what the node's processes show: the last connection established to it or
-/// payload received on one, and each process's newest failed connect within the window.
+/// Per endpoint, what the node's processes show: the last connection established to it, and
+/// each process's newest failed connect within the window.
 fn process_evidence(
     table: &ConnectionTable,
     t: &Thresholds,
@@ -181,7 +182,9 @@ fn process_evidence(
         if c.tcp_state != tcp_state::ESTABLISHED || c.owner.is_none() {
             continue;
         }
-        let success = c.last_payload.map_or(c.first_seen, |p| p.max(c.first_seen));
+        // A connection established is success; payload on an old one is not (an apiserver
+        // draining its watches while its listener is closed still sends on them).
+        let success = c.first_seen;
         let e = out.entry(c.endpoint).or_default();
         e.last_success = e.last_success.max(Some(success));
     }

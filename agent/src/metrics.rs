@@ -279,10 +279,15 @@ impl Metrics {
 
     /// Counts a failed connect of a client to `endpoint`.
     pub fn count_connect_failure(&self, client: &[String; 4], endpoint: &str, reason: &str) {
+        self.count_connect_failures(client, endpoint, reason, 1);
+    }
+
+    /// `n` failed connects at once (a storm the kernel counted instead of reporting each).
+    pub fn count_connect_failures(&self, client: &[String; 4], endpoint: &str, reason: &str, n: u32) {
         let l = self.remember([&client[0], &client[1], &client[2], &client[3], endpoint, reason]);
         self.client_connect_failures
             .with_label_values(&l.iter().map(String::as_str).collect::<Vec<_>>())
-            .inc();
+            .inc_by(u64::from(n));
     }
 
     fn remember<const N: usize>(&self, labels: [&str; N]) -> Vec<String> {

@@ -11,9 +11,10 @@
 //!   HTTP answer in time says nothing (a gateway may hold the request). A probe's failures
 //!   count only once a probe has reached the endpoint: an agent that never could (its network
 //!   namespace has no path that its clients have) measures itself, not the endpoint;
-//! - processes on the node: a connection established to it, or inbound payload on one, is
-//!   success; failed connects by at least [`FAILING_PROCESSES`] different processes within
-//!   `connect_window`, none of which then succeeded, is failure.
+//! - processes on the node: a connection established to it is success (payload on an old one
+//!   is not: a draining apiserver whose listener is closed still sends on its watches); failed
+//!   connects by at least [`FAILING_PROCESSES`] different processes within `connect_window`,
+//!   none of which then succeeded, is failure.
 //!
 //! An endpoint is *unreachable* from the newest failure that no success followed; the outage
 //! alert fires once it has been so for `outage_after`. Client alerts it explains are held from
@@ -83,7 +84,7 @@ pub struct Probe {
 /// What the node's processes showed about one endpoint, from the connection table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessEvidence {
-    /// The last connection established to it, or payload received on one.
+    /// The last connection established to it.
     pub last_success: Option<Instant>,
     /// Failed connects within `connect_window`: (pid, when), newest per pid.
     pub failures: BTreeMap<u32, Instant>,

@@ -1,6 +1,6 @@
 //! `lifeline run`: wires the parts together, in the order of the data flow:
 //!
-//! kernel events (`kernel`) → connection table (`table`, fed by `workers::pump_events` and
+//! kernel events (`kernel`) → connection table (`table`, fed by `kernel::pump` and
 //! `sampler`) → client health (`judge`) → actions (logs, metrics, `alerts`, Kubernetes Events
 //! and `remediate`), with `cluster` (when there is one) naming pods and discovering endpoints.
 //!
@@ -35,6 +35,7 @@ use crate::{
     kernel::{
         offsets,
         programs::{self, Probes},
+        pump::{KernelStats, Pump, PumpContext},
     },
     metrics::{self, Metrics},
     privileges::{self, Assessment, Blindness, Capabilities},
@@ -44,7 +45,7 @@ use crate::{
     sampler::{Sampler, SharedTable},
     snapshot::{Latest, Snapshot},
     table::ConnectionTable,
-    workers::{pump_events, ClusterEvictor, Command, Refresher, SampleLoop},
+    workers::{ClusterEvictor, Command, Refresher, SampleLoop},
 };
 
 /// How long start-up waits for the cluster's first discovery before going on without it.
@@ -78,6 +79,8 @@ pub enum Error {
     Alerts(#[from] alerts::Error),
     #[error(transparent)]
     Api(#[from] api::Error),
+    #[error("starting the event pump thread: {0}")]
+    Pump(std::io::Error),
     #[error("installing the {0} signal handler: {1}")]
     Signal(&'static str, std::io::Error),
 }
@@ -226,9 +229,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     )?);
 
     let offsets = offsets::discover()?;
-    let (probes, ring) = Probes::load(&offsets)?;
+    let (probes, feed) = Probes::load(&offsets)?;
     let probes = Arc::new(Mutex::new(probes));
     probes.lock().expect("probes lock").set_endpoints(&endpoints)?;
+    // Parsing the kernel's BTF (offsets) and loading the objects left ~20 MiB of freed heap
+    // that glibc would otherwise keep for the agent's lifetime.
+    // SAFETY: malloc_trim only returns free memory to the kernel.
+    unsafe { libc::malloc_trim(0) };
     for (e, sources) in endpoints.iter() {
         tracing::info!(endpoint = %e, sources = ?sources, "watching");
     }
@@ -245,14 +252,20 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let (commands, command_rx) = mpsc::channel();
     let refresher = Refresher::new(commands.clone());
-    let pump = tokio::spawn(pump_events(
-        ring,
-        table.clone(),
-        metrics.clone(),
-        procfs.clone(),
-        cluster.clone(),
-        refresher.clone(),
-    ));
+    let stats = Arc::new(KernelStats::default());
+    let pump = Pump::spawn(
+        feed,
+        PumpContext {
+            table: table.clone(),
+            metrics: metrics.clone(),
+            procfs: procfs.clone(),
+            cluster: cluster.clone(),
+            probes: probes.clone(),
+            stats: stats.clone(),
+            refresher: refresher.clone(),
+        },
+    )
+    .map_err(Error::Pump)?;
 
     let dispatcher = alerts::Dispatcher::start(
         &settings.file.receivers,
@@ -271,7 +284,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let endpoint_probes = prober::start(targets_rx);
     let latest = Latest::new(Snapshot::empty());
 
-    let feed = Arc::new(Mutex::new(EndpointFeed {
+    let endpoint_feed = Arc::new(Mutex::new(EndpointFeed {
         base: base_endpoints,
         discovered: EndpointSet::default(),
         probes: probes.clone(),
@@ -279,11 +292,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         commands: commands.clone(),
     }));
     if let Some(c) = cluster.clone() {
-        tokio::spawn(follow_discovery(c, feed.clone()));
+        tokio::spawn(follow_discovery(c, endpoint_feed.clone()));
     }
     let sample_loop = SampleLoop {
         commands: command_rx,
-        sampler: Sampler::new(procfs),
+        sampler: Sampler::new(procfs).with_kernel_stats(stats),
         table: table.clone(),
         judge: judge.clone(),
         alerter: Alerter::new(node.clone(), dispatcher.clone()),
@@ -291,7 +304,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
         cluster: cluster.clone(),
         node,
         metrics: metrics.clone(),
-        probes: probes.clone(),
         endpoint_probes,
         probe_targets,
         latest: latest.clone(),
@@ -341,7 +353,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         };
         let reloaded = Reload {
-            feed: &feed,
+            feed: &endpoint_feed,
             judge: &judge,
             remediation: &remediation,
             privileges: &privileges,
@@ -364,7 +376,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Events, detach the programs.
     let _ = stop_tx.send(());
     let _ = commands.send(Command::Stop);
-    pump.abort();
+    let _ = tokio::task::spawn_blocking(move || drop(pump)).await;
     let _ = tokio::time::timeout(GRACE, server).await;
     let _ = tokio::task::spawn_blocking(move || sampler_thread.join()).await;
     dispatcher.shutdown(GRACE).await;
@@ -372,7 +384,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     if let Some(c) = &cluster {
         c.shutdown(GRACE).await;
     }
-    drop(feed);
+    drop(endpoint_feed);
     drop(probes);
     tracing::info!("programs detached; bye");
     Ok(())

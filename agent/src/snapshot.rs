@@ -9,7 +9,7 @@ use std::{
 use crate::{
     cluster::pods::PodRef,
     endpoint::{Endpoint, EndpointSet},
-    health::{Transition, Verdict},
+    health::{Thresholds, Transition, Verdict},
     process::ProcessInfo,
     reachability::EndpointStatus,
     table::Tuple,
@@ -125,6 +125,8 @@ pub struct Snapshot {
     /// The endpoint set in force, and every endpoint's reachability.
     pub endpoint_set: EndpointSet,
     pub endpoints: Vec<EndpointStatus>,
+    /// The thresholds the clients were judged with.
+    pub thresholds: Thresholds,
 }
 
 impl Snapshot {
@@ -137,6 +139,7 @@ impl Snapshot {
             transitions: Vec::new(),
             endpoint_set: EndpointSet::default(),
             endpoints: Vec::new(),
+            thresholds: Thresholds::default(),
         }
     }
 

@@ -167,6 +167,13 @@ pub struct Connection {
     pub streaming: bool,
     /// Inbound and outbound data segments (retransmissions aside) when the wait began.
     pub wait_base: Option<(u32, u32)>,
+    /// A small outbound record the client initiated (not a flow-control reply) in the last
+    /// sample, waiting to see whether inbound segments follow: a PING is followed by its ack,
+    /// a request HPACK made small (a repeated GET is ~40 bytes) by its answer.
+    pub small_pending: Option<SmallOut>,
+    /// Small initiated records that nothing followed, since the last answer, and the first.
+    pub unmatched: u32,
+    pub first_unmatched: Option<Instant>,
     pub retransmits: u64,
     /// Time of the first retransmit since the peer last acknowledged new data (None while
     /// acknowledgements make progress): how long the connection has been talking into a void.
@@ -175,7 +182,30 @@ pub struct Connection {
     pub vanished_at: Option<Instant>,
 }
 
+/// See [`Connection::small_pending`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmallOut {
+    pub at: Instant,
+    pub segs: u32,
+    /// Inbound data segments when it was sent.
+    pub in_base: u32,
+}
+
+/// Outbound data this soon after the last inbound data is a reply to it (a WINDOW_UPDATE for
+/// received data, a PING or SETTINGS ack), not something the client asks.
+pub const REPLY_WITHIN: Duration = Duration::from_millis(200);
+
 impl Connection {
+    /// Since when the client has been waiting for an answer on this connection: a request
+    /// sized as one unanswered, or two small records it initiated that nothing followed.
+    pub fn waiting(&self) -> Option<Instant> {
+        let small = self.first_unmatched.filter(|_| self.unmatched >= 2);
+        match (self.waiting_since, small) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Whether its `tcp_info` evidence is current at `now`.
     pub fn readable(&self, now: Instant) -> bool {
         self.sampled_at
@@ -668,9 +698,11 @@ impl ConnectionTable {
                     if let Some(end) = end_of(old, tcp_state, 0) {
                         self.end_connection(id, Some(end), now);
                     }
-                }
-                if let Some(pid) = self.conns[&id].owner {
-                    self.update_connected(pid, now);
+                    // Only a state change changes what the owner has established (this walks
+                    // the table: once per sample would make a round quadratic).
+                    if let Some(pid) = self.conns[&id].owner {
+                        self.update_connected(pid, now);
+                    }
                 }
             }
         }
@@ -714,8 +746,6 @@ impl ConnectionTable {
     /// Failed connects counted in the kernel (a connect storm is aggregated there): `count`
     /// failures of `pid` to `endpoint`, the last at `at`. Only the newest
     /// [`FAILURES_KEPT`] are kept.
-    // The kernel-side aggregation of connect storms calls this (kernel/pump).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn record_connect_failures(
         &mut self,
         pid: u32,
@@ -761,6 +791,9 @@ impl ConnectionTable {
                 waiting_since: None,
                 streaming: false,
                 wait_base: None,
+                small_pending: None,
+                unmatched: 0,
+                first_unmatched: None,
                 retransmits: 0,
                 stalled_since: None,
                 vanished_at: None,
@@ -1089,6 +1122,31 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) -> Option
         }
         if conn.waiting_since.is_none() {
             conn.wait_base = None;
+        }
+        // Small records the client initiated: followed by inbound segments (a PING's ack, a
+        // small request's answer) they are fine; two that nothing followed are a wait.
+        if let Some(p) = conn.small_pending.take() {
+            if tcp.data_segs_in.saturating_sub(p.in_base) < p.segs {
+                conn.unmatched += 1;
+                conn.first_unmatched.get_or_insert(p.at);
+            }
+        }
+        let last_receive = conn.last_receive;
+        let reply =
+            last_receive.is_some_and(|r| t_sent >= r && t_sent.saturating_duration_since(r) <= REPLY_WITHIN);
+        if segs_out_d > 0 && !request && !reply {
+            let followed_here = t_recv >= t_sent && segs_in >= segs_out_d;
+            if !followed_here {
+                conn.small_pending = Some(SmallOut {
+                    at: t_sent,
+                    segs: segs_out_d as u32,
+                    in_base: tcp.data_segs_in,
+                });
+            }
+        }
+        if payload && t_recv >= conn.first_unmatched.unwrap_or(t_recv) {
+            conn.unmatched = 0;
+            conn.first_unmatched = None;
         }
         conn.streaming = request;
         if request {

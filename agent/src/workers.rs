@@ -1,6 +1,6 @@
-//! The agent's two workers, in the order of the data flow:
+//! The agent's workers, in the order of the data flow:
 //!
-//! - [`pump_events`]: kernel events → connection table (a tokio task, as they arrive);
+//! - `kernel::pump`: kernel events → connection table (a thread of its own, as they arrive);
 //! - [`SampleLoop`]: once per tick, sock_diag samples → connection table → client health →
 //!   actions (logs, metrics, alerts, Kubernetes Events, remediation). A thread of its own: the
 //!   sampling is blocking netlink I/O.
@@ -14,24 +14,17 @@ use std::{
 
 use tokio::sync::watch;
 
-use aya::maps::{MapData, RingBuf};
-
 use crate::{
     alerts::{self, Alerter},
     cluster::{self, Cluster, EventTarget, EventType, PodRef},
     health::State,
     judge::{self, Judge},
-    kernel::{
-        events::{self, MonotonicClock},
-        programs::Probes,
-    },
     metrics::Metrics,
     prober,
-    process::{ProcessInfo, Procfs},
+    process::ProcessInfo,
     remediate::{self, Remediation},
     sampler::{Sampler, SharedTable},
     snapshot::{Latest, Snapshot},
-    table::Applied,
 };
 
 /// How often tracked sockets are sampled and clients judged.
@@ -39,9 +32,6 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// Kernel events make the tick thread judge at once, but not more often than this (an event
 /// storm must not turn into a judging storm).
 pub const REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(200);
-/// How often every network namespace is scanned again, to heal what lost kernel events left
-/// behind (a scan also follows at once whenever the kernel reports lost events).
-pub const RESCAN_EVERY: Duration = Duration::from_secs(60);
 
 /// What the sampler thread is told.
 pub enum Command {
@@ -85,74 +75,6 @@ pub fn pod_of(cluster: Option<&Cluster>, info: &ProcessInfo) -> Option<PodRef> {
     cluster.and_then(|c| info.container.as_ref().and_then(|k| c.pod_of(&k.id)))
 }
 
-/// Metric labels of a process: namespace, pod, container (empty outside Kubernetes), comm.
-fn client_labels(cluster: Option<&Cluster>, info: &ProcessInfo) -> [String; 4] {
-    match pod_of(cluster, info) {
-        Some(p) => [p.namespace, p.pod, p.container, info.comm.clone()],
-        None => [String::new(), String::new(), String::new(), info.comm.clone()],
-    }
-}
-
-/// Kernel events → connection table.
-pub async fn pump_events(
-    ring: RingBuf<MapData>,
-    table: SharedTable,
-    metrics: Arc<Metrics>,
-    procfs: Procfs,
-    cluster: Option<Cluster>,
-    refresher: Refresher,
-) -> std::io::Result<()> {
-    let clock = MonotonicClock::new();
-    let mut fd = crate::kernel::readable_fd(ring)?;
-    loop {
-        let mut guard = fd.readable_mut().await?;
-        let ring = guard.get_inner_mut();
-        let mut applied = false;
-        while let Some(item) = ring.next() {
-            applied = true;
-            let decoded = events::decode(&item, &clock);
-            drop(item);
-            let ev = match decoded {
-                Ok(ev) => ev,
-                Err(err) => {
-                    tracing::warn!("dropping a kernel event: {err}");
-                    continue;
-                }
-            };
-            metrics.ebpf_events.with_label_values(&[ev.kind_label()]).inc();
-            let owner = ev.owner_tgid.and_then(|tgid| procfs.process(tgid).ok());
-            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
-            let counted = match table.apply_event(&ev, owner) {
-                Some(Applied::Retransmit {
-                    pid: Some(pid),
-                    endpoint,
-                }) => Some((pid, endpoint, None)),
-                Some(Applied::ConnectFailed {
-                    pid,
-                    endpoint,
-                    reason,
-                }) => Some((pid, endpoint, Some(reason))),
-                Some(Applied::Retransmit { pid: None, .. }) | None => None,
-            };
-            let Some((pid, endpoint, failure)) = counted else {
-                continue;
-            };
-            let Some(p) = table.process(pid) else { continue };
-            let labels = client_labels(cluster.as_ref(), &p.info);
-            match failure {
-                None => metrics.count_retransmit(&labels, &endpoint.to_string()),
-                Some(reason) => {
-                    metrics.count_connect_failure(&labels, &endpoint.to_string(), reason.as_str())
-                }
-            }
-        }
-        if applied {
-            refresher.request();
-        }
-        guard.clear_ready();
-    }
-}
-
 /// Evictions through the cluster when there is one; standalone, every eviction fails.
 pub struct ClusterEvictor(pub Option<Cluster>);
 
@@ -190,7 +112,6 @@ pub struct SampleLoop {
     pub cluster: Option<Cluster>,
     pub node: String,
     pub metrics: Arc<Metrics>,
-    pub probes: Arc<Mutex<Probes>>,
     /// The agent's own probes of the endpoints, and where to tell it what to probe.
     pub endpoint_probes: prober::Probes,
     pub probe_targets: watch::Sender<prober::Targets>,
@@ -209,8 +130,6 @@ impl SampleLoop {
         let first = self.judge(Instant::now());
         self.latest.set(Arc::new(first));
         self.ready.store(true, Ordering::Release);
-        let mut lost_seen = 0;
-        let mut last_scan = Instant::now();
         let mut next_tick = Instant::now() + TICK;
         let mut last_judged = Instant::now();
         loop {
@@ -219,7 +138,6 @@ impl SampleLoop {
                 Ok(Command::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 Ok(Command::Rescan) => {
                     let found = self.sampler.scan(&self.table);
-                    last_scan = Instant::now();
                     tracing::info!(found, "rescan after an endpoint change done");
                     continue;
                 }
@@ -238,38 +156,14 @@ impl SampleLoop {
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
             next_tick = Instant::now().max(next_tick) + TICK;
-            self.sampler.sample(&self.table);
+            let round = self.sampler.sample(&self.table);
+            if let Some(found) = round.resync_added.filter(|f| *f > 0) {
+                tracing::info!(found, "a rescan found connections no event had reported");
+            }
             let snap = Arc::new(self.judge(Instant::now()));
             last_judged = Instant::now();
             self.act(&snap);
             self.latest.set(snap);
-            let lost = match self
-                .probes
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .counters()
-            {
-                Ok(counters) => counters.lost.saturating_sub(lost_seen),
-                Err(err) => {
-                    tracing::warn!("reading the kernel's event counters: {err}");
-                    0
-                }
-            };
-            if lost > 0 {
-                self.metrics.ebpf_events_lost.inc_by(lost);
-                lost_seen += lost;
-                tracing::warn!(
-                    lost,
-                    "the kernel lost events (ring buffer full); rescanning to heal the table"
-                );
-            }
-            if lost > 0 || last_scan.elapsed() >= RESCAN_EVERY {
-                let found = self.sampler.scan(&self.table);
-                last_scan = Instant::now();
-                if found > 0 {
-                    tracing::info!(found, "a rescan found connections no event had reported");
-                }
-            }
         }
     }
 

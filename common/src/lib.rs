@@ -45,7 +45,64 @@ pub mod counter {
     pub const LOST: u32 = 0;
     /// Events submitted (all kinds).
     pub const SENT: u32 = 1;
-    pub const LEN: u32 = 2;
+    /// Connects held back because their process was over its event budget (see
+    /// [`CONNECT_BUDGET`](super::CONNECT_BUDGET)); each is sent later if it connects.
+    pub const DEFERRED: u32 = 2;
+    /// Held-back connects that failed: counted in `FAILURES`, never sent as events.
+    pub const AGGREGATED: u32 = 3;
+    pub const LEN: u32 = 4;
+}
+
+/// Connect events per process (tgid) and [`BUDGET_WINDOW_NS`] that are sent at once. Beyond
+/// it, a connect is held back in the kernel until it ends its SYN_SENT phase: if it connects,
+/// the connect and the establishment are sent then (an established connection is never
+/// aggregated away); if it fails, it is only counted per (process, endpoint, errno) in
+/// `FAILURES`, which userspace reads every second. One process's connect storm therefore
+/// costs a few events per second, and cannot crowd other processes' events out of the ring.
+pub const CONNECT_BUDGET: u32 = 32;
+/// The budget's window.
+pub const BUDGET_WINDOW_NS: u64 = 1_000_000_000;
+
+/// Words of the `WATCHED_PORTS` bitmap: one bit per TCP port (bit `port % 64` of word
+/// `port / 64`), set for the ports of the configured endpoints. The programs test it first,
+/// before reading anything else about a socket.
+pub const PORT_WORDS: u32 = 65536 / 64;
+
+/// A connect held back by the budget, until it leaves SYN_SENT (map `DEFERRED`, keyed by the
+/// socket's kernel address): what the connect event would have carried.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DeferredConnect {
+    pub timestamp_ns: u64,
+    pub tgid: u32,
+    pub pid: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// A process's use of its connect budget (map `BUDGETS`, keyed by tgid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub window_start_ns: u64,
+    pub used: u32,
+    pub _pad: u32,
+}
+
+/// Key of the `FAILURES` map: failed connects of one process to one destination, for one
+/// reason. The value is a count (u64) that only grows; userspace reads differences.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FailureKey {
+    pub tgid: u32,
+    /// Inode of the socket's network namespace.
+    pub netns: u32,
+    /// `sock.sk_err` when the connect ended (positive errno, 0 if the process gave up).
+    pub sk_err: u32,
+    pub family: u16,
+    /// Host byte order.
+    pub dport: u16,
+    /// IPv4 in the first 4 bytes.
+    pub daddr: [u8; 16],
 }
 
 /// One event from the kernel, sent through the `EVENTS` ring buffer.
@@ -101,6 +158,15 @@ pub struct KernelOffsets {
     pub net_ns_inum: u32,
     /// `struct sock.sk_err`.
     pub sock_sk_err: u32,
+    /// `struct sock_common.skc_state` (one byte).
+    pub sock_common_skc_state: u32,
+    /// `struct sock.sk_error_queue`, `struct sk_buff_head.prev` (its newest skb),
+    /// `struct sk_buff.cb` and `struct sock_exterr_skb.ee` (whose first field is `ee_errno`):
+    /// the errno of the ICMP error queued on a connecting socket.
+    pub sock_sk_error_queue: u32,
+    pub sk_buff_head_prev: u32,
+    pub sk_buff_cb: u32,
+    pub sock_exterr_skb_ee: u32,
     /// `struct tcp_sock.bytes_received`.
     pub tcp_sock_bytes_received: u32,
     /// Fields of `sock/inet_sock_set_state`.
@@ -163,8 +229,12 @@ mod pod {
     unsafe impl aya::Pod for super::EndpointKey {}
     unsafe impl aya::Pod for super::SockEvent {}
     unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::FailureKey {}
 }
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 18);
 const _: () = assert!(core::mem::size_of::<SockEvent>() == 8 * 3 + 4 * 8 + 2 * 4 + 16 * 3);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 16 + 48 + 40);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 48 + 40);
+const _: () = assert!(core::mem::size_of::<DeferredConnect>() == 16 + COMM_LEN);
+const _: () = assert!(core::mem::size_of::<Budget>() == 16);
+const _: () = assert!(core::mem::size_of::<FailureKey>() == 16 + 16);

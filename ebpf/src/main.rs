@@ -1,38 +1,52 @@
-//! lifeline's kernel programs. Tracepoints only (no kprobes, no fentry), so they load on any
-//! kernel with BTF-less tracepoints too:
+//! lifeline's kernel programs. Plain tracepoints only (no kprobes, no fentry), so they load on
+//! any kernel that has the two tracepoints:
 //!
 //! - `sock/inet_sock_set_state`: every TCP state change whose destination matches `ENDPOINTS`
 //!   (connects, establishment, failures, closes), in any network namespace.
 //! - `tcp/tcp_retransmit_skb`: retransmits on sockets whose destination matches `ENDPOINTS`.
 //!
-//! Both filter in the kernel with one longest-prefix-match lookup, so a node's unrelated
-//! traffic costs one map lookup per *state change or retransmit*, never per packet. Inbound
-//! activity is sampled from userspace through sock_diag for tracked sockets only.
+//! Cost for the node's unrelated traffic: the first test reads one field of the tracepoint
+//! record (the destination port) with a direct load and looks it up in a port bitmap
+//! (`WATCHED_PORTS`, an array map whose lookup the verifier inlines); nothing else is read
+//! for a socket whose port no endpoint uses. Only candidates pay for the longest-prefix-match
+//! lookup of the address. Inbound activity is sampled from userspace for tracked sockets only.
+//!
+//! A connect storm from one process is aggregated here (see `CONNECT_BUDGET`) so that it cannot
+//! crowd other processes' events out of the ring buffer.
 //!
 //! Entry points are thin wrappers over fallible `try_*` functions.
 #![no_std]
 #![no_main]
+#![feature(asm_experimental_arch)]
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{map, tracepoint},
-    maps::{lpm_trie::Key, LpmTrie, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    macros::{map, raw_tracepoint, tracepoint},
+    maps::{lpm_trie::Key, Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    programs::{RawTracePointContext, TracePointContext},
+    EbpfContext,
 };
 use aya_log_ebpf::warn;
 use lifeline_common::{
-    counter, tcp_state, EndpointKey, EventKind, KernelOffsets, SockEvent, AF_INET, AF_INET6,
-    ENDPOINT_PORT_BITS, MAX_ENDPOINTS,
+    counter, tcp_state, Budget, DeferredConnect, EndpointKey, EventKind, FailureKey, KernelOffsets,
+    SockEvent, AF_INET, AF_INET6, BUDGET_WINDOW_NS, COMM_LEN, CONNECT_BUDGET, ENDPOINT_PORT_BITS,
+    MAX_ENDPOINTS, PORT_WORDS,
 };
 
 const IPPROTO_TCP: u16 = 6;
 
 /// Structure and tracepoint field offsets of the running kernel, set by userspace before load.
+/// In `.rodata`, which the loader freezes: the verifier then knows every field as a constant.
 #[no_mangle]
 static OFFSETS: KernelOffsets = KernelOffsets {
     sock_common_skc_net: 0,
     net_ns_inum: 0,
     sock_sk_err: 0,
+    sock_common_skc_state: 0,
+    sock_sk_error_queue: 0,
+    sk_buff_head_prev: 0,
+    sk_buff_cb: 0,
+    sock_exterr_skb_ee: 0,
     tcp_sock_bytes_received: 0,
     set_state: lifeline_common::SetStateOffsets {
         skaddr: 0,
@@ -62,11 +76,16 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     },
 };
 
+/// Ports of the apiserver endpoints, one bit per port: the first and, for unrelated sockets,
+/// only test. Changed by userspace at run time.
+#[map]
+static WATCHED_PORTS: Array<u64> = Array::with_max_entries(PORT_WORDS, 0);
+
 /// Apiserver endpoints: port + address prefix → 1. Changed by userspace at run time.
 #[map]
 static ENDPOINTS: LpmTrie<EndpointKey, u8> = LpmTrie::with_max_entries(MAX_ENDPOINTS, 0);
 
-/// Events for userspace.
+/// Events for userspace. Userspace sets the size at load time.
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
@@ -74,17 +93,90 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::LEN, 0);
 
-fn offsets() -> KernelOffsets {
-    // SAFETY: a plain read of a global; volatile so the compiler cannot fold the zeros in
-    // (userspace rewrites the value in .rodata before load).
-    unsafe { core::ptr::read_volatile(&OFFSETS) }
-}
+/// Each process's use of its connect budget, by tgid.
+#[map]
+static BUDGETS: LruHashMap<u32, Budget> = LruHashMap::with_max_entries(4096, 0);
+
+/// Connects held back because their process was over budget, by socket address, until they
+/// leave SYN_SENT.
+#[map]
+static DEFERRED: LruHashMap<u64, DeferredConnect> = LruHashMap::with_max_entries(32768, 0);
+
+/// Failed held-back connects, counted per (process, destination, errno) and CPU.
+#[map]
+static FAILURES: LruPerCpuHashMap<FailureKey, u64> = LruPerCpuHashMap::with_max_entries(8192, 0);
+
+/// Errors queued on connecting sockets that did not end them, by socket address (errno): an
+/// ICMP unreachable for a SYN that arrived while the process held the socket only queues the
+/// error (and sets `sk_err_soft`), and the process consumes it (`SO_ERROR`) before it closes
+/// the socket, so at SYN_SENT → CLOSE `sk_err` is 0. Written by `inet_sk_error_report`, read
+/// and removed when the socket leaves SYN_SENT.
+#[map]
+static SOFT_ERRORS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(4096, 0);
 
 fn bump(index: u32) {
     if let Some(count) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot; nothing else writes it while this program runs on this CPU.
         unsafe { *count += 1 };
     }
+}
+
+/// A field of `OFFSETS`. Volatile, so that the compiler cannot fold the zeros of the ELF in:
+/// the load stays a load from the frozen map, whose value the verifier knows.
+macro_rules! offset {
+    ($($field:ident).+) => {{
+        #[allow(unused_unsafe)]
+        // SAFETY: a plain read of a global.
+        let value = unsafe { core::ptr::read_volatile(&OFFSETS.$($field).+) };
+        value
+    }};
+}
+
+/// The `u16` at byte `offset` of the tracepoint record.
+///
+/// The verifier allows direct loads from a tracepoint's record only at offsets fixed in the
+/// instruction, and this kernel's offsets are known only at load time. So every even offset
+/// of the first 128 bytes gets a load instruction of its own (in a function of its own, or
+/// the compiler would merge them back into one load at a computed offset), selected by
+/// comparisons with `offset`. `offset` comes from frozen `.rodata`: the verifier knows its
+/// value, follows only the matching comparison, and removes the other loads as dead code
+/// before the program is JIT-compiled; what runs is one call and one load. An offset beyond
+/// them falls back to a probe read.
+#[inline(always)]
+fn record_u16(ctx: &TracePointContext, offset: u32) -> Result<u16, i32> {
+    macro_rules! direct {
+        ($($at:literal)*) => {
+            match offset {
+                $( $at => return Ok(load_u16::<$at>(ctx.as_ptr().cast())), )*
+                _ => {}
+            }
+        };
+    }
+    direct!(8 10 12 14 16 18 20 22 24 26 28 30 32 34 36 38 40 42 44 46 48 50 52 54 56 58 60 62
+        64 66 68 70 72 74 76 78 80 82 84 86 88 90 92 94 96 98 100 102 104 106 108 110 112 114
+        116 118 120 122 124 126);
+    // SAFETY: offset from this kernel's tracepoint format file.
+    unsafe { ctx.read_at(offset as usize) }
+}
+
+/// One direct load from the tracepoint record at the fixed offset `AT`.
+#[inline(always)]
+fn load_u16<const AT: usize>(record: *const u8) -> u16 {
+    let value: u64;
+    // SAFETY: within the tracepoint record (its format file gave the offset).
+    unsafe {
+        core::arch::asm!("{v} = *(u16 *)({r} + {at})", v = lateout(reg) value, r = in(reg) record, at = const AT, options(pure, readonly, nostack));
+    }
+    value as u16
+}
+
+/// True when some endpoint uses this destination port.
+#[inline(always)]
+fn port_watched(port: u16) -> bool {
+    let bit = 1u64 << (port & 63);
+    WATCHED_PORTS
+        .get(u32::from(port >> 6))
+        .is_some_and(|word| word & bit != 0)
 }
 
 /// Destination address and port as the tracepoint reports them.
@@ -95,21 +187,16 @@ struct Destination {
     daddr: [u8; 16],
 }
 
-/// Reads family, addresses and port at the given field offsets; `None` if not IPv4/IPv6.
+/// Reads family and addresses at the given field offsets; `None` if not IPv4/IPv6.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn read_destination(
     ctx: &TracePointContext,
+    dport: u16,
     family: u32,
-    dport: u32,
-    saddr: u32,
-    daddr: u32,
-    saddr_v6: u32,
-    daddr_v6: u32,
+    [saddr, daddr, saddr_v6, daddr_v6]: [u32; 4],
 ) -> Result<Option<Destination>, i32> {
     // SAFETY: offsets come from this kernel's tracepoint format file.
     let family: u16 = unsafe { ctx.read_at(family as usize)? };
-    let dport: u16 = unsafe { ctx.read_at(dport as usize)? };
     let mut dest = Destination {
         family,
         dport,
@@ -155,31 +242,47 @@ fn is_endpoint(dest: &Destination) -> bool {
 
 /// Inode of the socket's network namespace: `sk->__sk_common.skc_net.net->ns.inum`.
 #[inline(always)]
-fn netns_inum(sk: u64, off: &KernelOffsets) -> Result<u32, i32> {
+fn netns_inum(ctx: &TracePointContext, sk: u64) -> u32 {
+    let skc_net = offset!(sock_common_skc_net);
+    let inum = offset!(net_ns_inum);
     // SAFETY: bpf_probe_read_kernel tolerates any address; offsets come from the kernel's BTF.
-    let net: u64 = unsafe { bpf_probe_read_kernel((sk + off.sock_common_skc_net as u64) as *const u64)? };
-    unsafe { bpf_probe_read_kernel((net + off.net_ns_inum as u64) as *const u32) }
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn emit(
-    ctx: &TracePointContext,
-    kind: EventKind,
-    sk: u64,
-    old_state: u32,
-    new_state: u32,
-    sport: u16,
-    dest: &Destination,
-    off: &KernelOffsets,
-) {
-    let netns = match netns_inum(sk, off) {
+    let read = unsafe { bpf_probe_read_kernel((sk + u64::from(skc_net)) as *const u64) }
+        .and_then(|net| unsafe { bpf_probe_read_kernel((net + u64::from(inum)) as *const u32) });
+    match read {
         Ok(inum) => inum,
         Err(err) => {
             warn!(ctx, "lifeline: cannot read netns of socket: {}", err);
             0
         }
-    };
+    }
+}
+
+/// What one state change or retransmit is about: the socket and its endpoint.
+struct Watched {
+    sk: u64,
+    netns: u32,
+    sport: u16,
+    dest: Destination,
+}
+
+/// `sock.sk_err` for a transition (0 when unreadable); for a connect that failed without one,
+/// the error reported on it earlier (`SOFT_ERRORS`).
+#[inline(always)]
+fn ended_with(sk: u64, old_state: u32, new_state: u32) -> i32 {
+    // SAFETY: bpf_probe_read_kernel tolerates any address; offset from the kernel's BTF.
+    let sk_err: i32 =
+        unsafe { bpf_probe_read_kernel((sk + u64::from(offset!(sock_sk_err))) as *const i32) }.unwrap_or(0);
+    if sk_err != 0 || old_state != tcp_state::SYN_SENT || new_state != tcp_state::CLOSE {
+        return sk_err;
+    }
+    // SAFETY: copied out at once.
+    unsafe { SOFT_ERRORS.get(sk) }.map_or(0, |e| *e as i32)
+}
+
+/// Sends one event. `owner` is (tgid, pid, comm, timestamp) of a connect that was held back,
+/// sent now on its behalf; `None` takes them from the current task and time.
+#[inline(always)]
+fn emit(kind: EventKind, w: &Watched, old_state: u32, new_state: u32, owner: Option<&DeferredConnect>) {
     let Some(mut entry) = EVENTS.reserve::<SockEvent>(0) else {
         bump(counter::LOST);
         return;
@@ -187,37 +290,69 @@ fn emit(
     // Only for sockets that passed the endpoint filter: two reads that tell userspace why a
     // connection ended and whether data arrived just before a close. A failed read is 0.
     // SAFETY: bpf_probe_read_kernel tolerates any address; offsets come from the kernel's BTF.
-    let sk_err: i32 =
-        unsafe { bpf_probe_read_kernel((sk + off.sock_sk_err as u64) as *const i32) }.unwrap_or(0);
+    let sk_err = ended_with(w.sk, old_state, new_state);
     let bytes_received: u64 =
-        unsafe { bpf_probe_read_kernel((sk + off.tcp_sock_bytes_received as u64) as *const u64) }
+        unsafe { bpf_probe_read_kernel((w.sk + u64::from(offset!(tcp_sock_bytes_received))) as *const u64) }
             .unwrap_or(0);
-    let pid_tgid = bpf_get_current_pid_tgid();
-    // Only connect() is certain to run in the owner's context; see SockEvent's docs.
-    let in_process_context = u16::from(old_state == tcp_state::CLOSE && new_state == tcp_state::SYN_SENT);
+    let connect = old_state == tcp_state::CLOSE && new_state == tcp_state::SYN_SENT;
+    let (timestamp_ns, tgid, pid, comm) = match owner {
+        Some(o) => (o.timestamp_ns, o.tgid, o.pid, o.comm),
+        None => {
+            let pid_tgid = bpf_get_current_pid_tgid();
+            (
+                // SAFETY: helper with no preconditions.
+                unsafe { bpf_ktime_get_ns() },
+                (pid_tgid >> 32) as u32,
+                pid_tgid as u32,
+                bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+            )
+        }
+    };
     entry.write(SockEvent {
-        // SAFETY: helper with no preconditions.
-        timestamp_ns: unsafe { bpf_ktime_get_ns() },
-        sk,
+        timestamp_ns,
+        sk: w.sk,
         bytes_received,
-        netns,
+        netns: w.netns,
         kind: kind as u32,
-        tgid: (pid_tgid >> 32) as u32,
-        pid: pid_tgid as u32,
+        tgid,
+        pid,
         old_state,
         new_state,
         sk_err: sk_err as u32,
         _pad: 0,
-        family: dest.family,
-        sport,
-        dport: dest.dport,
-        in_process_context,
-        saddr: dest.saddr,
-        daddr: dest.daddr,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        family: w.dest.family,
+        sport: w.sport,
+        dport: w.dest.dport,
+        // Only connect() is certain to run in the owner's context; see SockEvent's docs.
+        in_process_context: u16::from(connect),
+        saddr: w.dest.saddr,
+        daddr: w.dest.daddr,
+        comm,
     });
     entry.submit(0);
     bump(counter::SENT);
+}
+
+/// Takes one event from the process's budget; false when it is spent for this window.
+#[inline(always)]
+fn within_budget(tgid: u32, now: u64) -> bool {
+    let Some(budget) = BUDGETS.get_ptr_mut(tgid) else {
+        let fresh = Budget {
+            window_start_ns: now,
+            used: 1,
+            _pad: 0,
+        };
+        let _ = BUDGETS.insert(tgid, fresh, 0);
+        return true;
+    };
+    // SAFETY: a map value; a race between CPUs only shifts the count by one.
+    let budget = unsafe { &mut *budget };
+    if now.wrapping_sub(budget.window_start_ns) >= BUDGET_WINDOW_NS {
+        budget.window_start_ns = now;
+        budget.used = 0;
+    }
+    budget.used += 1;
+    budget.used <= CONNECT_BUDGET
 }
 
 #[tracepoint]
@@ -227,34 +362,137 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 }
 
 fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
-    let off = offsets();
-    let f = &off.set_state;
+    let dport = record_u16(ctx, offset!(set_state.dport))?;
+    if !port_watched(dport) {
+        return Ok(());
+    }
+    // A candidate: everything else is read with probe reads (at most a few per second).
     // SAFETY (all reads): offsets come from this kernel's tracepoint format file.
-    let protocol: u16 = unsafe { ctx.read_at(f.protocol as usize)? };
+    let protocol: u16 = unsafe { ctx.read_at(offset!(set_state.protocol) as usize)? };
     if protocol != IPPROTO_TCP {
         return Ok(());
     }
-    let Some(dest) = read_destination(ctx, f.family, f.dport, f.saddr, f.daddr, f.saddr_v6, f.daddr_v6)?
-    else {
+    let addrs = [
+        offset!(set_state.saddr),
+        offset!(set_state.daddr),
+        offset!(set_state.saddr_v6),
+        offset!(set_state.daddr_v6),
+    ];
+    let Some(dest) = read_destination(ctx, dport, offset!(set_state.family), addrs)? else {
         return Ok(());
     };
     if !is_endpoint(&dest) {
         return Ok(());
     }
-    let sk: u64 = unsafe { ctx.read_at(f.skaddr as usize)? };
-    let old: i32 = unsafe { ctx.read_at(f.oldstate as usize)? };
-    let new: i32 = unsafe { ctx.read_at(f.newstate as usize)? };
-    let sport: u16 = unsafe { ctx.read_at(f.sport as usize)? };
-    emit(
-        ctx,
-        EventKind::StateChange,
+    let sk: u64 = unsafe { ctx.read_at(offset!(set_state.skaddr) as usize)? };
+    let old = unsafe { ctx.read_at::<i32>(offset!(set_state.oldstate) as usize)? } as u32;
+    let new = unsafe { ctx.read_at::<i32>(offset!(set_state.newstate) as usize)? } as u32;
+    let sport: u16 = unsafe { ctx.read_at(offset!(set_state.sport) as usize)? };
+    let w = Watched {
         sk,
-        old as u32,
-        new as u32,
+        netns: netns_inum(ctx, sk),
         sport,
-        &dest,
-        &off,
-    );
+        dest,
+    };
+    if old == tcp_state::CLOSE && new == tcp_state::SYN_SENT {
+        // connect(), in the owner's context.
+        // SAFETY: helper with no preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        let pid_tgid = bpf_get_current_pid_tgid();
+        let tgid = (pid_tgid >> 32) as u32;
+        if !within_budget(tgid, now) {
+            let held = DeferredConnect {
+                timestamp_ns: now,
+                tgid,
+                pid: pid_tgid as u32,
+                comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+            };
+            if DEFERRED.insert(sk, held, 0).is_ok() {
+                bump(counter::DEFERRED);
+                return Ok(());
+            }
+        }
+    } else if old == tcp_state::SYN_SENT {
+        // SAFETY: copied out at once; the entry is removed right after.
+        if let Some(held) = unsafe { DEFERRED.get(sk) }.copied() {
+            let _ = DEFERRED.remove(sk);
+            if new == tcp_state::CLOSE {
+                count_failure(&w, &held);
+                let _ = SOFT_ERRORS.remove(sk);
+                return Ok(());
+            }
+            // It connected: its connect is sent now, then what happened.
+            emit(
+                EventKind::StateChange,
+                &w,
+                tcp_state::CLOSE,
+                tcp_state::SYN_SENT,
+                Some(&held),
+            );
+        }
+    }
+    emit(EventKind::StateChange, &w, old, new, None);
+    if old == tcp_state::SYN_SENT {
+        // Read by `ended_with` for this event; not needed any more.
+        let _ = SOFT_ERRORS.remove(sk);
+    }
+    Ok(())
+}
+
+/// Counts a held-back connect that failed, for userspace to read.
+#[inline(always)]
+fn count_failure(w: &Watched, held: &DeferredConnect) {
+    // SAFETY: bpf_probe_read_kernel tolerates any address; offset from the kernel's BTF.
+    let sk_err = ended_with(w.sk, tcp_state::SYN_SENT, tcp_state::CLOSE);
+    let key = FailureKey {
+        tgid: held.tgid,
+        netns: w.netns,
+        sk_err: sk_err as u32,
+        family: w.dest.family,
+        dport: w.dest.dport,
+        daddr: w.dest.daddr,
+    };
+    match FAILURES.get_ptr_mut(key) {
+        // SAFETY: this CPU's slot; nothing else writes it while this program runs here.
+        Some(count) => unsafe { *count += 1 },
+        None => {
+            let _ = FAILURES.insert(key, 1, 0);
+        }
+    }
+    bump(counter::AGGREGATED);
+}
+
+/// `sock/inet_sk_error_report` (raw: its first argument is the `struct sock`): remembers the
+/// errno of an ICMP error queued on a connecting socket that the report did not end (see
+/// `SOFT_ERRORS`). Errors are rare, and only sockets in SYN_SENT are looked at further.
+#[raw_tracepoint(tracepoint = "inet_sk_error_report")]
+pub fn inet_sk_error_report(ctx: RawTracePointContext) -> i32 {
+    let _ = try_inet_sk_error_report(&ctx);
+    0
+}
+
+fn try_inet_sk_error_report(ctx: &RawTracePointContext) -> Result<(), i64> {
+    let sk: *const u8 = ctx.arg(0);
+    let sk = sk as u64;
+    // SAFETY (all reads): bpf_probe_read_kernel tolerates any address; offsets from BTF.
+    let state: u8 =
+        unsafe { bpf_probe_read_kernel((sk + u64::from(offset!(sock_common_skc_state))) as *const u8)? };
+    if u32::from(state) != tcp_state::SYN_SENT {
+        return Ok(());
+    }
+    // The report comes from queueing the ICMP error (before TCP sets `sk_err_soft`): its
+    // errno is in the newest skb of the error queue.
+    let queue = sk + u64::from(offset!(sock_sk_error_queue));
+    let newest: u64 =
+        unsafe { bpf_probe_read_kernel((queue + u64::from(offset!(sk_buff_head_prev))) as *const u64)? };
+    if newest == 0 || newest == queue {
+        return Ok(()); // empty: `prev` points at the head itself
+    }
+    let ee = newest + u64::from(offset!(sk_buff_cb)) + u64::from(offset!(sock_exterr_skb_ee));
+    let errno: u32 = unsafe { bpf_probe_read_kernel(ee as *const u32)? };
+    if errno > 0 && errno < 4096 {
+        SOFT_ERRORS.insert(sk, errno, 0)?;
+    }
     Ok(())
 }
 
@@ -265,29 +503,37 @@ pub fn tcp_retransmit_skb(ctx: TracePointContext) -> u32 {
 }
 
 fn try_tcp_retransmit_skb(ctx: &TracePointContext) -> Result<(), i32> {
-    let off = offsets();
-    let f = &off.retransmit;
-    let Some(dest) = read_destination(ctx, f.family, f.dport, f.saddr, f.daddr, f.saddr_v6, f.daddr_v6)?
-    else {
+    let dport = record_u16(ctx, offset!(retransmit.dport))?;
+    if !port_watched(dport) {
+        return Ok(());
+    }
+    let addrs = [
+        offset!(retransmit.saddr),
+        offset!(retransmit.daddr),
+        offset!(retransmit.saddr_v6),
+        offset!(retransmit.daddr_v6),
+    ];
+    let Some(dest) = read_destination(ctx, dport, offset!(retransmit.family), addrs)? else {
         return Ok(());
     };
     if !is_endpoint(&dest) {
         return Ok(());
     }
     // SAFETY: offsets come from this kernel's tracepoint format file.
-    let sk: u64 = unsafe { ctx.read_at(f.skaddr as usize)? };
-    let state: i32 = unsafe { ctx.read_at(f.state as usize)? };
-    let sport: u16 = unsafe { ctx.read_at(f.sport as usize)? };
-    emit(
-        ctx,
-        EventKind::Retransmit,
+    let sk: u64 = unsafe { ctx.read_at(offset!(retransmit.skaddr) as usize)? };
+    let state = unsafe { ctx.read_at::<i32>(offset!(retransmit.state) as usize)? } as u32;
+    // A SYN of a held-back connect: its outcome is all userspace will hear of it.
+    if state == tcp_state::SYN_SENT && unsafe { DEFERRED.get(sk) }.is_some() {
+        return Ok(());
+    }
+    let sport: u16 = unsafe { ctx.read_at(offset!(retransmit.sport) as usize)? };
+    let w = Watched {
         sk,
-        state as u32,
-        state as u32,
+        netns: netns_inum(ctx, sk),
         sport,
-        &dest,
-        &off,
-    );
+        dest,
+    };
+    emit(EventKind::Retransmit, &w, state, state, None);
     Ok(())
 }
 

@@ -78,9 +78,9 @@ pub const TEST_RANGES: [&str; 4] = ["10.250.0.0/16", "10.251.0.0/16", "10.252.0.
 
 /// Keeps test traffic on this machine (once per process): blackhole routes for [`TEST_RANGES`]
 /// (more specific routes a test adds, like a topology's link to the host, still win), and a
-/// REJECT for any 10.0.0.0/8 packet that would leave by the default route's interface — a
-/// ClusterIP (10.96.0.0/12) is translated to a local address by kube-proxy before that check,
-/// but reaches the outside world while no kube-proxy runs.
+/// REJECT for any 10.0.0.0/8 packet that would leave by the default route's interface without
+/// having been translated — a ClusterIP (10.96.0.0/12) that kube-proxy translates to a local
+/// address passes, one probed while no kube-proxy runs does not leave the machine.
 pub fn contain_test_traffic() {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
@@ -96,10 +96,26 @@ pub fn contain_test_traffic() {
             .nth(1)
             .map(str::to_owned);
         if let Some(dev) = dev {
-            let rule = ["OUTPUT", "-o", dev.as_str(), "-d", "10.0.0.0/8", "-j", "REJECT"];
+            // Exempt what NAT rewrote (kube-proxy's DNAT of a ClusterIP to a local address is
+            // still 10.x and, to this hook, still bound for the default interface).
+            let rule = [
+                "OUTPUT",
+                "-o",
+                dev.as_str(),
+                "-d",
+                "10.0.0.0/8",
+                "-m",
+                "conntrack",
+                "!",
+                "--ctstate",
+                "DNAT",
+                "-j",
+                "REJECT",
+            ];
             let present = Command::new("iptables")
                 .args(["-w", "-C"])
                 .args(rule)
+                .stderr(Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success());
             if !present {

@@ -5,7 +5,8 @@
 //! - `test`: the whole test command of the README and CI: format and lint checks, unit tests
 //!   (root ones included), then the root integration suites with the real eBPF programs, and
 //!   last the end-to-end test (`e2e`).
-//! - `bench`: what the agent costs, in figures measured in one run.
+//! - `bench`: what the agent costs, in figures measured in one run (written to
+//!   `docs/benchmarks.md`).
 //! - `image`: the agent's OCI image archive, built without a container engine.
 //! - `e2e`: the image installed with `deploy/` on a real single-node cluster, and checked there.
 //! - `demo`: setup, build, a small self-contained topology (an "apiserver" in a network
@@ -49,8 +50,9 @@ enum Task {
     /// Only the checks of deploy/ that `test` runs: promtool, the rules in step, the dashboard's
     /// queries, what kustomize renders (no root needed).
     CheckDeploy,
-    /// Figures: throughput of unrelated traffic with and without the agent, and the sampling
-    /// cost per tracked connection (as root).
+    /// Figures, written to docs/benchmarks.md: unrelated churn against no observer, bpftrace
+    /// and ss; kernel cost per call; CPU and RSS per tracked connection; bursts; a connect
+    /// storm (as root).
     Bench,
     /// The agent's container image as an OCI archive (no container engine needed):
     /// target/image/lifeline-<version>-<arch>.tar, named localhost/lifeline:<version>.
@@ -132,13 +134,14 @@ fn require_root(what: &str) -> Result {
 
 /// The integration suites, in the order they run (`realcluster` needs the Kubernetes binaries
 /// `cargo xtask setup` builds).
-const SUITES: [&str; 7] = [
+const SUITES: [&str; 8] = [
     "foundation",
     "judgement",
     "fixture",
     "scenarios",
     "kubernetes",
     "hardening",
+    "performance",
     "realcluster",
 ];
 

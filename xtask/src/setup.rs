@@ -4,7 +4,8 @@ use std::{fs, os::unix::fs::symlink, path::Path, process::Command};
 use crate::{cargo, run, Failed, Result};
 
 /// Debian packages the suites and the demo use.
-const APT_PACKAGES: [&str; 14] = [
+const APT_PACKAGES: [&str; 15] = [
+    "bpftrace",
     "iperf3",
     // capsh: the hardening suite runs the agent without chosen capabilities.
     "libcap2-bin",

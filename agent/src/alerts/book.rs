@@ -11,7 +11,10 @@
 //! - Outages are per endpoint (`crate::reachability`). From the moment an endpoint is seen
 //!   unreachable, the alerts of unhealthy clients whose evidence is about that endpoint are
 //!   held — not sent, not lost. If the endpoint comes back within `outage_after`, they go as
-//!   usual (those clients still unhealthy `settle` after it came back); if it stays
+//!   usual (those clients still unhealthy `settle` after it came back; an `unreachable` one
+//!   only if still so `recovery_hold` after — its failed connects from the outage count for
+//!   `connect_window`, and a client backing off between retries, as client-go does for up to
+//!   30 s, has not tried again yet); if it stays
 //!   unreachable for `outage_after`, one `LifelineApiserverOutage` for that endpoint fires
 //!   instead (every apiserver down → one alert per endpoint, not one per client). Client
 //!   alerts emitted before the endpoint became unreachable stay as they are. A client whose
@@ -191,9 +194,12 @@ pub struct AlertBook {
     live: BTreeMap<Labels, Live>,
     /// Outage alerts firing, by endpoint.
     outages: BTreeMap<String, Alert>,
-    /// Per endpoint, no client alert about it is emitted while it is unreachable (`None`) or
-    /// before this (`settle` after it came back).
-    quiet_until: BTreeMap<String, Option<SystemTime>>,
+    /// How long after an endpoint came back the alert of a client `unreachable` through it
+    /// waits (the judge's `connect_window`: by then only failures after the recovery count).
+    recovery_hold: Duration,
+    /// Per endpoint, no client alert about it is emitted while it is unreachable (`None`), or
+    /// for a while after it came back (`Some(when it came back)`).
+    quiet: BTreeMap<String, Option<SystemTime>>,
 }
 
 impl AlertBook {
@@ -205,8 +211,15 @@ impl AlertBook {
             endpoints: BTreeMap::new(),
             live: BTreeMap::new(),
             outages: BTreeMap::new(),
-            quiet_until: BTreeMap::new(),
+            recovery_hold: settle,
+            quiet: BTreeMap::new(),
         }
+    }
+
+    /// Sets how long, after an endpoint came back, a client still `unreachable` through it
+    /// waits before it alerts (at least `settle`).
+    pub fn set_recovery_hold(&mut self, hold: Duration) {
+        self.recovery_hold = hold.max(self.settle);
     }
 
     /// Takes this tick's clients (all judged processes; those missing have exited) and the
@@ -291,26 +304,34 @@ impl AlertBook {
             let alert = self.outages.remove(&endpoint).expect("listed");
             resolved.push(alert.resolved(now));
         }
-        // While an endpoint is unreachable, and for `settle` after, client alerts about it
-        // wait.
+        // While an endpoint is unreachable, and for a while after, client alerts about it
+        // wait: `settle`, or `recovery_hold` for clients still unreachable through it.
         for e in down.keys() {
-            self.quiet_until.insert((*e).to_owned(), None);
+            self.quiet.insert((*e).to_owned(), None);
         }
-        for (endpoint, until) in self.quiet_until.iter_mut() {
-            if until.is_none() && !down.contains_key(endpoint.as_str()) {
-                *until = Some(now + self.settle);
+        for (endpoint, back) in self.quiet.iter_mut() {
+            if back.is_none() && !down.contains_key(endpoint.as_str()) {
+                *back = Some(now);
             }
         }
-        self.quiet_until.retain(|_, until| until.is_none_or(|u| now < u));
+        let longest = self.recovery_hold.max(self.settle);
+        self.quiet
+            .retain(|_, back| back.is_none_or(|b| now < b + longest));
 
         let due: Vec<ClientKey> = self
             .tracked
             .iter()
             .filter(|(key, t)| {
                 let endpoint = self.endpoints.get(key).map(String::as_str).unwrap_or_default();
-                t.emitted.is_none()
-                    && now >= t.since + self.settle
-                    && !self.quiet_until.contains_key(endpoint)
+                let quiet_for = match t.state {
+                    State::Unreachable => self.recovery_hold,
+                    _ => self.settle,
+                };
+                let quiet = self
+                    .quiet
+                    .get(endpoint)
+                    .is_some_and(|back| back.is_none_or(|b| now < b + quiet_for));
+                t.emitted.is_none() && now >= t.since + self.settle && !quiet
             })
             .map(|(k, _)| *k)
             .collect();
@@ -465,6 +486,7 @@ mod tests {
     const DISC: &str = "LifelineClientDisconnected";
     const STALE: &str = "LifelineClientStale";
     const BLACK: &str = "LifelineClientBlackholed";
+    const UNREACH: &str = "LifelineClientUnreachable";
 
     /// Endpoint 10.0.0.1:6443 unreachable since `since`, its outage due or not.
     fn down(since: u64, outage: bool) -> EndpointInput {
@@ -662,6 +684,50 @@ mod tests {
         let back: Vec<ClientInput> = (1..=3).map(healthy).collect();
         for t in 18..40 {
             assert!(b.tick(at(t), &back, &[]).is_empty(), "t={t}");
+        }
+    }
+
+    #[test]
+    fn a_client_backing_off_after_an_outage_gets_the_recovery_hold() {
+        // The real cluster's kube-scheduler: restarted during a 60 s outage, its failed connects
+        // keep it `unreachable` after the apiserver is back until its next retry (client-go
+        // backs off for up to 30 s). A never-redialing client is `disconnected` and alerts after
+        // `settle` as usual.
+        let mut b = book();
+        b.set_recovery_hold(Duration::from_secs(60));
+        let backing_off = client(1, State::Unreachable, 10);
+        let stuck = client(2, State::Disconnected, 10);
+        let both = [backing_off.clone(), stuck.clone()];
+        for t in 10..40 {
+            assert!(b.tick(at(t), &both, &[down(5, false)]).is_empty(), "t={t}: held");
+        }
+        // Back at 40 (before outage_after): the stuck one alerts `settle` later.
+        for t in 40..43 {
+            assert!(b.tick(at(t), &both, &[]).is_empty(), "t={t}");
+        }
+        assert_eq!(brief(&b.tick(at(43), &both, &[])), [fire(DISC, "ctl-2")]);
+        for t in 44..100 {
+            assert!(b.tick(at(t), &both, &[]).is_empty(), "t={t}: still backing off");
+        }
+        // Still unreachable a whole hold after the recovery: its own failures now.
+        assert_eq!(brief(&b.tick(at(100), &both, &[])), [fire(UNREACH, "ctl-1")]);
+
+        // Had it re-dialed within the hold, nothing would have been sent.
+        let mut b = book();
+        b.set_recovery_hold(Duration::from_secs(60));
+        for t in 10..40 {
+            assert!(b
+                .tick(at(t), std::slice::from_ref(&backing_off), &[down(5, false)])
+                .is_empty());
+        }
+        for t in 40..70 {
+            assert!(
+                b.tick(at(t), std::slice::from_ref(&backing_off), &[]).is_empty(),
+                "t={t}"
+            );
+        }
+        for t in 70..130 {
+            assert!(b.tick(at(t), &[healthy(1)], &[]).is_empty(), "t={t}");
         }
     }
 

@@ -1018,6 +1018,11 @@ mod tests {
             "the resolve replaced the firing"
         );
         assert_eq!(alerts[1].0, "b");
+        // The dispatcher counts an attempt once it has read the answer: after the sink did.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while count(&sent, "alertmanager-1", "ok") < 2 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(count(&sent, "alertmanager-1", "ok"), 2);
     }
 

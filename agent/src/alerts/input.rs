@@ -25,6 +25,7 @@ impl Alerter {
     /// without waiting for them.
     pub fn tick(&mut self, snap: &Snapshot) {
         let (clients, unreachable) = inputs(snap);
+        self.book.set_recovery_hold(snap.thresholds.connect_window);
         let changes = self.book.tick(snap.wall, &clients, &unreachable);
         for alert in &changes {
             tracing::info!(

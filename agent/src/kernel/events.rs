@@ -46,15 +46,6 @@ pub struct KernelEvent {
     pub bytes_received: u64,
 }
 
-impl KernelEvent {
-    pub fn kind_label(&self) -> &'static str {
-        match self.change {
-            Change::State { .. } => "state_change",
-            Change::Retransmit { .. } => "retransmit",
-        }
-    }
-}
-
 /// Converts kernel CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`) into `Instant`s.
 #[derive(Clone, Copy, Debug)]
 pub struct MonotonicClock {

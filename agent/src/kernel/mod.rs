@@ -1,12 +1,15 @@
 //! Everything that touches the kernel's eBPF side: finding this kernel's structure offsets,
-//! loading and attaching the programs, the endpoint map, and decoding ring-buffer events.
+//! loading and attaching the programs, the endpoint maps, decoding ring-buffer events, and the
+//! pump that applies them to the connection table.
 use std::os::fd::AsRawFd;
 
 use tokio::io::{unix::AsyncFd, Interest};
 
 pub mod events;
+pub mod filter;
 pub mod offsets;
 pub mod programs;
+pub mod pump;
 
 /// Registers an fd-owning object (ring buffer, log buffer) with tokio for readability.
 pub fn readable_fd<T: AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {

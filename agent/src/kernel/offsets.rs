@@ -11,7 +11,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use btf_rs::{Btf, Type};
 use lifeline_common::{KernelOffsets, RetransmitOffsets, SetStateOffsets};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -20,7 +19,9 @@ const TRACEFS_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/trac
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot read kernel BTF at {path}: {source}")]
-    Btf { path: String, source: btf_rs::Error },
+    BtfRead { path: String, source: std::io::Error },
+    #[error("kernel BTF at {path}: {what}")]
+    BtfFormat { path: String, what: &'static str },
     #[error("kernel BTF has no struct {0}")]
     NoStruct(String),
     #[error("kernel BTF: struct {strukt} has no member {member}")]
@@ -37,16 +38,23 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Finds every offset the programs need on this kernel.
 pub fn discover() -> Result<KernelOffsets> {
-    let btf = Btf::from_file(VMLINUX_BTF).map_err(|source| Error::Btf {
-        path: VMLINUX_BTF.into(),
-        source,
-    })?;
+    let btf = Btf::from_file(VMLINUX_BTF)?;
     let set_state = TracepointFormat::read("sock", "inet_sock_set_state")?;
     let retransmit = TracepointFormat::read("tcp", "tcp_retransmit_skb")?;
+    // Only for the optional error-report program: a kernel without them still runs the rest
+    // (all zero: the program is then not attached, see `programs::Probes::load`).
+    let error_report = error_report_offsets(&btf)
+        .inspect_err(|err| tracing::warn!("offsets for the error-report program: {err}"))
+        .ok();
     Ok(KernelOffsets {
         sock_common_skc_net: member_offset(&btf, "sock_common", "skc_net")?,
         net_ns_inum: member_offset(&btf, "net", "ns")? + member_offset(&btf, "ns_common", "inum")?,
         sock_sk_err: member_offset(&btf, "sock", "sk_err")?,
+        sock_common_skc_state: error_report.map_or(0, |o| o[0]),
+        sock_sk_error_queue: error_report.map_or(0, |o| o[1]),
+        sk_buff_head_prev: error_report.map_or(0, |o| o[2]),
+        sk_buff_cb: error_report.map_or(0, |o| o[3]),
+        sock_exterr_skb_ee: error_report.map_or(0, |o| o[4]),
         tcp_sock_bytes_received: member_offset(&btf, "tcp_sock", "bytes_received")?,
         set_state: SetStateOffsets {
             skaddr: set_state.offset("skaddr")?,
@@ -77,43 +85,162 @@ pub fn discover() -> Result<KernelOffsets> {
     })
 }
 
+/// `skc_state`, `sk_error_queue`, `sk_buff_head.prev`, `sk_buff.cb`, `sock_exterr_skb.ee`.
+fn error_report_offsets(btf: &Btf) -> Result<[u32; 5]> {
+    Ok([
+        member_offset(btf, "sock_common", "skc_state")?,
+        member_offset(btf, "sock", "sk_error_queue")?,
+        member_offset(btf, "sk_buff_head", "prev")?,
+        member_offset(btf, "sk_buff", "cb")?,
+        member_offset(btf, "sock_exterr_skb", "ee")?,
+    ])
+}
+
 /// Byte offset of `member` in `struct strukt`, looking through anonymous structs and unions.
 pub fn member_offset(btf: &Btf, strukt: &str, member: &str) -> Result<u32> {
-    let types = btf.resolve_types_by_name(strukt).unwrap_or_default();
-    let structs: Vec<&btf_rs::Struct> = types
-        .iter()
-        .filter_map(|t| match t {
-            Type::Struct(s) => Some(s),
-            _ => None,
-        })
-        .collect();
+    let structs: Vec<u32> = btf.structs_named(strukt).collect();
     if structs.is_empty() {
         return Err(Error::NoStruct(strukt.into()));
     }
-    let found = structs.iter().find_map(|s| find_member(btf, s, member));
+    let found = structs
+        .iter()
+        .find_map(|id| btf.member_bit_offset(*id, member, 0));
     found.map(|bits| bits / 8).ok_or_else(|| Error::NoMember {
         strukt: strukt.into(),
         member: member.into(),
     })
 }
 
-/// Bit offset of a named member, recursing into anonymous members.
-fn find_member(btf: &Btf, s: &btf_rs::Struct, name: &str) -> Option<u32> {
-    s.members.iter().find_map(|m| {
-        let member_name = btf.resolve_name(m).unwrap_or_default();
-        if member_name == name {
-            return Some(m.bit_offset());
+/// The kernel's BTF, read just enough to find member offsets: a type's kind, name and members.
+///
+/// (A full BTF library builds every type of vmlinux, ~130,000, as objects: tens of MiB of heap
+/// at start-up for five offsets. This keeps the raw bytes and one index entry per type.)
+pub struct Btf {
+    data: Vec<u8>,
+    /// Byte offset of each type in `data`, by type id (id 0 is `void`).
+    types: Vec<usize>,
+    strings: usize,
+    strings_end: usize,
+}
+
+const BTF_MAGIC: u16 = 0xeb9f;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+/// Kinds that only qualify another type (typedef, volatile, const, restrict, type tag).
+const KIND_QUALIFIERS: [u32; 5] = [8, 9, 10, 11, 18];
+
+impl Btf {
+    pub fn from_file(path: &str) -> Result<Self> {
+        let data = fs::read(path).map_err(|source| Error::BtfRead {
+            path: path.into(),
+            source,
+        })?;
+        Self::parse(data).map_err(|what| Error::BtfFormat {
+            path: path.into(),
+            what,
+        })
+    }
+
+    /// Indexes raw BTF (`struct btf_header`, types, strings; little or native endian).
+    pub fn parse(data: Vec<u8>) -> std::result::Result<Self, &'static str> {
+        let u32_at = |o: usize| -> std::result::Result<usize, &'static str> {
+            data.get(o..o + 4)
+                .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")) as usize)
+                .ok_or("truncated")
+        };
+        if data.get(..2).map(|b| u16::from_ne_bytes([b[0], b[1]])) != Some(BTF_MAGIC) {
+            return Err("not BTF (bad magic)");
         }
-        if !member_name.is_empty() {
+        let hdr_len = u32_at(4)?;
+        let (type_off, type_len) = (hdr_len + u32_at(8)?, u32_at(12)?);
+        let (str_off, str_len) = (hdr_len + u32_at(16)?, u32_at(20)?);
+        if data.len() < type_off + type_len || data.len() < str_off + str_len {
+            return Err("sections beyond the end of the data");
+        }
+        let mut types = vec![0];
+        let mut at = type_off;
+        while at < type_off + type_len {
+            types.push(at);
+            let info = u32_at(at + 4)?;
+            let (kind, vlen) = ((info >> 24) & 0x1f, info & 0xffff);
+            let extra = match kind {
+                1 | 14 | 17 => 4,             // int, var, decl tag
+                3 => 12,                      // array
+                4 | 5 | 15 | 19 => 12 * vlen, // struct, union, datasec, enum64
+                6 | 13 => 8 * vlen,           // enum, func proto
+                2 | 7 | 8 | 9 | 10 | 11 | 12 | 16 | 18 => 0,
+                _ => return Err("unknown type kind"),
+            };
+            at += 12 + extra;
+        }
+        Ok(Self {
+            data,
+            types,
+            strings: str_off,
+            strings_end: str_off + str_len,
+        })
+    }
+
+    fn u32_at(&self, o: usize) -> u32 {
+        u32::from_ne_bytes(self.data[o..o + 4].try_into().expect("4 bytes"))
+    }
+
+    fn name(&self, name_off: u32) -> &[u8] {
+        let start = self.strings + name_off as usize;
+        let rest = self.data.get(start..self.strings_end).unwrap_or_default();
+        &rest[..rest.iter().position(|b| *b == 0).unwrap_or(rest.len())]
+    }
+
+    /// (kind, kind_flag, vlen, size-or-type) of type `id`.
+    fn header(&self, id: u32) -> Option<(u32, bool, u32, u32)> {
+        let at = *self.types.get(id as usize).filter(|_| id != 0)?;
+        let info = self.u32_at(at + 4);
+        Some((
+            (info >> 24) & 0x1f,
+            info >> 31 == 1,
+            info & 0xffff,
+            self.u32_at(at + 8),
+        ))
+    }
+
+    /// Ids of the structs called `name`.
+    fn structs_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = u32> + 'a {
+        (1..self.types.len() as u32).filter(move |id| {
+            self.header(*id).is_some_and(|(kind, ..)| kind == KIND_STRUCT)
+                && self.name(self.u32_at(self.types[*id as usize])) == name.as_bytes()
+        })
+    }
+
+    /// Bit offset of `member` in struct or union `id` (plus `base`), through anonymous members.
+    fn member_bit_offset(&self, id: u32, member: &str, base: u32) -> Option<u32> {
+        let (kind, kind_flag, vlen, _) = self.header(id)?;
+        if kind != KIND_STRUCT && kind != KIND_UNION {
             return None;
         }
-        match btf.resolve_chained_type(m).ok()? {
-            Type::Struct(inner) | Type::Union(inner) => {
-                find_member(btf, &inner, name).map(|off| off + m.bit_offset())
+        let first = self.types[id as usize] + 12;
+        (0..vlen as usize).find_map(|i| {
+            let m = first + 12 * i;
+            let (name_off, type_id, offset) = (self.u32_at(m), self.u32_at(m + 4), self.u32_at(m + 8));
+            let bits = base + if kind_flag { offset & 0xff_ffff } else { offset };
+            match self.name(name_off) {
+                n if n == member.as_bytes() => Some(bits),
+                [] => self.member_bit_offset(self.resolve(type_id)?, member, bits),
+                _ => None,
             }
-            _ => None,
+        })
+    }
+
+    /// `id` with typedefs and qualifiers stripped.
+    fn resolve(&self, mut id: u32) -> Option<u32> {
+        for _ in 0..32 {
+            let (kind, _, _, next) = self.header(id)?;
+            if !KIND_QUALIFIERS.contains(&kind) {
+                return Some(id);
+            }
+            id = next;
         }
-    })
+        None
+    }
 }
 
 /// The field offsets of one tracepoint, from its `format` file.
@@ -177,6 +304,82 @@ mod tests {
 \tfield:__u8 saddr_v6[16];\toffset:40;\tsize:16;\tsigned:0;\n\
 \nprint fmt: \"family=%s\"\n";
 
+    /// Raw BTF: `types` as (name, info, size/type, trailing words), and the string table.
+    fn raw_btf(types: &[(&str, u32, u32, &[u32])]) -> Vec<u8> {
+        let mut strings = vec![0u8];
+        let mut name_off = |n: &str| {
+            if n.is_empty() {
+                return 0;
+            }
+            let off = strings.len() as u32;
+            strings.extend_from_slice(n.as_bytes());
+            strings.push(0);
+            off
+        };
+        let mut body = Vec::new();
+        for (name, info, size, extra) in types {
+            for word in [name_off(name), *info, *size].iter().chain(extra.iter()) {
+                body.extend_from_slice(&word.to_ne_bytes());
+            }
+        }
+        let mut data = Vec::new();
+        data.extend_from_slice(&BTF_MAGIC.to_ne_bytes());
+        data.extend_from_slice(&[1, 0]);
+        for word in [
+            24u32,
+            0,
+            body.len() as u32,
+            body.len() as u32,
+            strings.len() as u32,
+        ] {
+            data.extend_from_slice(&word.to_ne_bytes());
+        }
+        data.extend_from_slice(&body);
+        data.extend_from_slice(&strings);
+        data
+    }
+
+    #[test]
+    fn reads_member_offsets_through_anonymous_members_and_typedefs() {
+        let strukt = |vlen: u32| KIND_STRUCT << 24 | vlen;
+        // Type names go into the string table in order, so member names can point at them:
+        // "int" 1, "inner" 5, "inner_t" 11, "outer" 19, "x" 25, "y" 27, "a" 29.
+        // 1: int; 2: struct inner { int x @32 bits }; 3: typedef inner_t -> 2;
+        // 4: union { inner_t (anonymous) @0; int y @0 }; 5: struct outer { int a @0;
+        // union (anonymous) @64 } with kind_flag (bit offsets in the low 24 bits).
+        let data = raw_btf(&[
+            ("int", 1 << 24, 4, &[32]),
+            ("inner", strukt(1), 8, &[25, 1, 32]),
+            ("inner_t", 8 << 24, 2, &[]),
+            ("", KIND_UNION << 24 | 2, 8, &[0, 3, 0, 27, 1, 0]),
+            ("outer", strukt(2) | 1 << 31, 16, &[29, 1, 0, 0, 4, 64 | 3 << 24]),
+            ("x", 1 << 24, 4, &[32]),
+            ("y", 1 << 24, 4, &[32]),
+            ("a", 1 << 24, 4, &[32]),
+        ]);
+        let btf = Btf::parse(data).expect("parse");
+        assert_eq!(btf.name(25), b"x");
+        assert_eq!(member_offset(&btf, "outer", "a").unwrap(), 0);
+        assert_eq!(
+            member_offset(&btf, "outer", "x").unwrap(),
+            (64 + 32) / 8,
+            "through the union and the typedef"
+        );
+        assert_eq!(member_offset(&btf, "outer", "y").unwrap(), 8);
+        assert!(matches!(
+            member_offset(&btf, "outer", "z"),
+            Err(Error::NoMember { .. })
+        ));
+        assert!(matches!(
+            member_offset(&btf, "inner_t", "x"),
+            Err(Error::NoStruct(_))
+        ));
+        assert_eq!(Btf::parse(vec![0; 24]).err(), Some("not BTF (bad magic)"));
+        let mut truncated = raw_btf(&[("int", 1 << 24, 4, &[32])]);
+        truncated.truncate(30);
+        assert!(Btf::parse(truncated).is_err());
+    }
+
     #[test]
     fn parses_format_files() {
         let f = TracepointFormat::parse("sock/inet_sock_set_state".into(), FORMAT);
@@ -194,6 +397,10 @@ mod tests {
     #[test]
     fn finds_offsets_in_this_kernels_btf() {
         let btf = Btf::from_file(VMLINUX_BTF).expect("this kernel has BTF");
+        // tcp_sock starts with inet_connection_sock, which starts with inet_sock: a member
+        // deep in it is beyond sock_common.
+        assert!(member_offset(&btf, "tcp_sock", "bytes_received").unwrap() > 1000);
+        assert!(member_offset(&btf, "net", "ns").is_ok());
         let skc_net = member_offset(&btf, "sock_common", "skc_net").unwrap();
         assert!(skc_net > 0 && skc_net < 136, "{skc_net}");
         // skc_daddr is the first member of an anonymous union at offset 0.

@@ -1,24 +1,37 @@
 //! Loads and attaches the kernel programs and owns their maps. Dropping [`Probes`] detaches
-//! every program (the links belong to the loaded object).
+//! every program (the links belong to the loaded objects).
+//!
+//! Two objects: the full programs (`ebpf/src/main.rs`) and, attached in front of them, the
+//! filter (`ebpf/src/filter.rs`, see `filter.rs` here) that tail-calls them for the endpoints'
+//! ports only. When the filter cannot be used (more than [`filter::PORT_SLOTS`] ports, or it
+//! fails to load), the full programs are attached directly: their own first test is a port
+//! bitmap in a map, a little more expensive per call.
 use std::collections::BTreeSet;
 
 use aya::{
-    maps::{lpm_trie::Key, LpmTrie, MapData, MapError, PerCpuArray, RingBuf},
-    programs::{ProgramError, TracePoint},
+    maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{trace_point::TracePointLinkId, ProgramError, ProgramFd, RawTracePoint, TracePoint},
     Ebpf, EbpfError, EbpfLoader,
 };
-use lifeline_common::{counter, EndpointKey, KernelOffsets, MAX_ENDPOINTS};
+use lifeline_common::{counter, EndpointKey, FailureKey, KernelOffsets, MAX_ENDPOINTS, PORT_WORDS};
 
+use super::filter::{self, Filter};
 use crate::endpoint::{Endpoint, EndpointSet};
 
-/// The object built from `ebpf/` by the build script.
+/// The objects built from `ebpf/` by the build script.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifeline"));
+pub(super) static FILTER_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifeline-filter"));
 
 /// The tracepoints lifeline attaches to: (program name, category, tracepoint).
 pub const TRACEPOINTS: [(&str, &str, &str); 2] = [
     ("inet_sock_set_state", "sock", "inet_sock_set_state"),
     ("tcp_retransmit_skb", "tcp", "tcp_retransmit_skb"),
 ];
+
+/// The raw tracepoint that remembers errors reported on connecting sockets (program and
+/// tracepoint share the name): optional, see [`Probes::load`].
+pub const ERROR_REPORT: &str = "inet_sk_error_report";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -41,36 +54,106 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Size of the event ring buffer. An event takes 120 bytes in it, so it holds ~35,000: a burst
+/// of 10,000 connects (two events each: connect, established) fits whole even while the
+/// pump is not scheduled. The kernel allocates it at load; pages the agent has read count in
+/// its RSS only once a burst has reached them.
+pub const RING_BYTES: u32 = 4 << 20;
+
 /// Counters kept by the kernel programs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelCounters {
     pub sent: u64,
     pub lost: u64,
+    /// Connects held back by a process's budget (sent later if they connected).
+    pub deferred: u64,
+    /// Held-back connects that failed, counted in the `FAILURES` map instead of sent.
+    pub aggregated: u64,
+}
+
+/// What the event pump reads from the kernel: the ring of events and the map of failed
+/// connects counted there.
+pub struct KernelFeed {
+    pub events: RingBuf<MapData>,
+    pub failures: PerCpuHashMap<MapData, FailureKey, u64>,
+}
+
+/// Loads and attaches [`ERROR_REPORT`] for the programs' lifetime.
+fn attach_error_report(ebpf: &mut Ebpf, offsets: &KernelOffsets) -> Result<()> {
+    let name = ERROR_REPORT;
+    if offsets.sk_buff_cb == 0 {
+        return Err(Error::Missing {
+            kind: "kernel BTF offset for",
+            name,
+        });
+    }
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(name)
+        .ok_or(Error::Missing {
+            kind: "program",
+            name,
+        })?
+        .try_into()
+        .map_err(|source| Error::Program { name, source })?;
+    program.load().map_err(|source| Error::Program { name, source })?;
+    program
+        .attach(name)
+        .map_err(|source| Error::Program { name, source })?;
+    Ok(())
+}
+
+/// How the full programs are reached.
+enum Attachment {
+    /// Nothing watched (no endpoint): nothing attached.
+    None,
+    /// Through the filter, which tail-calls them.
+    Filter(Filter),
+    /// Attached to the tracepoints themselves (link ids in [`TRACEPOINTS`] order).
+    Direct(Vec<TracePointLinkId>),
+}
+
+impl Attachment {
+    pub fn describe(&self) -> String {
+        match self {
+            Attachment::None => "nothing attached".into(),
+            Attachment::Filter(f) => format!("filter on ports {:?} in front", f.ports()),
+            Attachment::Direct(_) => "full programs attached directly".into(),
+        }
+    }
 }
 
 /// The loaded, attached programs and the maps userspace keeps using.
 pub struct Probes {
     // Field order: maps before the object, so they are released before the programs detach.
     endpoints: LpmTrie<MapData, EndpointKey, u8>,
+    ports: Array<MapData, u64>,
     counters: PerCpuArray<MapData, u64>,
     installed: BTreeSet<Endpoint>,
+    attachment: Attachment,
+    offsets: KernelOffsets,
     _logger_task: Option<tokio::task::JoinHandle<()>>,
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
 }
 
 impl Probes {
-    /// Loads the programs with this kernel's offsets and attaches them. Returns the event ring.
-    /// Must be called inside a tokio runtime (kernel log messages are forwarded by a task).
-    pub fn load(offsets: &KernelOffsets) -> Result<(Self, RingBuf<MapData>)> {
+    /// Loads the programs with this kernel's offsets; they are attached by
+    /// [`set_endpoints`](Self::set_endpoints). Returns what the event pump reads. Must be called
+    /// inside a tokio runtime (kernel log messages are forwarded by a task).
+    pub fn load(offsets: &KernelOffsets) -> Result<(Self, KernelFeed)> {
         if EBPF_OBJECT.is_empty() {
             return Err(Error::NoObject);
         }
+        // No kernel BTF for the loader: the programs use no CO-RE relocation (offsets come in
+        // through OFFSETS) and attach to plain tracepoints, and parsing vmlinux BTF costs
+        // ~100 ms and several MiB of heap that glibc keeps.
         let mut ebpf = EbpfLoader::new()
+            .btf(None)
             .override_global("OFFSETS", offsets, true)
+            .map_max_entries("EVENTS", RING_BYTES)
             .load(EBPF_OBJECT)
             .map_err(Error::Load)?;
         let logger_task = forward_kernel_logs(&mut ebpf);
-        for (name, category, tracepoint) in TRACEPOINTS {
+        for (name, _, _) in TRACEPOINTS {
             let program: &mut TracePoint = ebpf
                 .program_mut(name)
                 .ok_or(Error::Missing {
@@ -80,27 +163,132 @@ impl Probes {
                 .try_into()
                 .map_err(|source| Error::Program { name, source })?;
             program.load().map_err(|source| Error::Program { name, source })?;
-            program
-                .attach(category, tracepoint)
-                .map_err(|source| Error::Program { name, source })?;
+        }
+        // Rare events (socket errors) that only tell the reason of a failed connect: without it
+        // an ICMP unreachable that the process read before closing is reported as a timeout.
+        if let Err(err) = attach_error_report(&mut ebpf, offsets) {
+            tracing::warn!(
+                "{}; failed connects ended by an ICMP error the process read first are counted as reason \"timeout\", not \"unreachable\"",
+                crate::chain(&err)
+            );
         }
         let endpoints = take_map(&mut ebpf, "ENDPOINTS", LpmTrie::try_from)?;
+        let ports = take_map(&mut ebpf, "WATCHED_PORTS", Array::try_from)?;
         let counters = take_map(&mut ebpf, "COUNTERS", PerCpuArray::try_from)?;
         let events = take_map(&mut ebpf, "EVENTS", RingBuf::try_from)?;
+        let failures = take_map(&mut ebpf, "FAILURES", PerCpuHashMap::try_from)?;
         let probes = Self {
             endpoints,
+            ports,
             counters,
             installed: BTreeSet::new(),
+            attachment: Attachment::None,
+            offsets: *offsets,
             _logger_task: logger_task,
-            _ebpf: ebpf,
+            ebpf,
         };
-        Ok((probes, events))
+        Ok((probes, KernelFeed { events, failures }))
     }
 
-    /// Makes the kernel's endpoint map equal to `set`: removes what is gone, then adds what is
-    /// new. All or nothing: a set larger than the map is refused before the map is touched, and
-    /// if the kernel refuses a change midway, the changes made so far are undone, so the map
-    /// still holds the previous set.
+    /// How the programs are attached now (for logs and `lifeline check`).
+    pub fn attachment(&self) -> String {
+        self.attachment.describe()
+    }
+
+    /// Attaches the programs the way `ports` allows: the filter in front when it can hold
+    /// them, else the full programs directly; nothing when there is no port. A new attachment
+    /// goes in before the old one comes out, so no event is missed in between.
+    fn attach_for(&mut self, ports: &BTreeSet<u16>) -> Result<()> {
+        let current = match &self.attachment {
+            Attachment::Filter(f) => Some(f.ports()),
+            _ => None,
+        };
+        if current == Some(ports) || (ports.is_empty() && matches!(self.attachment, Attachment::None)) {
+            return Ok(());
+        }
+        let next = if ports.is_empty() {
+            Attachment::None
+        } else {
+            match self.load_filter(ports) {
+                Ok(f) => Attachment::Filter(f),
+                Err(err) => {
+                    if ports.len() <= filter::PORT_SLOTS {
+                        tracing::warn!(
+                            "the port filter is not usable ({}); attaching the full programs directly",
+                            crate::chain(&err)
+                        );
+                    }
+                    match &self.attachment {
+                        Attachment::Direct(_) => return Ok(()),
+                        _ => Attachment::Direct(self.attach_direct()?),
+                    }
+                }
+            }
+        };
+        let old = std::mem::replace(&mut self.attachment, next);
+        if let Attachment::Direct(links) = old {
+            self.detach_direct(links)?;
+        }
+        tracing::info!("kernel programs: {}", self.attachment.describe());
+        Ok(())
+    }
+
+    fn load_filter(&self, ports: &BTreeSet<u16>) -> Result<Filter, filter::Error> {
+        let fd = |name: &'static str| -> Result<&ProgramFd, filter::Error> {
+            let program = self
+                .ebpf
+                .program(name)
+                .ok_or(filter::Error::Elf("a full program is missing"))?;
+            program
+                .fd()
+                .map_err(|source| filter::Error::Program { name, source })
+        };
+        let offsets = [self.offsets.set_state.dport, self.offsets.retransmit.dport];
+        Filter::attach(
+            FILTER_OBJECT,
+            offsets,
+            ports,
+            [fd(TRACEPOINTS[0].0)?, fd(TRACEPOINTS[1].0)?],
+        )
+    }
+
+    fn tracepoint(&mut self, name: &'static str) -> Result<&mut TracePoint> {
+        self.ebpf
+            .program_mut(name)
+            .ok_or(Error::Missing {
+                kind: "program",
+                name,
+            })?
+            .try_into()
+            .map_err(|source| Error::Program { name, source })
+    }
+
+    fn attach_direct(&mut self) -> Result<Vec<TracePointLinkId>> {
+        TRACEPOINTS
+            .iter()
+            .map(|(name, category, tracepoint)| {
+                self.tracepoint(name)?
+                    .attach(category, tracepoint)
+                    .map_err(|source| Error::Program { name, source })
+            })
+            .collect()
+    }
+
+    fn detach_direct(&mut self, links: Vec<TracePointLinkId>) -> Result<()> {
+        for ((name, _, _), link) in TRACEPOINTS.iter().zip(links) {
+            self.tracepoint(name)?
+                .detach(link)
+                .map_err(|source| Error::Program { name, source })?;
+        }
+        Ok(())
+    }
+
+    /// Makes the kernel's endpoint map equal to `set`: removes what is gone, adds what is new,
+    /// then updates the port bitmap and the attachment. All or nothing for the map: a set
+    /// larger than the map is refused before the map is touched, and if the kernel refuses a
+    /// change midway, the changes made so far are undone, so the map still holds the previous
+    /// set. (A port bit without an address only sends the programs to an LPM lookup that
+    /// fails.)
     pub fn set_endpoints(&mut self, set: &EndpointSet) -> Result<()> {
         let wanted: BTreeSet<Endpoint> = set.iter().map(|(e, _)| *e).collect();
         if wanted.len() > MAX_ENDPOINTS as usize {
@@ -139,8 +327,21 @@ impl Probes {
             }
             return Err(err);
         }
+        let old_ports = port_bitmap(&self.installed);
+        let new_ports = port_bitmap(&wanted);
+        let port_set: BTreeSet<u16> = wanted.iter().map(|e| e.port).collect();
         self.installed = wanted;
-        Ok(())
+        for (index, (old, new)) in old_ports.iter().zip(&new_ports).enumerate() {
+            if old != new {
+                self.ports
+                    .set(index as u32, new, 0)
+                    .map_err(|source| Error::Map {
+                        name: "WATCHED_PORTS",
+                        source,
+                    })?;
+            }
+        }
+        self.attach_for(&port_set)
     }
 
     /// Endpoints in the kernel map now.
@@ -187,8 +388,19 @@ impl Probes {
         Ok(KernelCounters {
             sent: sum(counter::SENT)?,
             lost: sum(counter::LOST)?,
+            deferred: sum(counter::DEFERRED)?,
+            aggregated: sum(counter::AGGREGATED)?,
         })
     }
+}
+
+/// The `WATCHED_PORTS` words for a set of endpoints.
+pub fn port_bitmap<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> Vec<u64> {
+    let mut words = vec![0u64; PORT_WORDS as usize];
+    for e in endpoints {
+        words[usize::from(e.port / 64)] |= 1 << (e.port % 64);
+    }
+    words
 }
 
 fn take_map<M>(

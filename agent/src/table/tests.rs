@@ -426,6 +426,92 @@ fn a_headers_only_answer_is_an_answer_and_keepalive_acks_are_not() {
     assert_eq!(lab.table.connections().next().unwrap().waiting_since, None);
 }
 
+/// Adds a data record of `bytes` in (`inbound`) or out, `ms_ago` before the sample.
+fn record(tcp: &mut TcpInfo, inbound: bool, bytes: u64, ms_ago: u32) {
+    if inbound {
+        tcp.bytes_received += bytes;
+        tcp.data_segs_in += 1;
+        tcp.last_data_recv_ms = ms_ago;
+    } else {
+        tcp.bytes_sent += bytes;
+        tcp.data_segs_out += 1;
+        tcp.last_data_sent_ms = ms_ago;
+    }
+}
+
+fn waiting(lab: &Lab) -> Option<Instant> {
+    lab.table.connections().next().unwrap().waiting()
+}
+
+#[test]
+fn small_requests_nothing_answers_are_a_wait_pings_answered_are_not() {
+    // A standby controller behind a gateway with a dead upstream: its lease GET, repeated, is
+    // ~41 bytes once HPACK indexed everything; it times out after 10 s, cancels (RST_STREAM,
+    // 35 bytes) and asks again; its PINGs are answered by the gateway.
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    // Healthy first: GET (41) answered by HEADERS + DATA (300).
+    for s in [3, 5, 7] {
+        record(&mut tcp, false, 41, 300);
+        record(&mut tcp, true, 300, 290);
+        lab.sample(s * 1000, 40000, tcp);
+        assert_eq!(waiting(&lab), None, "answered at {s} s");
+    }
+    // The upstream dies: GET at 9.7 s, nothing back.
+    record(&mut tcp, false, 41, 300);
+    lab.sample(10_000, 40000, tcp);
+    lab.sample(11_000, 40000, tcp);
+    assert_eq!(
+        waiting(&lab),
+        None,
+        "one unanswered small record could be anything"
+    );
+    // A PING and its ack at 15 s: followed.
+    record(&mut tcp, false, 39, 500);
+    record(&mut tcp, true, 39, 499);
+    lab.sample(16_000, 40000, tcp);
+    assert_eq!(waiting(&lab), None);
+    // The cancel and the retry at 19.7 s: nothing follows.
+    record(&mut tcp, false, 35, 301);
+    record(&mut tcp, false, 41, 300);
+    lab.sample(20_000, 40000, tcp);
+    lab.sample(21_000, 40000, tcp);
+    assert_eq!(
+        waiting(&lab),
+        Some(lab.at(9700)),
+        "waiting since the first unanswered GET"
+    );
+    // An answer at last (a 503 from the gateway, say): the wait is over.
+    record(&mut tcp, true, 200, 100);
+    lab.sample(22_000, 40000, tcp);
+    assert_eq!(waiting(&lab), None);
+}
+
+#[test]
+fn a_quiet_informer_with_pings_and_window_updates_never_waits() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    for k in 1..=20u64 {
+        let at = k * 30_000;
+        // PING, its ack a sample later sometimes.
+        record(&mut tcp, false, 39, 999);
+        lab.sample(at, 40000, tcp);
+        record(&mut tcp, true, 39, 998);
+        lab.sample(at + 1000, 40000, tcp);
+        // A watch event now and then, and the WINDOW_UPDATE that follows it.
+        if k % 5 == 0 {
+            record(&mut tcp, true, 600, 500);
+            record(&mut tcp, false, 35, 480);
+            lab.sample(at + 2000, 40000, tcp);
+        }
+        assert_eq!(waiting(&lab), None, "at {at} ms");
+    }
+}
+
 #[test]
 fn streaming_an_upload_is_not_waiting() {
     let mut lab = Lab::new();

@@ -1,0 +1,464 @@
+//! The event pump: kernel events → connection table, on a thread of its own.
+//!
+//! It never runs on the tokio runtime that serves `/healthz`: under any event rate the HTTP
+//! side keeps its two worker threads. Events are taken from the ring in batches of up to
+//! [`BATCH`]: decoded and their owners resolved without the table lock, then applied under one
+//! lock, so the sampler and the HTTP handlers wait at most one batch. Owners are cached for
+//! [`OWNER_TTL`], so a process that opens 10,000 connections costs one `/proc` read, not
+//! 10,000.
+//!
+//! Once a second it also reads the connect failures the kernel aggregated for processes over
+//! their event budget (see `lifeline_common::CONNECT_BUDGET`) and the kernel's counters, which
+//! it publishes in [`KernelStats`] (the sampler rescans when `lost` grows).
+use std::{
+    collections::HashMap,
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::fd::AsRawFd,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{MapData, PerCpuHashMap, RingBuf};
+use lifeline_common::{FailureKey, AF_INET, AF_INET6};
+
+use super::{
+    events::{self, Change, KernelEvent, MonotonicClock},
+    programs::{KernelCounters, KernelFeed, Probes},
+};
+use crate::{
+    cluster::Cluster,
+    metrics::Metrics,
+    process::{ProcessInfo, Procfs},
+    sampler::SharedTable,
+    table::{Applied, FailureReason},
+    workers::Refresher,
+};
+
+/// Most events applied under one lock of the table.
+pub const BATCH: usize = 1024;
+/// How long a resolved owner (or the absence of one) is reused.
+pub const OWNER_TTL: Duration = Duration::from_secs(1);
+/// Owners cached at most (processes that connected within [`OWNER_TTL`]).
+const OWNER_CACHE_MAX: usize = 4096;
+/// How often aggregated failures and counters are read (and the stop flag checked when no
+/// event comes).
+pub const TICK: Duration = Duration::from_secs(1);
+
+/// The kernel's counters as the pump last read them.
+#[derive(Debug, Default)]
+pub struct KernelStats {
+    sent: AtomicU64,
+    lost: AtomicU64,
+    deferred: AtomicU64,
+    aggregated: AtomicU64,
+}
+
+impl KernelStats {
+    pub fn get(&self) -> KernelCounters {
+        KernelCounters {
+            sent: self.sent.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+            deferred: self.deferred.load(Ordering::Relaxed),
+            aggregated: self.aggregated.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn set(&self, c: KernelCounters) {
+        self.sent.store(c.sent, Ordering::Relaxed);
+        self.lost.store(c.lost, Ordering::Relaxed);
+        self.deferred.store(c.deferred, Ordering::Relaxed);
+        self.aggregated.store(c.aggregated, Ordering::Relaxed);
+    }
+}
+
+/// What the pump writes to and reads from besides the kernel.
+pub struct PumpContext {
+    pub table: SharedTable,
+    pub metrics: Arc<Metrics>,
+    pub procfs: Procfs,
+    pub cluster: Option<Cluster>,
+    pub probes: Arc<Mutex<Probes>>,
+    pub stats: Arc<KernelStats>,
+    /// Told after every drain that changed the table, so clients are judged at once.
+    pub refresher: Refresher,
+}
+
+/// The running pump; dropping it stops the thread (within [`TICK`]).
+pub struct Pump {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Pump {
+    pub fn spawn(feed: KernelFeed, ctx: PumpContext) -> io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = Worker {
+            clock: MonotonicClock::new(),
+            owners: OwnerCache::new(ctx.procfs.clone()),
+            failures_seen: HashMap::new(),
+            stop: stop.clone(),
+            feed,
+            ctx,
+        };
+        let thread = std::thread::Builder::new()
+            .name("event-pump".into())
+            .spawn(move || worker.run())?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Pump {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Worker {
+    clock: MonotonicClock,
+    owners: OwnerCache,
+    /// Last value read of every `FAILURES` entry (the kernel's counts only grow).
+    failures_seen: HashMap<FailureKey, u64>,
+    stop: Arc<AtomicBool>,
+    feed: KernelFeed,
+    ctx: PumpContext,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut next_tick = Instant::now() + TICK;
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now >= next_tick {
+                // Events first: a process's first connects (sent) teach the table the process
+                // before its aggregated failures are recorded.
+                self.drain();
+                self.tick(now);
+                next_tick = now + TICK;
+            }
+            let wait = next_tick.saturating_duration_since(now);
+            match wait_readable(&self.feed.events, wait) {
+                Ok(true) => self.drain(),
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::error!("waiting for kernel events: {err}");
+                    std::thread::sleep(TICK);
+                }
+            }
+        }
+    }
+
+    /// Applies everything in the ring, one batch per table lock.
+    fn drain(&mut self) {
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut applied = false;
+        loop {
+            batch.clear();
+            take_batch(&mut self.feed.events, &self.clock, &mut batch);
+            if batch.is_empty() {
+                break;
+            }
+            self.apply(&batch);
+            applied = true;
+        }
+        if applied {
+            self.ctx.refresher.request();
+        }
+    }
+
+    fn apply(&mut self, batch: &[KernelEvent]) {
+        let now = Instant::now();
+        let owners: Vec<Option<ProcessInfo>> = batch
+            .iter()
+            .map(|ev| ev.owner_tgid.and_then(|tgid| self.owners.get(tgid, now)))
+            .collect();
+        let mut counted = Vec::new();
+        let mut retransmits = 0;
+        {
+            let mut table = self.ctx.table.lock().unwrap_or_else(PoisonError::into_inner);
+            for (ev, owner) in batch.iter().zip(owners) {
+                retransmits += u64::from(matches!(ev.change, Change::Retransmit { .. }));
+                let (pid, endpoint, reason) = match table.apply_event(ev, owner) {
+                    Some(Applied::Retransmit {
+                        pid: Some(pid),
+                        endpoint,
+                    }) => (pid, endpoint, None),
+                    Some(Applied::ConnectFailed {
+                        pid,
+                        endpoint,
+                        reason,
+                    }) => (pid, endpoint, Some(reason)),
+                    Some(Applied::Retransmit { pid: None, .. }) | None => continue,
+                };
+                if let Some(p) = table.process(pid) {
+                    counted.push((self.labels(&p.info), endpoint, reason));
+                }
+            }
+        }
+        let m = &self.ctx.metrics;
+        m.ebpf_events
+            .with_label_values(&["state_change"])
+            .inc_by(batch.len() as u64 - retransmits);
+        if retransmits > 0 {
+            m.ebpf_events
+                .with_label_values(&["retransmit"])
+                .inc_by(retransmits);
+        }
+        for (labels, endpoint, reason) in counted {
+            match reason {
+                None => m.count_retransmit(&labels, &endpoint.to_string()),
+                Some(reason) => m.count_connect_failure(&labels, &endpoint.to_string(), reason.as_str()),
+            }
+        }
+    }
+
+    /// Once a second: failures the kernel aggregated, and its counters.
+    fn tick(&mut self, now: Instant) {
+        match read_failures(&self.feed.failures, &mut self.failures_seen) {
+            Ok(fresh) if !fresh.is_empty() => self.record_failures(&fresh, now),
+            Ok(_) => {}
+            Err(err) => tracing::warn!("reading aggregated connect failures: {err}"),
+        }
+        match self
+            .ctx
+            .probes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .counters()
+        {
+            Ok(c) => {
+                let lost = c.lost.saturating_sub(self.ctx.stats.get().lost);
+                if lost > 0 {
+                    self.ctx.metrics.ebpf_events_lost.inc_by(lost);
+                    tracing::warn!(
+                        lost,
+                        "the kernel lost events (ring buffer full); the sampler rescans to heal the table"
+                    );
+                }
+                self.ctx.stats.set(c)
+            }
+            Err(err) => tracing::warn!("reading kernel counters: {err}"),
+        }
+    }
+
+    /// Hands the failures counted in the kernel to the table and the metrics. Those of a
+    /// process the table does not know (it exited before its first connect event was applied)
+    /// are dropped with it.
+    fn record_failures(&mut self, fresh: &[(FailureKey, u64)], now: Instant) {
+        let mut counted = Vec::new();
+        {
+            let mut table = self.ctx.table.lock().unwrap_or_else(PoisonError::into_inner);
+            for (key, count) in fresh {
+                let Some(endpoint) = table.endpoints().matching(failure_remote(key)) else {
+                    continue;
+                };
+                // The kernel aggregates only connects that ended (sk_err set, or given up on).
+                let reason = FailureReason::from_errno(key.sk_err as i32, true);
+                let count = u32::try_from(*count).unwrap_or(u32::MAX);
+                table.record_connect_failures(key.tgid, endpoint, reason, count, now);
+                if let Some(p) = table.process(key.tgid) {
+                    counted.push((self.labels(&p.info), endpoint, reason, count));
+                }
+            }
+        }
+        for (labels, endpoint, reason, count) in counted {
+            self.ctx
+                .metrics
+                .count_connect_failures(&labels, &endpoint.to_string(), reason.as_str(), count);
+        }
+    }
+
+    /// Metric labels of a process: namespace, pod, container (empty outside Kubernetes), comm.
+    fn labels(&self, info: &ProcessInfo) -> [String; 4] {
+        match crate::workers::pod_of(self.ctx.cluster.as_ref(), info) {
+            Some(p) => [p.namespace, p.pod, p.container, info.comm.clone()],
+            None => [String::new(), String::new(), String::new(), info.comm.clone()],
+        }
+    }
+}
+
+/// Decodes up to [`BATCH`] events from the ring into `batch`.
+fn take_batch(ring: &mut RingBuf<MapData>, clock: &MonotonicClock, batch: &mut Vec<KernelEvent>) {
+    while batch.len() < BATCH {
+        let Some(item) = ring.next() else { return };
+        let decoded = events::decode(&item, clock);
+        drop(item);
+        match decoded {
+            Ok(ev) => batch.push(ev),
+            Err(err) => tracing::warn!("dropping a kernel event: {err}"),
+        }
+    }
+}
+
+/// Waits until the ring has data or `timeout` passes; true when it has data.
+fn wait_readable(ring: &RingBuf<MapData>, timeout: Duration) -> io::Result<bool> {
+    let mut fd = libc::pollfd {
+        fd: ring.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd for the duration of the call.
+    match unsafe { libc::poll(&mut fd, 1, ms) } {
+        n if n > 0 => Ok(true),
+        0 => Ok(false),
+        _ => {
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted => Ok(false),
+                _ => Err(err),
+            }
+        }
+    }
+}
+
+/// The counts that grew since the last read, as `(key, growth)`; `seen` becomes the current
+/// values (entries the kernel evicted are forgotten, so `seen` stays as small as the map).
+fn read_failures(
+    map: &PerCpuHashMap<MapData, FailureKey, u64>,
+    seen: &mut HashMap<FailureKey, u64>,
+) -> Result<Vec<(FailureKey, u64)>, aya::maps::MapError> {
+    let mut current = HashMap::with_capacity(seen.len());
+    for entry in map.iter() {
+        let (key, per_cpu) = entry?;
+        current.insert(key, per_cpu.iter().sum());
+    }
+    let fresh = growth(seen, &current);
+    *seen = current;
+    Ok(fresh)
+}
+
+/// What each count grew by from `before` to `after`. A count below its old value was evicted
+/// and started again: all of it is new.
+fn growth(before: &HashMap<FailureKey, u64>, after: &HashMap<FailureKey, u64>) -> Vec<(FailureKey, u64)> {
+    after
+        .iter()
+        .filter_map(|(key, &now)| {
+            let old = before.get(key).copied().unwrap_or(0);
+            let grew = if now >= old { now - old } else { now };
+            (grew > 0).then_some((*key, grew))
+        })
+        .collect()
+}
+
+/// The destination of an aggregated failure, in the socket's own form (like events).
+fn failure_remote(key: &FailureKey) -> SocketAddr {
+    let ip = match key.family {
+        AF_INET => IpAddr::V4(Ipv4Addr::new(
+            key.daddr[0],
+            key.daddr[1],
+            key.daddr[2],
+            key.daddr[3],
+        )),
+        AF_INET6 => IpAddr::V6(Ipv6Addr::from(key.daddr)),
+        _ => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    SocketAddr::new(ip, key.dport)
+}
+
+/// Resolved owners by tgid, each reused for [`OWNER_TTL`].
+struct OwnerCache {
+    procfs: Procfs,
+    cache: HashMap<u32, (Instant, Option<ProcessInfo>)>,
+}
+
+impl OwnerCache {
+    fn new(procfs: Procfs) -> Self {
+        Self {
+            procfs,
+            cache: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, tgid: u32, now: Instant) -> Option<ProcessInfo> {
+        if let Some((at, info)) = self.cache.get(&tgid) {
+            if now.duration_since(*at) < OWNER_TTL {
+                return info.clone();
+            }
+        }
+        let info = self.procfs.process(tgid).ok();
+        if self.cache.len() >= OWNER_CACHE_MAX {
+            self.cache
+                .retain(|_, (at, _)| now.duration_since(*at) < OWNER_TTL);
+        }
+        if self.cache.len() < OWNER_CACHE_MAX {
+            self.cache.insert(tgid, (now, info.clone()));
+        }
+        info
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(tgid: u32, sk_err: i32) -> FailureKey {
+        let mut daddr = [0; 16];
+        daddr[..4].copy_from_slice(&[10, 96, 0, 1]);
+        FailureKey {
+            tgid,
+            netns: 1,
+            sk_err: sk_err as u32,
+            family: AF_INET,
+            dport: 443,
+            daddr,
+        }
+    }
+
+    #[test]
+    fn growth_counts_only_what_is_new() {
+        let a = key(1, libc::ECONNREFUSED);
+        let b = key(2, libc::ETIMEDOUT);
+        let c = key(3, libc::ECONNREFUSED);
+        let before = HashMap::from([(a, 10), (b, 5)]);
+        let after = HashMap::from([(a, 25), (b, 5), (c, 3)]);
+        let mut grew = growth(&before, &after);
+        grew.sort_by_key(|(k, _)| k.tgid);
+        assert_eq!(grew, vec![(a, 15), (c, 3)], "b did not grow; c is new");
+        // Evicted and started again: a count below the old one is all new.
+        let restarted = HashMap::from([(a, 4)]);
+        assert_eq!(growth(&after, &restarted), vec![(a, 4)]);
+    }
+
+    #[test]
+    fn failure_destination_keeps_the_socket_family() {
+        assert_eq!(
+            failure_remote(&key(1, 0)),
+            "10.96.0.1:443".parse::<SocketAddr>().unwrap()
+        );
+        let mut mapped = key(1, 0);
+        mapped.family = AF_INET6;
+        mapped.daddr = Ipv4Addr::new(10, 96, 0, 1).to_ipv6_mapped().octets();
+        assert_eq!(
+            failure_remote(&mapped),
+            "[::ffff:10.96.0.1]:443".parse::<SocketAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn owners_are_cached_for_their_ttl() {
+        let me = std::process::id();
+        let mut cache = OwnerCache::new(Procfs::default());
+        let t0 = Instant::now();
+        let first = cache.get(me, t0).expect("own process");
+        assert_eq!(first.pid, me);
+        // A cached entry is returned without reading /proc: a fake one proves it.
+        cache.cache.insert(me, (t0, None));
+        assert_eq!(cache.get(me, t0 + OWNER_TTL / 2), None);
+        assert_eq!(
+            cache.get(me, t0 + OWNER_TTL).map(|p| p.pid),
+            Some(me),
+            "expired: read again"
+        );
+    }
+}
