@@ -16,7 +16,6 @@
 //! threshold plus the 2 s the issue allows. A test collects every failed expectation of its
 //! case before failing, so one run shows all of them.
 use std::{
-    fmt::Write as _,
     net::SocketAddr,
     thread,
     time::{Duration, Instant, SystemTime},
@@ -25,6 +24,7 @@ use std::{
 use lifeline_integration::{
     real_cluster::{
         clients::{self, Kind, RealClient},
+        findings::Findings,
         image::Image,
         in_cluster_kubeconfig,
         monitor::{Monitor, Sighting},
@@ -48,34 +48,6 @@ const SOAK: Duration = Duration::from_secs(600);
 const JUDGED_TIMEOUT: Duration = Duration::from_secs(60);
 /// Its node name (the agent's `--node-name` and the alerts' `node` label).
 const NODE: &str = "lifeline-node";
-
-/// Failed expectations of one case, reported together.
-#[derive(Default)]
-struct Findings(Vec<String>);
-
-impl Findings {
-    fn add(&mut self, what: impl Into<String>) {
-        let what = what.into();
-        eprintln!("FINDING: {what}");
-        self.0.push(what);
-    }
-
-    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
-        if !ok {
-            self.add(what());
-        }
-    }
-
-    fn assert_none(self, case: &str) {
-        if !self.0.is_empty() {
-            let mut text = format!("{case}: {} failed expectation(s):\n", self.0.len());
-            for (i, f) in self.0.iter().enumerate() {
-                let _ = writeln!(text, "{}. {f}", i + 1);
-            }
-            panic!("{text}");
-        }
-    }
-}
 
 /// One client the tier expects the agent to list: a component or a real client.
 #[derive(Clone, Debug)]

@@ -45,6 +45,7 @@ const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 const MEDIA_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 
 /// What `cargo xtask image` was asked for.
+#[derive(Default)]
 pub struct Options {
     pub out: Option<PathBuf>,
     /// Image names (`repo:tag`); default `localhost/lifeline:<version>`.
@@ -55,7 +56,8 @@ pub struct Options {
     pub verify: bool,
 }
 
-pub fn image(options: Options) -> Result {
+/// Builds the image; returns where the archive was written.
+pub fn image(options: Options) -> Result<PathBuf> {
     let target = host_target()?;
     let arch = oci_arch(&target)?;
     if !options.no_build {
@@ -123,7 +125,7 @@ pub fn image(options: Options) -> Result {
     if options.verify {
         verify(&out, &names[0], &version, &revision)?;
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Where the layer's files are also written, for `Containerfile` (docker/podman/buildah).

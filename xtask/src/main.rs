@@ -1,12 +1,14 @@
-//! Project tasks: `cargo xtask setup | test | bench | image | demo`.
+//! Project tasks: `cargo xtask setup | test | bench | image | e2e | demo`.
 //!
 //! - `setup`: makes a fresh machine of this kind ready (idempotent): apt packages the suites
 //!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
 //! - `test`: the whole test command of the README and CI: format and lint checks, unit tests
-//!   (root ones included), then the root integration suites with the real eBPF programs.
+//!   (root ones included), then the root integration suites with the real eBPF programs, and
+//!   last the end-to-end test (`e2e`).
 //! - `bench`: what the agent costs, in figures measured in one run (written to
 //!   `docs/benchmarks.md`).
 //! - `image`: the agent's OCI image archive, built without a container engine.
+//! - `e2e`: the image installed with `deploy/` on a real single-node cluster, and checked there.
 //! - `demo`: setup, build, a small self-contained topology (an "apiserver" in a network
 //!   namespace and client processes), and the agent showing its table until Ctrl-C.
 use std::{
@@ -20,6 +22,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod deploy;
+mod e2e;
 mod image;
 mod kubernetes;
 mod setup;
@@ -35,12 +38,12 @@ struct Cli {
 enum Task {
     /// Install every prerequisite (idempotent; run as root).
     Setup,
-    /// fmt + clippy + unit tests + root integration suites (as root).
+    /// fmt + clippy + unit tests + root integration suites + the end-to-end test (as root).
     Test {
         /// Skip the fmt and clippy checks.
         #[arg(long)]
         no_lint: bool,
-        /// Only run suites whose name contains this.
+        /// Only run suites whose name contains this (`e2e` for the end-to-end test).
         #[arg(long)]
         suite: Option<String>,
     },
@@ -67,6 +70,9 @@ enum Task {
         #[arg(long)]
         verify: bool,
     },
+    /// The image installed with deploy/ on a real single-node Kubernetes 1.20 cluster built on
+    /// this machine, and checked there (as root; builds the image first).
+    E2e,
     /// Set up, build, and run the agent against a self-contained demo topology.
     Demo {
         /// Skip `setup`.
@@ -183,7 +189,8 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "--",
         "--include-ignored",
     ]))?;
-    for name in SUITES.iter().filter(|n| suite.is_none_or(|s| n.contains(s))) {
+    let chosen = |name: &str| suite.is_none_or(|s| name.contains(s));
+    for name in SUITES.iter().filter(|n| chosen(n)) {
         run(cargo().args([
             "test",
             "-p",
@@ -194,8 +201,15 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
             "--test-threads=2",
         ]))?;
     }
+    // Last: the image built and installed on a real node.
+    if chosen(E2E) {
+        e2e::e2e()?;
+    }
     Ok(())
 }
+
+/// The end-to-end suite's name (`tests/e2e.rs`), run by [`e2e::e2e`] after [`SUITES`].
+const E2E: &str = "e2e";
 
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
@@ -204,6 +218,7 @@ fn main() -> ExitCode {
         Task::Demo { no_setup, seconds } => demo::demo(no_setup, seconds),
         Task::Bench => bench::bench(),
         Task::CheckDeploy => deploy::check(),
+        Task::E2e => e2e::e2e(),
         Task::Image {
             out,
             names,
@@ -214,7 +229,8 @@ fn main() -> ExitCode {
             names,
             no_build,
             verify,
-        }),
+        })
+        .map(|_| ()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -151,7 +151,9 @@ fn kubectl_1_20() -> Result {
     Ok(())
 }
 
-fn tracefs() -> Result {
+/// tracefs at /sys/kernel/tracing (the agent's tracepoints; the DaemonSet mounts it from the
+/// host).
+pub fn tracefs() -> Result {
     if Path::new("/sys/kernel/tracing/events/sock").exists() {
         return Ok(());
     }

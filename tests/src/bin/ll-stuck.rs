@@ -237,11 +237,7 @@ async fn use_one_connection(args: &Args, config: &kube::Config) -> Result<Infall
             "https://{}",
             uri.authority().ok_or("no authority in the server URL")?
         ),
-        token: config
-            .auth_info
-            .token
-            .as_ref()
-            .map(|t| t.expose_secret().to_string()),
+        token: bearer_token(&config.auth_info)?,
     };
     let mut rv = None;
     loop {
@@ -256,6 +252,20 @@ async fn use_one_connection(args: &Args, config: &kube::Config) -> Result<Infall
             }
             WatchEnd::Expired => eprintln!("ll-stuck: resourceVersion expired; listing again"),
         }
+    }
+}
+
+/// The kubeconfig user's bearer token: `token`, else the contents of `tokenFile` (as in a pod,
+/// where the kubelet mounts the service account's token), read once, at the one dial.
+fn bearer_token(user: &kube::config::AuthInfo) -> Result<Option<String>, String> {
+    if let Some(token) = &user.token {
+        return Ok(Some(token.expose_secret().to_string()));
+    }
+    match &user.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map(|t| Some(t.trim().to_owned()))
+            .map_err(|e| format!("tokenFile {path}: {e}")),
+        None => Ok(None),
     }
 }
 

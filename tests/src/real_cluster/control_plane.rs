@@ -24,6 +24,19 @@ use crate::{free_port, wait_until};
 /// The service range: the `kubernetes` Service gets its first address, 10.96.0.1.
 const SERVICE_CIDR: &str = "10.96.0.0/12";
 const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
+/// What [`Options::audit`] records: pods created and deleted, evictions created (Metadata
+/// level: who, what, the answer), once the request completed; nothing else.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+  - level: Metadata
+    verbs: [create, delete, deletecollection]
+    resources:
+      - group: \"\"
+        resources: [pods, pods/eviction]
+  - level: None
+";
 /// How long the apiserver gets to become ready (measured here: 4–6 s).
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a SIGTERMed apiserver may take to exit: its 60 s request timeout for open watches,
@@ -93,6 +106,9 @@ pub struct Options {
     /// kube-proxy's `clusterCIDR` (the pod network, when a node runs pods; without it
     /// kube-proxy masquerades nothing, which a single node does not need).
     pub cluster_cidr: Option<String>,
+    /// Whether the apiserver writes an audit log of pod creations, deletions and evictions
+    /// ([`ControlPlane::audit_events`]): who evicted or deleted which pod, through which API.
+    pub audit: bool,
 }
 
 impl Default for Options {
@@ -105,6 +121,7 @@ impl Default for Options {
             kube_proxy_server: None,
             kube_proxy: true,
             cluster_cidr: None,
+            audit: false,
         }
     }
 }
@@ -560,6 +577,26 @@ impl ControlPlane {
             csv.push_str(&format!("{},{name},{name},\"{groups}\"\n", self.token(user)));
         }
         fs::write(self.dir.0.join("tokens.csv"), csv).expect("write tokens.csv");
+        if self.options.audit {
+            fs::write(self.dir.0.join("audit-policy.yaml"), AUDIT_POLICY).expect("write audit-policy.yaml");
+        }
+    }
+
+    /// The audit log's events so far (with [`Options::audit`]), oldest first: every request
+    /// that created or deleted a pod or created an eviction (`objectRef.subresource:
+    /// "eviction"`), with its user, verb, object and response code. The log is kept across
+    /// apiserver restarts.
+    pub fn audit_events(&self) -> Vec<serde_json::Value> {
+        assert!(
+            self.options.audit,
+            "the control plane was started without Options::audit"
+        );
+        let path = self.dir.0.join("audit.log");
+        fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     fn start_etcd(&mut self) {
@@ -630,6 +667,14 @@ impl ControlPlane {
                 pki.join("apiserver-kubelet-client-key.pem").display()
             ))
             .args(["--profiling=false", "--v=1"]);
+        if self.options.audit {
+            cmd.arg(format!(
+                "--audit-policy-file={}",
+                d.join("audit-policy.yaml").display()
+            ))
+            .arg(format!("--audit-log-path={}", d.join("audit.log").display()))
+            .args(["--audit-log-format=json", "--audit-log-mode=blocking"]);
+        }
         self.apiserver = Some(Daemon::spawn("kube-apiserver", cmd, &self.dir.0));
         self.ready_at = None;
     }

@@ -23,6 +23,7 @@ use std::{
 pub mod clients;
 mod control_plane;
 mod daemon;
+pub mod findings;
 pub mod image;
 pub mod monitor;
 mod node;

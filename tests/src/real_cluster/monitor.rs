@@ -25,6 +25,8 @@ pub struct Sighting {
     pub at: Duration,
     pub pid: u32,
     pub comm: String,
+    /// `namespace/pod` of a client in a pod, empty for a host process.
+    pub pod: String,
     pub state: String,
     pub reason: String,
 }
@@ -33,13 +35,15 @@ impl fmt::Display for Sighting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "+{:.0}s {} (pid {}) {}: {}",
+            "+{:.0}s {} (pid {}",
             self.at.as_secs_f64(),
             self.comm,
-            self.pid,
-            self.state,
-            self.reason
-        )
+            self.pid
+        )?;
+        if !self.pod.is_empty() {
+            write!(f, ", pod {}", self.pod)?;
+        }
+        write!(f, ") {}: {}", self.state, self.reason)
     }
 }
 
@@ -86,6 +90,7 @@ impl Monitor {
                                     at: started.elapsed(),
                                     pid,
                                     comm,
+                                    pod: pod_of(c),
                                     state,
                                     reason: c["reason"].as_str().unwrap_or("").to_owned(),
                                 });
@@ -131,6 +136,14 @@ impl Monitor {
     /// Every (pid, comm) listed at least once.
     pub fn listed(&self) -> BTreeMap<u32, String> {
         self.record.lock().expect("monitor lock").listed.clone()
+    }
+}
+
+/// `namespace/pod` of a listed client, empty for a host process.
+pub fn pod_of(client: &Value) -> String {
+    match (client["namespace"].as_str(), client["pod"].as_str()) {
+        (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
+        _ => String::new(),
     }
 }
 

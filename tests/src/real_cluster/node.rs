@@ -130,6 +130,26 @@ impl Node {
         &self.dir
     }
 
+    /// The kubelet's pid.
+    pub fn kubelet_pid(&self) -> u32 {
+        self.kubelet.as_ref().expect("the kubelet runs").pid()
+    }
+
+    /// containerd's pid.
+    pub fn containerd_pid(&self) -> u32 {
+        self.containerd.as_ref().expect("containerd runs").pid()
+    }
+
+    /// The kubelet's cgroup root (`/lifeline-…`): every pod's cgroup is under it.
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
+    }
+
+    /// The bridge the CNI plugin gives pods (`llcniN`).
+    pub fn bridge(&self) -> &str {
+        &self.bridge
+    }
+
     /// `unix://` address of the node's containerd (for a CRI client).
     pub fn cri_endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
@@ -322,8 +342,17 @@ evictionHard:
         });
     }
 
-    /// Deletes every pod and waits (up to 90 s) until the kubelet has torn them down.
+    /// Deletes every workload controller (so nothing re-creates the pods: a DaemonSet, a
+    /// Deployment's ReplicaSet), then every pod, and waits (up to 90 s) until the kubelet has
+    /// torn them down.
     fn delete_pods(&self) {
+        let _ = self.kubectl(&[
+            "delete",
+            "daemonsets,deployments,replicasets,statefulsets,jobs",
+            "--all",
+            "--all-namespaces",
+            "--wait=false",
+        ]);
         let _ = self.kubectl(&[
             "delete",
             "pods",

@@ -1,0 +1,48 @@
+//! `cargo xtask e2e`: the shipping end-to-end test. Builds the image as `cargo xtask image`
+//! does, then runs `tests/e2e.rs` with it: a real single node (etcd, containerd, runc, the CNI
+//! plugins from Debian; the Kubernetes 1.20 components built from Debian's `kubernetes` source
+//! package by `cargo xtask setup`, cached under /var/tmp/lifeline-k8s), the image imported,
+//! `kubectl apply -k deploy/local/`, and the agent's checks (README "Tests").
+use std::{path::Path, process::Command};
+
+use crate::{cargo, image, run, Failed, Result};
+
+/// The kubectl the suite drives the cluster with (its kustomize reads `deploy/`: 1.21 or newer).
+const KUBECTL: &str = "/usr/bin/kubectl";
+
+/// What the suite needs on the machine, installed if missing: the node's Debian packages and
+/// the Kubernetes binaries (cached after the first build), tracefs, a kubectl.
+fn prerequisites() -> Result {
+    crate::kubernetes::setup()?;
+    crate::setup::tracefs()?;
+    let kubectl = Command::new(KUBECTL).args(["version", "--client"]).output();
+    if !kubectl.is_ok_and(|o| o.status.success()) {
+        return Err(Failed(format!(
+            "{KUBECTL} is needed (kubectl 1.21 or newer: its kustomize reads deploy/)"
+        )));
+    }
+    Ok(())
+}
+
+/// Builds the image, then runs the suite against it.
+pub fn e2e() -> Result {
+    crate::require_root("the end-to-end test")?;
+    prerequisites()?;
+    let archive = image::image(image::Options::default())?;
+    suite(&archive)
+}
+
+/// `cargo test --test e2e` with the archive at `archive` (the suite's output shown: it prints
+/// each step and a timeline).
+fn suite(archive: &Path) -> Result {
+    run(cargo().env("LIFELINE_IMAGE", archive).args([
+        "test",
+        "-p",
+        "lifeline-integration",
+        "--test",
+        "e2e",
+        "--",
+        "--test-threads=1",
+        "--nocapture",
+    ]))
+}
