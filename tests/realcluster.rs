@@ -17,6 +17,7 @@
 //! case before failing, so one run shows all of them.
 use std::{
     net::SocketAddr,
+    process::Command,
     thread,
     time::{Duration, Instant, SystemTime},
 };
@@ -337,7 +338,9 @@ fn check_detected(what: &str, fault: SystemTime, at: SystemTime, bound: (f64, f6
     });
 }
 
-/// `ss -Htni` output → local address → (bytes_sent, lastsnd in ms).
+/// `ss -Htni` output → local address → (bytes sent once, lastsnd in ms). Retransmitted bytes
+/// are not counted: after the fault, segments the gateway sent just before it are retransmitted
+/// (their ACKs are dropped), which is no new request.
 fn sent_by_socket(ss: &str) -> std::collections::BTreeMap<String, (u64, u64)> {
     let mut sockets = std::collections::BTreeMap::new();
     let mut local = None;
@@ -352,7 +355,8 @@ fn sent_by_socket(ss: &str) -> std::collections::BTreeMap<String, (u64, u64)> {
                 .and_then(|v| v.parse::<u64>().ok())
         };
         if let (Some(l), Some(sent)) = (local.take(), field("bytes_sent:")) {
-            sockets.insert(l, (sent, field("lastsnd:").unwrap_or(0)));
+            let once = sent.saturating_sub(field("bytes_retrans:").unwrap_or(0));
+            sockets.insert(l, (once, field("lastsnd:").unwrap_or(0)));
         }
     }
     sockets
@@ -657,28 +661,40 @@ backend apiserver\n    http-reuse always\n    server api {upstream} ssl verify r
     gw.iptables(&["OUTPUT", "-p", "tcp", "-d", &dead, "--dport", &port, "-j", "DROP"]);
     gw.iptables(&["INPUT", "-p", "tcp", "-s", &dead, "--sport", &port, "-j", "DROP"]);
     let fault = SystemTime::now();
-    // Every byte the gateway sends upstream after the fault is a forwarded request that gets
-    // no answer (haproxy sends its upstream no PINGs): the first one is the first unanswered
-    // request. `ss` says when the socket last sent (`lastsnd`, ms ago).
-    let upstream_sockets = || {
-        let out = gw.ns.run(&["ss", "-Htni", "dst", &upstream.to_string()]);
-        sent_by_socket(&String::from_utf8_lossy(&out.stdout))
+    // The scheduler's first request after the fault is its first unanswered one: its sockets
+    // to the gateway send nothing else (haproxy sends no PINGs, and with no data coming there
+    // is no flow control to answer). Measured at the scheduler's own socket, not upstream of
+    // the gateway: the agent's probe of the endpoint goes through the gateway too. `ss` says
+    // when the socket last sent (`lastsnd`, ms ago; polled every 50 ms, far inside the first
+    // retransmission timeout, so that last send is the new one).
+    let scheduler = format!("pid={standby},");
+    let scheduler_sockets = || {
+        let out = run(Command::new("ss").args(["-Htnip", "dst", &gw_endpoint.to_string()]));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut theirs = String::new();
+        let mut keep = false;
+        for line in text.lines() {
+            if !line.starts_with(char::is_whitespace) {
+                keep = line.contains(&scheduler);
+            }
+            if keep {
+                theirs.push_str(line);
+                theirs.push('\n');
+            }
+        }
+        sent_by_socket(&theirs)
     };
-    let baseline = upstream_sockets();
-    let first_unanswered = wait_until(
-        secs(15),
-        "the first request forwarded to the dead upstream",
-        || {
-            let now = SystemTime::now();
-            let sockets = upstream_sockets();
-            sockets
-                .iter()
-                .filter(|(local, (sent, _))| baseline.get(*local).is_none_or(|(before, _)| sent > before))
-                .map(|(_, (_, lastsnd))| now - Duration::from_millis(*lastsnd))
-                .min()
-                .ok_or(sockets)
-        },
-    );
+    let baseline = scheduler_sockets();
+    let first_unanswered = wait_until(secs(15), "the scheduler's first request after the fault", || {
+        let now = SystemTime::now();
+        let sockets = scheduler_sockets();
+        sockets
+            .iter()
+            .filter(|(local, (sent, _))| baseline.get(*local).is_none_or(|(before, _)| sent > before))
+            .map(|(_, (_, lastsnd))| now - Duration::from_millis(*lastsnd))
+            .min()
+            .ok_or(sockets)
+    });
     eprintln!(
         "first unanswered request {:.1} s after the fault",
         first_unanswered
