@@ -22,7 +22,7 @@ mod testkit;
 use act::{alerts, metrics, remediate};
 use app::{check, cli, config, logging, run, workers};
 use health::{judge, reachability, snapshot};
-use host::{container, netns, privileges, prober, process, redact, resources, sock_diag};
+use host::{container, exits, netns, privileges, prober, process, redact, resources, sock_diag};
 use serve::{api, status, views};
 use table::sampler;
 

@@ -2,6 +2,7 @@
 //! network namespace), processes and their containers, the agent's own probe of the
 //! endpoints, and what the agent itself is allowed and able to do.
 pub mod container;
+pub mod exits;
 pub mod netns;
 pub mod privileges;
 pub mod prober;

@@ -17,7 +17,7 @@ use std::ffi::{CStr, CString};
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 use serde::Serialize;
@@ -172,6 +172,12 @@ impl Procfs {
     /// exited (zombies included) *and* when that cannot be told: see [`Procfs::liveness`].
     pub fn is_alive(&self, pid: u32, start_time_ticks: u64) -> bool {
         matches!(self.liveness(pid, start_time_ticks), Liveness::Alive)
+    }
+
+    /// Whether this is the host's own procfs (`/proc`), whose pids this process can name in
+    /// syscalls (`pidfd_open`), unlike a fake tree in tests.
+    pub fn is_host(&self) -> bool {
+        self.root == Path::new("/proc")
     }
 
     /// Whether process `pid`, started at `start_time_ticks`, still runs. It has

@@ -59,8 +59,26 @@ pub const PROMPT_WINDOW: Duration = Duration::from_secs(5);
 /// event about its end arrives meanwhile (the event knows who ended it; the sample does not).
 pub const VANISH_GRACE: Duration = Duration::from_secs(1);
 
-/// A connection whose `tcp_info` has not been read for this long has no readable evidence.
-pub const SAMPLE_MAX_AGE: Duration = Duration::from_secs(5);
+/// A connection whose counters have not changed for this long, and that has nothing pending
+/// (no request waiting for an answer, no small record unmatched, no data unacknowledged, no
+/// retransmit), is *quiet*: a watch with nothing to say. Quiet connections are sampled every
+/// [`QUIET_EVERY`]; every other connection every second.
+pub const QUIET_AFTER: Duration = Duration::from_secs(10);
+
+/// How often a quiet connection is sampled. What it misses meanwhile costs no precision where
+/// it matters: the first request after a quiet spell is timed by `tcp_info`'s own
+/// `last_data_sent` (milliseconds), answers by `last_data_recv`, and retransmits by their
+/// kernel event; only a stall that no retransmit event reports (segments dropped on the
+/// client's own path) is seen up to this much later.
+pub const QUIET_EVERY: Duration = Duration::from_secs(5);
+
+/// A sample is due this much before [`QUIET_EVERY`] is over (rounds are about a second apart,
+/// not exactly).
+const QUIET_SLACK: Duration = Duration::from_millis(500);
+
+/// A connection whose `tcp_info` has not been read for this long has no readable evidence
+/// (a quiet connection is read every [`QUIET_EVERY`]).
+pub const SAMPLE_MAX_AGE: Duration = Duration::from_secs(QUIET_EVERY.as_secs() + 2);
 
 /// A socket's identity that userspace can see everywhere: network namespace and 4-tuple, in
 /// the socket's own address family (a dual-stack socket keeps its `::ffff:` addresses).
@@ -180,6 +198,10 @@ pub struct Connection {
     pub stalled_since: Option<Instant>,
     /// A sample no longer found the socket at this time (see [`VANISH_GRACE`]).
     pub vanished_at: Option<Instant>,
+    /// When a sample last found its counters changed (the first sample counts as a change).
+    pub last_change: Option<Instant>,
+    /// The last sample found data unacknowledged or not sent yet.
+    pub outstanding: bool,
 }
 
 /// See [`Connection::small_pending`].
@@ -211,6 +233,39 @@ impl Connection {
         self.sampled_at
             .is_some_and(|at| now.saturating_duration_since(at) <= SAMPLE_MAX_AGE)
     }
+
+    /// Whether it is quiet at `now` (see [`QUIET_AFTER`]): established, sampled, unchanged for
+    /// a while, nothing pending.
+    pub fn quiet(&self, now: Instant) -> bool {
+        self.sampled_at.is_some()
+            && self.tcp_state == tcp_state::ESTABLISHED
+            && self.vanished_at.is_none()
+            && !self.outstanding
+            && self.stalled_since.is_none()
+            && self.waiting().is_none()
+            && self.small_pending.is_none()
+            && self.unmatched == 0
+            && self
+                .last_change
+                .is_some_and(|c| now.saturating_duration_since(c) >= QUIET_AFTER)
+    }
+
+    /// When a sample of it is due, seen at `now`: at once (every round, about a second apart),
+    /// or [`QUIET_EVERY`] after the last one while it is quiet. Only a change of the connection
+    /// (an event, a sample) makes a quiet connection due sooner.
+    pub fn sample_due_at(&self, now: Instant) -> Instant {
+        match self.sampled_at {
+            Some(at) if self.quiet(now) => at + QUIET_EVERY - QUIET_SLACK,
+            _ => now,
+        }
+    }
+}
+
+/// A tracked connection for the sampler, and whether a sample of it is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleTarget {
+    pub tuple: Tuple,
+    pub due: bool,
 }
 
 /// How a process's last established connection ended, when that is a loss.
@@ -340,6 +395,11 @@ pub struct ConnectionTable {
     disruptions: HashMap<Endpoint, Instant>,
     /// Recent closes made by clients themselves (see [`LocalClose`]).
     local_closes: VecDeque<LocalClose>,
+    /// The earliest a sample of some connection will be due, as the last walk of the table
+    /// for the sampler found and the samples applied since say (None: a connection changed
+    /// otherwise since, walk again). Lets the sampler skip a round of quiet connections
+    /// without walking them.
+    next_sample_due: Option<Instant>,
 }
 
 /// States in which the local side has closed: the process no longer holds the socket.
@@ -400,6 +460,7 @@ impl ConnectionTable {
     /// (not lost: the client did nothing), the others are re-matched (a more specific endpoint
     /// may now apply). Processes left with nothing watched are forgotten.
     pub fn set_endpoints(&mut self, endpoints: EndpointSet, now: Instant) {
+        self.next_sample_due = None;
         self.endpoints = endpoints;
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
         let mut touched = Vec::new();
@@ -455,6 +516,7 @@ impl ConnectionTable {
     /// Applies one kernel event. `owner` is the process the caller resolved from the event's
     /// `owner_tgid` (None when the event ran in softirq or the process is already gone).
     pub fn apply_event(&mut self, ev: &KernelEvent, owner: Option<ProcessInfo>) -> Option<Applied> {
+        self.next_sample_due = None;
         if owner.is_some() && owner.as_ref().map(|o| o.pid) == self.own_pid {
             return None;
         }
@@ -547,6 +609,7 @@ impl ConnectionTable {
     /// (a socket found in CLOSE_WAIT was closed by the peer), and removes entries the scan
     /// proves gone (older than the scan, not found). Returns how many entries were added.
     pub fn reconcile_scan(&mut self, netns: u64, found: &[Scanned], started: Instant) -> usize {
+        self.next_sample_due = None;
         let mut added = 0;
         let mut present = std::collections::HashSet::new();
         for s in found.iter().filter(|s| s.tuple.netns == netns) {
@@ -600,6 +663,7 @@ impl ConnectionTable {
     /// Adds a connection found by a scan unless it is already known (the start-up scan of one
     /// socket; [`Self::reconcile_scan`] merges a whole namespace).
     pub fn insert_scanned(&mut self, tuple: Tuple, inode: u64, tcp_state: u32, now: Instant) -> bool {
+        self.next_sample_due = None;
         if self.by_tuple.contains_key(&tuple) {
             return false;
         }
@@ -636,17 +700,57 @@ impl ConnectionTable {
         self.update_connected(pid, now);
     }
 
-    /// Every tracked connection with a complete tuple, for the sampler.
-    pub fn sample_targets(&self) -> Vec<Tuple> {
-        self.conns
+    /// How many connections are tracked.
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Every tracked connection with a complete tuple, for the sampler, with whether a sample
+    /// of it is due at `now` (the others may be sampled too, when it costs nothing more);
+    /// `None` when none is due and none changed since the last call said when one would be.
+    pub fn sample_targets(&mut self, now: Instant) -> Option<Vec<SampleTarget>> {
+        if self.next_sample_due.is_some_and(|at| now < at) {
+            return None;
+        }
+        let mut next = None::<Instant>;
+        let targets = self
+            .conns
             .values()
             .filter(|c| c.tuple.local.port() != 0)
-            .map(|c| c.tuple)
-            .collect()
+            .map(|c| {
+                let at = c.sample_due_at(now);
+                if at > now {
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
+                SampleTarget {
+                    tuple: c.tuple,
+                    due: at <= now,
+                }
+            })
+            .collect::<Vec<_>>();
+        // The due ones' next samples are folded in as they are applied (`apply_sample`).
+        self.next_sample_due = Some(next.unwrap_or(now + QUIET_EVERY));
+        Some(targets)
+    }
+
+    /// Some due connections could not be read (their namespace could not be entered, the
+    /// kernel refused): the next round walks the table again instead of trusting the plan.
+    pub fn unread_due(&mut self) {
+        self.next_sample_due = None;
     }
 
     /// Applies one sampler result taken at `now`.
     pub fn apply_sample(&mut self, tuple: &Tuple, sample: Sample, now: Instant) {
+        self.apply_sample_to(tuple, sample, now);
+        // The sampled connection's next sample (gone: none), folded into the plan of the
+        // walk that asked for it: no walk is needed to know it.
+        if let Some(c) = self.by_tuple.get(tuple).and_then(|id| self.conns.get(id)) {
+            let at = c.sample_due_at(now);
+            self.next_sample_due = self.next_sample_due.map(|n| n.min(at));
+        }
+    }
+
+    fn apply_sample_to(&mut self, tuple: &Tuple, sample: Sample, now: Instant) {
         let Some(&id) = self.by_tuple.get(tuple) else {
             return;
         };
@@ -712,6 +816,7 @@ impl ConnectionTable {
     /// process may hold the same socket (a forked child keeps what it inherited): the next
     /// owner lookup through the socket inode finds it, and a socket nobody holds closes.
     pub fn forget_process(&mut self, pid: u32, _now: Instant) {
+        self.next_sample_due = None;
         self.processes.remove(&pid);
         let ids: Vec<ConnId> = self
             .conns
@@ -797,6 +902,8 @@ impl ConnectionTable {
                 retransmits: 0,
                 stalled_since: None,
                 vanished_at: None,
+                last_change: None,
+                outstanding: false,
             },
         );
         if tuple.local.port() != 0 {
@@ -1154,6 +1261,15 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) -> Option
             request_at = Some(t_sent);
         }
     }
+    let changed = first
+        || tcp.bytes_received != conn.bytes_received
+        || tcp.data_segs_in != conn.data_segs_in
+        || sent != conn.bytes_sent
+        || segs_out != conn.data_segs_out
+        || tcp.bytes_acked != conn.bytes_acked;
+    if changed {
+        conn.last_change = Some(now);
+    }
     conn.bytes_received = tcp.bytes_received;
     conn.data_segs_in = tcp.data_segs_in;
     conn.bytes_sent = sent;
@@ -1164,6 +1280,7 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) -> Option
     // growing backoff). A peer with a full receive window acknowledges its probes.
     let progress = tcp.bytes_acked > conn.bytes_acked;
     let outstanding = tcp.unacked > 0 || tcp.notsent_bytes > 0;
+    conn.outstanding = outstanding;
     if progress || !outstanding {
         conn.stalled_since = None;
     } else if (tcp.retransmits > 0 || tcp.backoff > 0) && tcp.last_ack_recv_ms >= 1000 {

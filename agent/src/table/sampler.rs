@@ -7,9 +7,11 @@
 //! Sampling uses exact lookups by 4-tuple in the socket's own network namespace, batched
 //! ([`DiagSocket::lookup_many`]: 64 requests per datagram, answers read with one `recvmmsg`):
 //! the cost grows with the number of apiserver connections, never with the node's other
-//! traffic. A namespace with [`DUMP_FROM`] tracked sockets or more is sampled with dumps
+//! traffic. A namespace with [`DUMP_FROM`] due sockets or more is sampled with dumps
 //! filtered on the endpoints' ports instead (cheaper per socket, but a fixed walk of the
-//! kernel's whole established hash table per dump).
+//! kernel's whole established hash table per dump). A connection is sampled every second,
+//! or every [`QUIET_EVERY`](crate::table::QUIET_EVERY) while it is quiet (a watch with nothing to say: see
+//! [`Connection::quiet`](crate::table::Connection::quiet)), so idle connections, most of a node's, cost a quarter.
 //!
 //! Scans run at start-up, after an endpoint change, when the kernel's count of lost events
 //! grows (the resync that heals a burst), and every [`RESYNC_EVERY`] as a safety net.
@@ -23,11 +25,12 @@ use std::{
 use lifeline_common::tcp_state;
 
 use crate::{
+    exits::ExitWatch,
     kernel::pump::KernelStats,
     netns,
     process::{Liveness, Procfs},
     sock_diag::{self, DiagSocket},
-    table::{ConnectionTable, Sample, Scanned, Tuple},
+    table::{ConnectionTable, Sample, SampleTarget, Scanned, Tuple},
 };
 
 /// How often every namespace is scanned again although no event was lost.
@@ -53,6 +56,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// One sock_diag socket per network namespace that holds tracked connections.
 pub struct Sampler {
     procfs: Procfs,
+    exits: ExitWatch,
     sockets: HashMap<u64, DiagSocket>,
     /// The kernel's counters as the event pump publishes them (none in unit tests).
     stats: Option<Arc<KernelStats>>,
@@ -64,18 +68,24 @@ pub struct Sampler {
 /// What one sampling round did (for logs and tests).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Round {
+    /// Connections tracked, and those sampled (every second, or every [`QUIET_EVERY`](crate::table::QUIET_EVERY) while
+    /// quiet: see [`Connection::quiet`](crate::table::Connection::quiet)).
+    pub tracked: usize,
     pub sampled: usize,
     pub gone: usize,
     pub owners_found: usize,
     pub exited: usize,
     /// Connections a resync scan run in this round added (None: no scan ran).
     pub resync_added: Option<usize>,
+    /// Some due connections could not be read.
+    pub unread: bool,
 }
 
 impl Sampler {
     pub fn new(procfs: Procfs) -> Self {
         Self {
             procfs,
+            exits: ExitWatch::default(),
             sockets: HashMap::new(),
             stats: None,
             lost_seen: 0,
@@ -180,34 +190,74 @@ impl Sampler {
             self.lost_seen = lost;
             round.resync_added = Some(self.scan(table));
         }
+        let cpu0 = thread_cpu_time();
         let t0 = Instant::now();
-        let targets = table
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .sample_targets();
-        let mut by_netns: HashMap<u64, Vec<Tuple>> = HashMap::new();
+        let (tracked, targets) = {
+            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
+            (table.connection_count(), table.sample_targets(t0))
+        };
+        round.tracked = tracked;
+        // None: nothing is due (every connection quiet and read lately): nothing to read.
+        let samples = targets.map_or_else(Vec::new, |targets| self.read(targets, &mut round));
+        let unread = std::mem::take(&mut round.unread);
+        round.sampled = samples.len();
+        let t1 = Instant::now();
+        let now = Instant::now();
+        {
+            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
+            for (tuple, sample) in samples {
+                table.apply_sample(&tuple, sample, now);
+            }
+            if unread {
+                table.unread_due();
+            }
+        }
+        let t2 = Instant::now();
+        round.owners_found = self.resolve_owners(table);
+        round.exited = self.forget_exited(table);
+        tracing::debug!(
+            tracked = round.tracked,
+            sampled = round.sampled,
+            look_up_us = (t1 - t0).as_micros() as u64,
+            apply_us = (t2 - t1).as_micros() as u64,
+            owners_us = t2.elapsed().as_micros() as u64,
+            cpu_us = thread_cpu_time().saturating_sub(cpu0).as_micros() as u64,
+            "sampling round"
+        );
+        round
+    }
+
+    /// Reads the sockets of `targets` that are due (and, from a dump, the others of their
+    /// namespace) in their namespaces.
+    fn read(&mut self, targets: Vec<SampleTarget>, round: &mut Round) -> Vec<(Tuple, Sample)> {
+        let mut by_netns: HashMap<u64, Vec<SampleTarget>> = HashMap::new();
         for t in targets {
-            by_netns.entry(t.netns).or_default().push(t);
+            by_netns.entry(t.tuple.netns).or_default().push(t);
         }
         // Do not keep namespaces alive (a socket pins its netns) once nothing is tracked there.
         self.sockets.retain(|inode, _| by_netns.contains_key(inode));
         let mut samples = Vec::new();
-        for (inode, tuples) in by_netns {
+        for (inode, targets) in by_netns {
+            if !targets.iter().any(|t| t.due) {
+                continue;
+            }
             let socket = match self.socket_for(inode) {
                 Ok(socket) => socket,
                 Err(err) => {
                     tracing::debug!("{err}");
+                    round.unread = true;
                     continue;
                 }
             };
-            let found = match look_up(socket, &tuples, DUMP_FROM) {
+            let found = match look_up(socket, &targets, DUMP_FROM) {
                 Ok(found) => found,
                 Err(err) => {
                     tracing::debug!(netns = inode, "sock_diag sampling failed: {err}");
+                    round.unread = true;
                     continue;
                 }
             };
-            for (tuple, info) in tuples.into_iter().zip(found) {
+            for (tuple, info) in found {
                 let sample = match info {
                     Some(s) => Sample::Found {
                         inode: s.inode,
@@ -220,26 +270,7 @@ impl Sampler {
                 samples.push((tuple, sample));
             }
         }
-        round.sampled = samples.len();
-        let t1 = Instant::now();
-        let now = Instant::now();
-        {
-            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
-            for (tuple, sample) in samples {
-                table.apply_sample(&tuple, sample, now);
-            }
-        }
-        let t2 = Instant::now();
-        round.owners_found = self.resolve_owners(table);
-        round.exited = self.forget_exited(table);
-        tracing::debug!(
-            sampled = round.sampled,
-            look_up_us = (t1 - t0).as_micros() as u64,
-            apply_us = (t2 - t1).as_micros() as u64,
-            owners_us = t2.elapsed().as_micros() as u64,
-            "sampling round"
-        );
-        round
+        samples
     }
 
     fn socket_for(&mut self, inode: u64) -> Result<&DiagSocket> {
@@ -291,12 +322,13 @@ impl Sampler {
 
     /// Forgets the owners that exited. An owner whose `/proc` entry cannot be read for any
     /// other reason than its absence (out of descriptors, say) is kept as it is, and said.
-    fn forget_exited(&self, table: &Mutex<ConnectionTable>) -> usize {
+    fn forget_exited(&mut self, table: &Mutex<ConnectionTable>) -> usize {
         let owners = table.lock().unwrap_or_else(PoisonError::into_inner).owners();
         let mut exited = Vec::new();
         let mut unknown = 0;
-        for (pid, start) in owners {
-            match self.procfs.liveness(pid, start) {
+        let verdicts = self.exits.check(&self.procfs, &owners);
+        for ((pid, _), liveness) in owners.into_iter().zip(verdicts) {
+            match liveness {
                 Liveness::Exited => exited.push(pid),
                 Liveness::Alive => {}
                 Liveness::Unknown(err) => {
@@ -322,6 +354,19 @@ impl Sampler {
     }
 }
 
+/// CPU time the calling thread has used (what a round costs, whatever else the machine does).
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: plain syscall filling a timespec we own.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// Tracked sockets in one namespace from which it is sampled with dumps filtered on the remote
 /// port instead of exact lookups. Measured on a 2-core VM (release build, one namespace):
 /// exact lookups cost ~4 µs per socket, a dump ~2.5 µs per matching socket plus a fixed
@@ -333,19 +378,21 @@ pub const DUMP_FROM: usize = 512;
 /// States a tracked socket can be in: all but listeners and request sockets.
 const SAMPLED_STATES: u32 = !(1 << tcp_state::LISTEN | 1 << 12);
 
-/// The sockets `tuples` of one namespace, as sock_diag reports them now (`None`: gone).
-/// Below `dump_from` sockets, exact lookups; from there on, one dump per (family, remote port)
-/// among them, which the kernel filters by port: it walks its whole established hash table
-/// (a fixed cost per namespace) but builds one reply datagram per ~80 sockets instead of one
-/// per socket.
+/// The sockets of one namespace whose sample is due, as sock_diag reports them now (`None`:
+/// gone). Below `dump_from` due sockets, exact lookups of those; from there on, one dump per
+/// (family, remote port) among the namespace's tracked sockets, which the kernel filters by
+/// port: it walks its whole established hash table (a fixed cost per namespace) but builds one
+/// reply datagram per ~80 sockets instead of one per socket, and it answers for every tracked
+/// socket of the namespace, due or not, at no extra cost.
 fn look_up(
     socket: &DiagSocket,
-    tuples: &[Tuple],
+    targets: &[SampleTarget],
     dump_from: usize,
-) -> sock_diag::Result<Vec<Option<sock_diag::TcpSocketInfo>>> {
-    if tuples.len() < dump_from {
-        let pairs: Vec<(SocketAddr, SocketAddr)> = tuples.iter().map(|t| (t.local, t.remote)).collect();
-        return socket.lookup_many(&pairs);
+) -> sock_diag::Result<Vec<(Tuple, Option<sock_diag::TcpSocketInfo>)>> {
+    let due: Vec<Tuple> = targets.iter().filter(|t| t.due).map(|t| t.tuple).collect();
+    if due.len() < dump_from {
+        let pairs: Vec<(SocketAddr, SocketAddr)> = due.iter().map(|t| (t.local, t.remote)).collect();
+        return Ok(due.into_iter().zip(socket.lookup_many(&pairs)?).collect());
     }
     let family = |a: &SocketAddr| {
         if a.is_ipv4() {
@@ -354,19 +401,19 @@ fn look_up(
             libc::AF_INET6 as u16
         }
     };
-    let dumps: BTreeSet<(u16, u16)> = tuples
+    let dumps: BTreeSet<(u16, u16)> = targets
         .iter()
-        .map(|t| (family(&t.local), t.remote.port()))
+        .map(|t| (family(&t.tuple.local), t.tuple.remote.port()))
         .collect();
-    let mut found = HashMap::with_capacity(tuples.len());
+    let mut found = HashMap::with_capacity(targets.len());
     for (family, port) in dumps {
         for s in socket.dump_to_port(family, SAMPLED_STATES, port)? {
             found.insert((s.local, s.remote), s);
         }
     }
-    Ok(tuples
+    Ok(targets
         .iter()
-        .map(|t| found.remove(&(t.local, t.remote)))
+        .map(|t| (t.tuple, found.remove(&(t.tuple.local, t.tuple.remote))))
         .collect())
 }
 
@@ -437,17 +484,43 @@ mod tests {
         };
         tuples.insert(5, gone);
         let socket = DiagSocket::open_in(&ns.path).expect("sock_diag");
-        let by_lookups = look_up(&socket, &tuples, usize::MAX).expect("lookups");
-        let by_dumps = look_up(&socket, &tuples, 0).expect("dumps");
-        let summary = |found: &[Option<sock_diag::TcpSocketInfo>]| -> Vec<Option<(SocketAddr, u8, bool)>> {
-            found
-                .iter()
-                .map(|f| f.as_ref().map(|i| (i.local, i.state, i.tcp.is_some())))
-                .collect()
-        };
+        let targets: Vec<SampleTarget> = tuples
+            .iter()
+            .map(|&tuple| SampleTarget { tuple, due: true })
+            .collect();
+        let by_lookups = look_up(&socket, &targets, usize::MAX).expect("lookups");
+        let by_dumps = look_up(&socket, &targets, 0).expect("dumps");
+        let summary =
+            |found: &[(Tuple, Option<sock_diag::TcpSocketInfo>)]| -> Vec<Option<(SocketAddr, u8, bool)>> {
+                assert_eq!(
+                    found.iter().map(|f| f.0).collect::<Vec<_>>(),
+                    tuples,
+                    "answers in order"
+                );
+                found
+                    .iter()
+                    .map(|(_, f)| f.as_ref().map(|i| (i.local, i.state, i.tcp.is_some())))
+                    .collect()
+            };
         assert_eq!(summary(&by_lookups), summary(&by_dumps));
-        assert!(by_dumps[5].is_none(), "the tuple nobody has");
-        assert_eq!(by_dumps.iter().filter(|f| f.is_some()).count(), 20);
+        assert!(by_dumps[5].1.is_none(), "the tuple nobody has");
+        assert_eq!(by_dumps.iter().filter(|f| f.1.is_some()).count(), 20);
+        // Lookups ask only for what is due; a dump answers for every target.
+        let some_due: Vec<SampleTarget> = targets
+            .iter()
+            .enumerate()
+            .map(|(i, t)| SampleTarget {
+                due: i % 3 == 0,
+                ..*t
+            })
+            .collect();
+        let looked_up = look_up(&socket, &some_due, usize::MAX).expect("lookups");
+        let due: Vec<Tuple> = some_due.iter().filter(|t| t.due).map(|t| t.tuple).collect();
+        assert_eq!(looked_up.iter().map(|f| f.0).collect::<Vec<_>>(), due);
+        assert_eq!(
+            look_up(&socket, &some_due, 1).expect("dumps").len(),
+            targets.len()
+        );
         drop(listener);
     }
 }

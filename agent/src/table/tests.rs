@@ -701,8 +701,11 @@ fn dual_stack_sockets_keep_their_form_and_match_ipv4_endpoints() {
     assert_eq!(c.tuple.remote.to_string(), "[::ffff:10.0.0.1]:6443");
     assert_eq!(c.endpoint, endpoint(APISERVER));
     assert_eq!(
-        lab.table.sample_targets(),
-        [lab.tuple(40000)],
+        lab.table.sample_targets(lab.at(0)),
+        Some(vec![SampleTarget {
+            tuple: lab.tuple(40000),
+            due: true
+        }]),
         "sampled in its own form"
     );
     lab.sample(1000, 40000, watch_started());
@@ -760,4 +763,80 @@ fn a_recycled_pid_is_a_new_process_and_exits_are_forgotten() {
     lab.table.apply_event(&syn, Some(process(7, 2)));
     assert_eq!(lab.table.process(7).unwrap().info.start_time_ticks, 2);
     assert_eq!(lab.table.process(7).unwrap().first_seen, lab.at(20));
+}
+
+#[test]
+fn a_quiet_connection_is_sampled_every_few_seconds_anything_pending_every_second() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    // Due: listed as due (None: the table knows that nothing is due yet, without a walk).
+    let due = |lab: &mut Lab, ms: u64| {
+        let at = lab.at(ms);
+        lab.table.sample_targets(at).is_some_and(|t| t[0].due)
+    };
+    assert!(due(&mut lab, 0), "never sampled yet");
+    let mut tcp = watch_started();
+    lab.sample(1000, 40000, tcp);
+    // Unchanged for less than QUIET_AFTER: every second.
+    let quiet_from = 1000 + QUIET_AFTER.as_millis() as u64;
+    let mut last = 1000;
+    for at in (2000..quiet_from).step_by(1000) {
+        assert!(due(&mut lab, at), "at {at} ms: changed {} ms ago", at - 1000);
+        lab.sample(at, 40000, tcp);
+        last = at;
+    }
+    // Quiet now: due again only after QUIET_EVERY (less the slack for rounds' jitter).
+    assert!(!lab.table.connections().next().unwrap().quiet(lab.at(last)));
+    assert!(lab.table.connections().next().unwrap().quiet(lab.at(quiet_from)));
+    assert!(!due(&mut lab, quiet_from));
+    assert_eq!(
+        lab.table.sample_targets(lab.at(quiet_from + 1)),
+        None,
+        "nothing due and nothing changed: no walk of the table"
+    );
+    assert!(!due(&mut lab, last + 3000));
+    assert!(due(&mut lab, last + QUIET_EVERY.as_millis() as u64));
+    // The first request after the quiet spell, sampled up to QUIET_EVERY later, is timed by
+    // tcp_info, not by the sample: the wait starts when it was sent.
+    record(&mut tcp, false, 600, 3500);
+    let sampled = last + QUIET_EVERY.as_millis() as u64;
+    lab.sample(sampled, 40000, tcp);
+    assert_eq!(waiting(&lab), Some(lab.at(sampled - 3500)));
+    assert!(
+        due(&mut lab, sampled + 1000),
+        "waiting for an answer: every second"
+    );
+    // Answered: still every second until it has been quiet for QUIET_AFTER again.
+    record(&mut tcp, true, 900, 10);
+    lab.sample(sampled + 1000, 40000, tcp);
+    assert_eq!(waiting(&lab), None);
+    assert!(due(&mut lab, sampled + 2000));
+    // Data outstanding (a send not acknowledged yet) is never quiet.
+    let mut unacked = tcp;
+    unacked.unacked = 1;
+    lab.sample(sampled + 2000 + QUIET_AFTER.as_millis() as u64, 40000, unacked);
+    let c = lab.table.connections().next().unwrap();
+    assert!(!c.quiet(lab.at(sampled + 60_000)), "outstanding data");
+    // A connection no longer found (its close event may be on its way) is due every second.
+    lab.sample(sampled + 70_000, 40000, tcp);
+    lab.sample(sampled + 90_000, 40000, tcp);
+    assert!(!due(&mut lab, sampled + 91_000), "quiet again");
+    assert_eq!(lab.table.sample_targets(lab.at(sampled + 91_500)), None);
+    // A new connection is a change: walked and due at once.
+    lab.connect(sampled + 92_000, 0xb, 40001, 8);
+    let targets = lab
+        .table
+        .sample_targets(lab.at(sampled + 92_001))
+        .expect("walked after the event");
+    assert!(
+        targets.iter().any(|t| t.tuple == lab.tuple(40001) && t.due),
+        "{targets:?}"
+    );
+    assert!(
+        targets.iter().any(|t| t.tuple == lab.tuple(40000) && !t.due),
+        "{targets:?}"
+    );
+    lab.table
+        .apply_sample(&lab.tuple(40000), Sample::Gone, lab.at(sampled + 94_000));
+    assert!(due(&mut lab, sampled + 95_000), "vanished: confirm at once");
 }
