@@ -53,7 +53,12 @@ enum Task {
     /// Figures, written to docs/benchmarks.md: unrelated churn against no observer, bpftrace
     /// and ss; kernel cost per call; CPU and RSS per tracked connection; bursts; a connect
     /// storm (as root).
-    Bench,
+    Bench {
+        /// Only these sections (churn, tracked, burst, storm, detection), printed and not
+        /// written to docs/benchmarks.md, whose figures come from one whole run.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+    },
     /// The agent's container image as an OCI archive (no container engine needed):
     /// target/image/lifeline-<version>-<arch>.tar, named localhost/lifeline:<version>.
     Image {
@@ -216,7 +221,7 @@ fn main() -> ExitCode {
         Task::Setup => setup::setup(),
         Task::Test { no_lint, suite } => test(no_lint, suite.as_deref()),
         Task::Demo { no_setup, seconds } => demo::demo(no_setup, seconds),
-        Task::Bench => bench::bench(),
+        Task::Bench { only } => bench::bench(&only),
         Task::CheckDeploy => deploy::check(),
         Task::E2e => e2e::e2e(),
         Task::Image {
