@@ -4,7 +4,9 @@
 //!
 //! - a burst of 10,000 connects loses no kernel event, and every connection is listed;
 //! - a refused-connect storm from one process loses no event of another process, keeps
-//!   `/healthz` answering, counts every failure, and does not grow the agent's memory.
+//!   `/healthz` answering, counts every failure, and does not grow the agent's memory;
+//! - when events are lost anyway (the agent stopped while the ring fills), it says so and the
+//!   table heals: connections whose events were lost are found, with their owner.
 //!
 //! Run: `cargo build -p lifeline -p lifeline-integration --bins &&
 //! cargo test -p lifeline-integration --test performance -- --test-threads=1`
@@ -79,8 +81,14 @@ impl Drop for Load {
 
 /// A listener in `ns` that accepts and holds every connection; returns it and its address.
 fn server(ns: &NetNs) -> (Load, SocketAddr) {
+    server_with(ns, &[])
+}
+
+/// [`server`], with more `ll-load serve` options (`--close`: close each connection at once).
+fn server_with(ns: &NetNs, options: &[&str]) -> (Load, SocketAddr) {
     let port = free_port();
-    let mut s = Load::spawn(ns, &["serve", "--listen", &format!("127.0.0.1:{port}")]);
+    let listen = format!("127.0.0.1:{port}");
+    let mut s = Load::spawn(ns, &[&["serve", "--listen", &listen][..], options].concat());
     let line = s.until("listening").pop().expect("listening line");
     let addr = line["listening ".len()..].parse().expect("listening ADDR");
     (s, addr)
@@ -294,4 +302,95 @@ fn refused_connect_storm_spares_other_clients_and_healthz() {
         "RSS grew by {grew} KiB over {refused} failures ({rss_before} KiB before)"
     );
     drop(storm);
+}
+
+/// 3. Events lost anyway: the agent is stopped (SIGSTOP) while a churn of short connections
+///    overfills the ring buffer, and while it is full another process opens connections whose
+///    every event is lost. After SIGCONT the agent counts the loss, says so, and rescans: the
+///    held connections are listed with their owner within seconds, and nothing of the churn
+///    is left behind (no connection stuck in SYN_SENT or ESTABLISHED from a lost close).
+#[test]
+fn lost_events_are_counted_and_the_table_heals() {
+    init!();
+    const HELD: usize = 50;
+    let ns = NetNs::new();
+    let (_held_server, live) = server(&ns);
+    let (_closing_server, churn_addr) = server_with(&ns, &["--close"]);
+    let churn_addr = churn_addr.to_string();
+    let agent = Agent::start(&[live.to_string(), churn_addr.clone()]);
+    assert_eq!(metric(&agent, "lifeline_ebpf_events_lost_total", &[]), 0.0);
+
+    agent.signal(libc::SIGSTOP);
+    let mut churn = Load::spawn(
+        &ns,
+        &[
+            "churn",
+            "--connect",
+            &churn_addr,
+            "--seconds",
+            "6",
+            "--threads",
+            "2",
+            "--linger",
+        ],
+    );
+    let done = churn.until("done").pop().expect("done line");
+    let churned: u64 = done
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("done OK FAILED");
+    // Each churned connection is 4-5 state changes: far beyond the ring's ~35,000 events.
+    assert!(churned > 20_000, "enough churn to overfill the ring: {done}");
+    let mut hold = Load::spawn(
+        &ns,
+        &[
+            "hold",
+            "--connect",
+            &live.to_string(),
+            "--count",
+            &HELD.to_string(),
+        ],
+    );
+    let opened: BTreeSet<String> = hold
+        .until("held")
+        .iter()
+        .filter_map(|l| l.strip_prefix("connected "))
+        .map(String::from)
+        .collect();
+    assert_eq!(opened.len(), HELD);
+    agent.signal(libc::SIGCONT);
+
+    let resumed = Instant::now();
+    let clients = agent.wait_clients(
+        Duration::from_secs(20),
+        "the held connections found although their events were lost",
+        |c| (listed(c, hold.pid()) == opened).then(|| c.to_vec()),
+    );
+    eprintln!("healed {:.1} s after SIGCONT", resumed.elapsed().as_secs_f64());
+    let held = find_pid(&clients, hold.pid()).expect("listed");
+    assert_eq!(held["comm"], "ll-load", "owner named: {held}");
+    assert!(
+        metric(&agent, "lifeline_ebpf_events_lost_total", &[]) > 0.0,
+        "the loss is counted"
+    );
+    assert!(
+        agent
+            .stderr()
+            .contains("kernel events were lost: rescanning every namespace"),
+        "the loss is said: {}",
+        agent.stderr()
+    );
+    // The churning process lingers with every connection closed: whatever its lost events
+    // left in the table (a connect whose close was lost) is gone, only the held ones remain.
+    agent.wait_clients(
+        Duration::from_secs(15),
+        "nothing of the churn left, the held connections alone",
+        |c| {
+            let tracked: usize = c.iter().map(|c| connections(c).len()).sum();
+            (listed(c, churn.pid()).is_empty() && tracked == HELD).then_some(())
+        },
+    );
+    drop(hold);
+    drop(churn);
 }
