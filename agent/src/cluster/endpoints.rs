@@ -21,16 +21,24 @@
 //! A feed that fails (watch error, name that does not resolve) keeps its last answer.
 use std::{
     collections::{BTreeMap, BTreeSet},
+    fmt::Debug,
     net::IpAddr,
     time::{Duration, Instant},
 };
 
+use futures::StreamExt;
 use k8s_openapi::api::{
     core::v1::{Endpoints, Service},
     discovery::v1::EndpointSlice,
 };
-use kube::{runtime::watcher, Resource, ResourceExt};
+use kube::{
+    runtime::{watcher, WatchStreamExt},
+    Api, Resource, ResourceExt,
+};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
 
+use super::Trouble;
 use crate::endpoint::{Endpoint, EndpointSet, Source};
 
 /// How long an endpoint that disappeared from its feed is still watched.
@@ -291,6 +299,139 @@ pub fn merge_into(base: &mut EndpointSet, other: &EndpointSet) {
 /// to) at `port`.
 pub fn server_entries(addrs: impl IntoIterator<Item = IpAddr>, port: u16, source: Source) -> Vec<Entry> {
     cross(addrs.into_iter(), &[port], source)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tasks
+
+/// Resolving the server's name may take this long (also at start).
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One feed from a watch: after each change (once listed), the entries of every object.
+pub(super) async fn watch_feed<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    feed: Feed,
+    reduce: fn(&K) -> Vec<Entry>,
+    feeds: mpsc::Sender<(Feed, Vec<Entry>)>,
+    what: &'static str,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let mut objects = Objects::default();
+    let mut trouble = Trouble::new(what);
+    let mut stream = watcher(api, config).default_backoff().boxed();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                trouble.ok();
+                if objects.apply(event, reduce) && objects.listed() {
+                    let entries = objects.values().flatten().copied().collect();
+                    if feeds.send((feed, entries)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(err) => trouble.failed(&err),
+        }
+    }
+}
+
+/// The feeds → the endpoint set, with removed entries expiring after the retention.
+pub(super) async fn aggregate(
+    mut tracker: Tracker,
+    mut feeds: mpsc::Receiver<(Feed, Vec<Entry>)>,
+    out: watch::Sender<EndpointSet>,
+    settled: watch::Sender<bool>,
+) {
+    loop {
+        let next_expiry = tracker.next_expiry();
+        let expiry = async {
+            match next_expiry {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            update = feeds.recv() => {
+                let Some((feed, entries)) = update else { return };
+                let change = tracker.update(feed, Instant::now(), entries);
+                for (endpoint, source) in &change.added {
+                    tracing::info!(%endpoint, source = source.as_str(), "apiserver endpoint discovered");
+                }
+                for (endpoint, source) in &change.removed {
+                    tracing::info!(
+                        %endpoint, source = source.as_str(),
+                        "apiserver endpoint no longer listed; still watched for {:?}",
+                        RETAIN_REMOVED
+                    );
+                }
+            }
+            () = expiry => {
+                for (endpoint, source) in tracker.expire(Instant::now()) {
+                    tracing::info!(%endpoint, source = source.as_str(), "apiserver endpoint forgotten");
+                }
+            }
+        }
+        let set = tracker.set();
+        out.send_if_modified(|current| {
+            let changed = *current != set;
+            if changed {
+                *current = set;
+            }
+            changed
+        });
+        if tracker.has(Feed::Service) && tracker.has(Feed::Backends) {
+            settled.send_if_modified(|s| !std::mem::replace(s, true));
+        }
+    }
+}
+
+pub(super) async fn resolve_server(
+    name: &str,
+    port: u16,
+    source: Source,
+) -> Result<Vec<Entry>, std::io::Error> {
+    let lookup = tokio::net::lookup_host((name, port));
+    let addrs = tokio::time::timeout(RESOLVE_TIMEOUT, lookup)
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("resolving {name} timed out"),
+            )
+        })?
+        .map_err(|err| std::io::Error::new(err.kind(), format!("resolving {name}: {err}")))?;
+    let entries = server_entries(addrs.map(|a| a.ip()), port, source);
+    if entries.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{name} resolved to no address"),
+        ));
+    }
+    Ok(entries)
+}
+
+/// Re-resolves the server name every [`RESOLVE_EVERY`].
+pub(super) async fn resolve_loop(
+    name: String,
+    port: u16,
+    source: Source,
+    feeds: mpsc::Sender<(Feed, Vec<Entry>)>,
+) {
+    let mut trouble = Trouble::new("resolving the apiserver's name");
+    loop {
+        tokio::time::sleep(RESOLVE_EVERY).await;
+        match resolve_server(&name, port, source).await {
+            Ok(entries) => {
+                trouble.ok();
+                if feeds.send((Feed::Server, entries)).await.is_err() {
+                    return;
+                }
+            }
+            Err(err) => trouble.failed(&err),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -10,18 +10,26 @@
 //!   [`Limits::update_every`], by the repeat itself or by a later [`Book::flush`], each write
 //!   taking tokens like a creation.
 //!
-//! The writer task (in `mod.rs`) turns each [`Write`] into a request; an update whose event is
+//! The writer task ([`EventWriter`], below) turns each [`Write`] into a request; an update whose event is
 //! gone (404: events expire after an hour, or the create was lost) becomes a create carrying the
 //! count, and a create that finds its name taken (409) becomes an update.
 use std::{
     collections::HashMap,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client};
 use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
 
-use super::discovery::EventsApi;
+use super::{
+    call,
+    discovery::{ApiVersions, EventsApi},
+    Error, Trouble,
+};
 
 /// `source.component` of core v1 events.
 pub const COMPONENT: &str = "lifeline";
@@ -453,6 +461,162 @@ pub fn update_patch(api: EventsApi, rec: &Record) -> Value {
     match api {
         EventsApi::EventsV1 => json!({ "series": series(rec) }),
         EventsApi::CoreV1 => json!({ "count": rec.count, "lastTimestamp": time(rec.last) }),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The writer task
+
+/// How often due event counts are written.
+const FLUSH_EVERY: Duration = Duration::from_secs(5);
+
+/// Resolves once `stop` holds true (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Writes the events the [`Book`] admitted.
+pub(super) struct EventWriter {
+    client: Client,
+    server: String,
+    node: String,
+    /// The node's UID for node events: `None` until looked up, `Some(None)` if that failed.
+    node_uid: Option<Option<String>>,
+    book: Arc<Mutex<Book>>,
+    trouble: Trouble,
+}
+
+impl EventWriter {
+    pub(super) fn new(client: Client, server: String, node: String, book: Arc<Mutex<Book>>) -> Self {
+        Self {
+            client,
+            server,
+            node,
+            node_uid: None,
+            book,
+            trouble: Trouble::new("writing events"),
+        }
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut writes: mpsc::Receiver<Write>,
+        mut versions: watch::Receiver<Option<ApiVersions>>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let discovered = async {
+            versions
+                .wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|v| v.as_ref().map(|v| v.events))
+        };
+        let api = tokio::select! {
+            api = discovered => match api {
+                Some(api) => api,
+                None => return,
+            },
+            () = stopped(&mut stop) => return,
+        };
+        let mut flush = tokio::time::interval(FLUSH_EVERY);
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                write = writes.recv() => match write {
+                    Some(write) => self.write(api, write).await,
+                    None => return,
+                },
+                _ = flush.tick() => {
+                    let due = self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner).flush(Instant::now());
+                    for write in due {
+                        self.write(api, write).await;
+                    }
+                }
+                () = stopped(&mut stop) => {
+                    while let Ok(write) = writes.try_recv() {
+                        self.write(api, write).await;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn write(&mut self, api: EventsApi, write: Write) {
+        let (record, create) = match write {
+            Write::Create(r) => (r, true),
+            Write::Update(r) => (r, false),
+        };
+        let node_uid = match &record.target {
+            EventTarget::Node { .. } => self.node_uid().await,
+            EventTarget::Pod { .. } => None,
+        };
+        let collection = api.collection(record.target.event_namespace());
+        let post = || {
+            let body = create_body(api, &record, &self.node, node_uid.as_deref());
+            http::Request::post(&collection)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string().into_bytes())
+                .expect("a valid request")
+        };
+        let patch = || {
+            http::Request::patch(format!("{collection}/{}", record.name))
+                .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+                .body(update_patch(api, &record).to_string().into_bytes())
+                .expect("a valid request")
+        };
+        let first = if create { post() } else { patch() };
+        let what = |create: bool| {
+            format!(
+                "{} event {}/{} ({} {})",
+                if create { "creating" } else { "updating" },
+                record.target.event_namespace(),
+                record.name,
+                record.reason,
+                api.api_version()
+            )
+        };
+        let result = match call(&self.server, &what(create), self.client.request_text(first)).await {
+            // The create's name is taken (a retry that had succeeded): write the count instead.
+            Err(Error::Request {
+                err: kube::Error::Api(status),
+                ..
+            }) if create && status.code == 409 => {
+                call(&self.server, &what(false), self.client.request_text(patch())).await
+            }
+            // The event to update is gone (expired, or its create was lost): create it anew.
+            Err(Error::Request {
+                err: kube::Error::Api(status),
+                ..
+            }) if !create && status.code == 404 => {
+                call(&self.server, &what(true), self.client.request_text(post())).await
+            }
+            other => other,
+        };
+        match result {
+            Ok(_) => self.trouble.ok(),
+            Err(err) => self.trouble.failed(&err),
+        }
+    }
+
+    async fn node_uid(&mut self) -> Option<String> {
+        if let Some(known) = &self.node_uid {
+            return known.clone();
+        }
+        let api = Api::<Node>::all(self.client.clone());
+        let what = format!("GET node {}", self.node);
+        let uid = match call(&self.server, &what, api.get(&self.node)).await {
+            Ok(node) => node.metadata.uid,
+            Err(err) => {
+                tracing::debug!(
+                    "{}; node events use the node name as its UID",
+                    crate::error::chain(&err)
+                );
+                None
+            }
+        };
+        self.node_uid = Some(uid.clone());
+        uid
     }
 }
 

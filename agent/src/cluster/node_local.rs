@@ -32,9 +32,12 @@ use std::{
 
 use kube::config::Kubeconfig;
 
+use tokio::sync::mpsc;
+
 use super::{
     connect::{self, Host},
-    endpoints::Entry,
+    endpoints::{resolve_server, Entry, Feed, RESOLVE_EVERY},
+    Trouble,
 };
 use crate::{
     endpoint::{canonical_ip, Endpoint, Source},
@@ -425,6 +428,101 @@ pub fn news<'a>(old: &Findings, new: &'a Findings) -> Vec<(&'a Entry, &'a String
     new.entries.iter().filter(|(e, _)| !before.contains(e)).collect()
 }
 
+// ---------------------------------------------------------------------------------------------
+// The task
+
+/// What the node says (the above), looked at every [`RESOLVE_EVERY`]. Each part
+/// that fails to be read keeps its last answer (the tracker then still retains what it named).
+pub(super) struct NodeWatch {
+    proc_root: PathBuf,
+    kubelet: Option<(KubeletServer, Vec<IpAddr>)>,
+    listeners: Vec<Listener>,
+    findings: Findings,
+    kubelet_trouble: Trouble,
+    resolve_trouble: Trouble,
+    listeners_trouble: Trouble,
+}
+
+impl NodeWatch {
+    pub(super) fn new(proc_root: PathBuf) -> Self {
+        Self {
+            proc_root,
+            kubelet: None,
+            listeners: Vec::new(),
+            findings: Findings::default(),
+            kubelet_trouble: Trouble::new("reading the kubelet's kubeconfig"),
+            resolve_trouble: Trouble::new("resolving the server of the kubelet's kubeconfig"),
+            listeners_trouble: Trouble::new("listing the host's listening sockets"),
+        }
+    }
+
+    /// One look (the /proc and sock_diag reads on a blocking thread); logs what is new.
+    pub(super) async fn look(&mut self) -> Findings {
+        let proc_root = self.proc_root.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let kubelet = kubelet_server(&proc_root);
+            let netns = proc_root.join("1/ns/net");
+            let listeners = listeners(&netns, &Procfs::new(&proc_root));
+            (kubelet, listeners)
+        })
+        .await;
+        let Ok((kubelet, listeners)) = read else {
+            return self.findings.clone();
+        };
+        match kubelet {
+            Ok(None) => {
+                self.kubelet_trouble.ok();
+                self.kubelet = None;
+            }
+            Ok(Some(server)) => {
+                self.kubelet_trouble.ok();
+                let addrs = match &server.host {
+                    Host::Ip(ip) => Ok(vec![*ip]),
+                    Host::Name(name) => resolve_server(name, server.port, Source::KubeletKubeconfig)
+                        .await
+                        .map(|entries| entries.into_iter().map(|(e, _)| e.addr).collect()),
+                };
+                match addrs {
+                    Ok(addrs) => {
+                        self.resolve_trouble.ok();
+                        self.kubelet = Some((server, addrs));
+                    }
+                    Err(err) => self.resolve_trouble.failed(&err),
+                }
+            }
+            Err(err) => self.kubelet_trouble.failed(&err),
+        }
+        match listeners {
+            Ok(found) => {
+                self.listeners_trouble.ok();
+                self.listeners = found;
+            }
+            Err(err) => self.listeners_trouble.failed(&err),
+        }
+        let kubelet = self.kubelet.as_ref();
+        let findings = findings(
+            kubelet.map(|(s, _)| s),
+            kubelet.map_or(&[][..], |(_, a)| a.as_slice()),
+            &self.listeners,
+        );
+        for ((endpoint, source), why) in news(&self.findings, &findings) {
+            tracing::info!(%endpoint, source = source.as_str(), "apiserver endpoint of this node: {why}");
+        }
+        self.findings = findings.clone();
+        findings
+    }
+
+    pub(super) async fn run(mut self, feeds: mpsc::Sender<(Feed, Vec<Entry>)>) {
+        loop {
+            tokio::time::sleep(RESOLVE_EVERY).await;
+            let findings = self.look().await;
+            if feeds.send((Feed::Node, findings.entries())).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -787,7 +885,7 @@ users:
         // /proc has no fds).
         std::fs::create_dir_all(proc.dir.join("1/ns")).expect("ns dir");
         std::os::unix::fs::symlink("/proc/self/ns/net", proc.dir.join("1/ns/net")).expect("ns link");
-        let mut watch = super::super::NodeWatch::new(proc.dir.clone());
+        let mut watch = NodeWatch::new(proc.dir.clone());
         let first = watch.look().await;
         let kubelet: Vec<String> = first
             .entries
