@@ -349,8 +349,8 @@ impl Cluster {
         self.inner.versions.borrow().clone()
     }
 
-    /// The cluster's apiserver endpoints, each with its [`Source`]; a new value on every change.
-    /// Holds the server's own address from the start.
+    /// The cluster's apiserver endpoints, each with its [`Source`](crate::endpoint::Source); a
+    /// new value on every change. Holds the server's own address from the start.
     pub fn endpoints(&self) -> watch::Receiver<EndpointSet> {
         self.inner.endpoints.clone()
     }
