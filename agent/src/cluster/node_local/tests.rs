@@ -1,4 +1,5 @@
 use super::*;
+use crate::testkit::FakeProc;
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().expect("socket address")
@@ -134,56 +135,19 @@ fn kubeconfig_servers_and_bad_files() {
     }
 }
 
-/// A fake `/proc`: `<pid>/comm`, `<pid>/cmdline`, and `<pid>/root` as a directory standing
-/// for the process's root.
-struct FakeProc {
-    dir: PathBuf,
-}
-
-impl FakeProc {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("lifeline-fakeproc-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("fake proc");
-        Self { dir }
-    }
-
-    fn process(&self, pid: u32, comm: &str, args: &[&str]) -> &Self {
-        let p = self.dir.join(pid.to_string());
-        std::fs::create_dir_all(p.join("root")).expect("pid dir");
-        std::fs::create_dir_all(p.join("cwd")).expect("cwd");
-        std::fs::write(p.join("comm"), format!("{comm}\n")).expect("comm");
-        std::fs::write(p.join("cmdline"), args.join("\0") + "\0").expect("cmdline");
-        self
-    }
-
-    fn file(&self, pid: u32, path: &str, text: &str) -> &Self {
-        let f = through(&self.dir, pid, path);
-        std::fs::create_dir_all(f.parent().expect("parent")).expect("dirs");
-        std::fs::write(f, text).expect("file");
-        self
-    }
-}
-
-impl Drop for FakeProc {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 #[test]
 fn kubelet_kubeconfig_from_its_flag_through_its_root() {
     let proc = FakeProc::new("flag");
-    proc.process(1, "systemd", &["/sbin/init"])
-        .process(
+    proc.command(1, "systemd", &["/sbin/init"])
+        .command(
             812,
             "kubelet",
             &["/usr/bin/kubelet", "--kubeconfig=/etc/kubernetes/kubelet.conf"],
         )
-        .file(812, "/etc/kubernetes/kubelet.conf", KUBEADM_KUBELET_CONF)
+        .seen_by(812, "/etc/kubernetes/kubelet.conf", KUBEADM_KUBELET_CONF)
         // A decoy in a usual place on the host's root: the flag wins.
-        .file(1, "/var/lib/kubelet/kubeconfig", K3S_KUBELET_KUBECONFIG);
-    let found = kubelet_server(&proc.dir).expect("read").expect("found");
+        .seen_by(1, "/var/lib/kubelet/kubeconfig", K3S_KUBELET_KUBECONFIG);
+    let found = kubelet_server(&proc.root).expect("read").expect("found");
     assert_eq!(found.found, Found::Flag { pid: 812 });
     assert_eq!(
         (found.host.clone(), found.port),
@@ -195,10 +159,10 @@ fn kubelet_kubeconfig_from_its_flag_through_its_root() {
     );
     // A relative flag is resolved against the kubelet's working directory.
     let proc = FakeProc::new("relative");
-    proc.process(1, "init", &["init"])
-        .process(9, "kubelet", &["kubelet", "--kubeconfig", "kubelet.kubeconfig"])
-        .file(9, "kubelet.kubeconfig", K3S_KUBELET_KUBECONFIG);
-    let found = kubelet_server(&proc.dir).expect("read").expect("found");
+    proc.command(1, "init", &["init"])
+        .command(9, "kubelet", &["kubelet", "--kubeconfig", "kubelet.kubeconfig"])
+        .seen_by(9, "kubelet.kubeconfig", K3S_KUBELET_KUBECONFIG);
+    let found = kubelet_server(&proc.root).expect("read").expect("found");
     assert_eq!(found.port, 6444);
 }
 
@@ -206,34 +170,34 @@ fn kubelet_kubeconfig_from_its_flag_through_its_root() {
 fn kubelet_kubeconfig_in_a_usual_place_or_nowhere() {
     // k3s: no kubelet process (it runs inside k3s), the kubeconfig under the host's root.
     let proc = FakeProc::new("usual");
-    proc.process(1, "systemd", &["/sbin/init"])
-        .process(40, "k3s-agent", &["/usr/local/bin/k3s", "agent"])
-        .file(
+    proc.command(1, "systemd", &["/sbin/init"])
+        .command(40, "k3s-agent", &["/usr/local/bin/k3s", "agent"])
+        .seen_by(
             1,
             "/var/lib/rancher/k3s/agent/kubelet.kubeconfig",
             K3S_KUBELET_KUBECONFIG,
         );
-    let found = kubelet_server(&proc.dir).expect("read").expect("found");
+    let found = kubelet_server(&proc.root).expect("read").expect("found");
     assert_eq!(found.found, Found::UsualPlace);
     assert_eq!(found.server, "https://127.0.0.1:6444");
     // Not a node.
     let proc = FakeProc::new("none");
-    proc.process(1, "systemd", &["/sbin/init"]);
-    assert_eq!(kubelet_server(&proc.dir).expect("read"), None);
+    proc.command(1, "systemd", &["/sbin/init"]);
+    assert_eq!(kubelet_server(&proc.root).expect("read"), None);
     // The kubelet names a file that cannot be read: an error naming it.
     let proc = FakeProc::new("missing");
-    proc.process(1, "init", &["init"]).process(
+    proc.command(1, "init", &["init"]).command(
         5,
         "kubelet",
         &["kubelet", "--kubeconfig=/etc/kubernetes/gone.conf"],
     );
-    let err = kubelet_server(&proc.dir).expect_err("unreadable").to_string();
+    let err = kubelet_server(&proc.root).expect_err("unreadable").to_string();
     assert!(err.contains("/etc/kubernetes/gone.conf"), "{err}");
     // A broken one in a usual place is reported too, not skipped.
     let proc = FakeProc::new("broken");
-    proc.process(1, "init", &["init"])
-        .file(1, "/etc/kubernetes/kubelet.conf", "current-context: x\n");
-    let err = kubelet_server(&proc.dir).expect_err("broken").to_string();
+    proc.command(1, "init", &["init"])
+        .seen_by(1, "/etc/kubernetes/kubelet.conf", "current-context: x\n");
+    let err = kubelet_server(&proc.root).expect_err("broken").to_string();
     assert!(err.contains("current-context \"x\""), "{err}");
 }
 
@@ -343,22 +307,22 @@ fn findings_carry_both_sources() {
 #[ignore = "needs root: sock_diag through setns"]
 async fn the_node_watch_resolves_and_keeps_answers() {
     let proc = FakeProc::new("watch");
-    proc.process(1, "systemd", &["/sbin/init"])
-        .process(
+    proc.command(1, "systemd", &["/sbin/init"])
+        .command(
             30,
             "kubelet",
             &["kubelet", "--kubeconfig=/etc/kubernetes/kubelet.conf"],
         )
-        .file(
+        .seen_by(
             30,
             "/etc/kubernetes/kubelet.conf",
             &KUBEADM_KUBELET_CONF.replace("https://127.0.0.1:6443", "https://localhost:16443"),
         );
     // The host's network namespace is this process's own (owners stay unknown: the fake
     // /proc has no fds).
-    std::fs::create_dir_all(proc.dir.join("1/ns")).expect("ns dir");
-    std::os::unix::fs::symlink("/proc/self/ns/net", proc.dir.join("1/ns/net")).expect("ns link");
-    let mut watch = NodeWatch::new(proc.dir.clone());
+    std::fs::create_dir_all(proc.root.join("1/ns")).expect("ns dir");
+    std::os::unix::fs::symlink("/proc/self/ns/net", proc.root.join("1/ns/net")).expect("ns link");
+    let mut watch = NodeWatch::new(proc.root.clone());
     let first = watch.look().await;
     let kubelet: Vec<String> = first
         .entries
@@ -375,7 +339,7 @@ async fn the_node_watch_resolves_and_keeps_answers() {
         "{first:?}"
     );
     // The kubeconfig becomes unreadable: the last answer stays.
-    std::fs::write(through(&proc.dir, 30, "/etc/kubernetes/kubelet.conf"), "{broken").expect("break");
+    std::fs::write(through(&proc.root, 30, "/etc/kubernetes/kubelet.conf"), "{broken").expect("break");
     let second = watch.look().await;
     assert_eq!(first.entries(), second.entries());
 }

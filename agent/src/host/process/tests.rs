@@ -1,74 +1,10 @@
 use super::*;
+use crate::testkit::FakeProc;
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 const UID_: &str = "5f3c2b1a_9d8e_4c7b_a6f5_e4d3c2b1a098";
-
-/// A fake procfs tree in a fresh temporary directory, removed on drop.
-struct FakeProc {
-    root: PathBuf,
-}
-
-impl FakeProc {
-    fn new() -> Self {
-        static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let root = std::env::temp_dir().join(format!(
-            "lifeline-process-test-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&root);
-        fs::create_dir_all(&root).expect("create fake proc root");
-        Self { root }
-    }
-
-    fn procfs(&self) -> Procfs {
-        Procfs::new(&self.root)
-    }
-
-    /// Writes `<root>/<pid>/<file>`.
-    fn file(&self, pid: u32, file: &str, contents: impl AsRef<[u8]>) {
-        let path = self.root.join(pid.to_string()).join(file);
-        fs::create_dir_all(path.parent().expect("parent")).expect("create dir");
-        fs::write(path, contents).expect("write fake proc file");
-    }
-
-    /// A process with the given comm, cmdline, start time and cgroup file; `tgid` in its
-    /// status (differs from `pid` for a thread).
-    fn process(&self, pid: u32, tgid: u32, comm: &str, cmdline: &[u8], start: u64, cgroup: &str) {
-        self.file(
-            pid,
-            "stat",
-            format!(
-                "{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 {start} 12345678 456 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0\n"
-            ),
-        );
-        self.file(pid, "comm", format!("{comm}\n"));
-        self.file(pid, "cmdline", cmdline);
-        self.file(pid, "cgroup", cgroup);
-        self.file(
-            pid,
-            "status",
-            format!("Name:\t{comm}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid}\nNgid:\t0\nPid:\t{pid}\nPPid:\t1\n"),
-        );
-        self.file(pid, "ns/net", "");
-    }
-
-    /// Creates `<root>/<pid>/fd/<fd>` -> `target`.
-    fn fd(&self, pid: u32, fd: u32, target: &str) {
-        let dir = self.root.join(pid.to_string()).join("fd");
-        fs::create_dir_all(&dir).expect("create fd dir");
-        symlink(target, dir.join(fd.to_string())).expect("create fd symlink");
-    }
-}
-
-impl Drop for FakeProc {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.root);
-    }
-}
 
 #[test]
 fn stat_start_time() {
@@ -211,7 +147,7 @@ fn socket_links() {
 
 #[test]
 fn fake_process() {
-    let fake = FakeProc::new();
+    let fake = FakeProc::new("process");
     let cgroup = format!(
         "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope\n"
     );
@@ -299,7 +235,7 @@ fn fake_process() {
 
 #[test]
 fn liveness_says_exited_only_on_evidence() {
-    let fake = FakeProc::new();
+    let fake = FakeProc::new("process");
     let procfs = fake.procfs();
     fake.process(100, 100, "app", b"app\0", 5555, "0::/\n");
     assert!(matches!(procfs.liveness(100, 5555), Liveness::Alive));
@@ -435,7 +371,7 @@ fn shown_command_lines_are_redacted_and_bounded() {
 
 #[test]
 fn fake_socket_owners() {
-    let fake = FakeProc::new();
+    let fake = FakeProc::new("process");
     fake.fd(100, 0, "/dev/null");
     fake.fd(100, 3, "socket:[1234]");
     fake.fd(100, 4, "socket:[5678]");
