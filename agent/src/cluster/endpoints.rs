@@ -72,13 +72,12 @@ pub fn service_entries(svc: &Service) -> Vec<Entry> {
         Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
         _ => spec.cluster_ip.iter().map(String::as_str).collect(),
     };
-    let ports: Vec<u16> = spec
-        .ports
-        .iter()
-        .flatten()
-        .filter(|p| is_tcp(p.protocol.as_deref()))
-        .filter_map(|p| port(Some(p.port)))
-        .collect();
+    let ports = tcp_ports(
+        spec.ports
+            .iter()
+            .flatten()
+            .map(|p| (p.protocol.as_deref(), Some(p.port))),
+    );
     cross(
         ips.iter().filter_map(|ip| ip.parse::<IpAddr>().ok()),
         &ports,
@@ -92,13 +91,13 @@ pub fn slice_entries(slice: &EndpointSlice) -> Vec<Entry> {
     if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
         return Vec::new();
     }
-    let ports: Vec<u16> = slice
-        .ports
-        .iter()
-        .flatten()
-        .filter(|p| is_tcp(p.protocol.as_deref()))
-        .filter_map(|p| port(p.port))
-        .collect();
+    let ports = tcp_ports(
+        slice
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.protocol.as_deref(), p.port)),
+    );
     let ips = slice
         .endpoints
         .iter()
@@ -111,13 +110,13 @@ pub fn slice_entries(slice: &EndpointSlice) -> Vec<Entry> {
 pub fn endpoints_entries(ep: &Endpoints) -> Vec<Entry> {
     let mut out = Vec::new();
     for subset in ep.subsets.iter().flatten() {
-        let ports: Vec<u16> = subset
-            .ports
-            .iter()
-            .flatten()
-            .filter(|p| is_tcp(p.protocol.as_deref()))
-            .filter_map(|p| port(Some(p.port)))
-            .collect();
+        let ports = tcp_ports(
+            subset
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| (p.protocol.as_deref(), Some(p.port))),
+        );
         let ips = subset
             .addresses
             .iter()
@@ -131,12 +130,13 @@ pub fn endpoints_entries(ep: &Endpoints) -> Vec<Entry> {
     out
 }
 
-fn is_tcp(protocol: Option<&str>) -> bool {
-    protocol.is_none_or(|p| p == "TCP")
-}
-
-fn port(p: Option<i32>) -> Option<u16> {
-    p.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0)
+/// The port numbers of the TCP ports among `(protocol, port)`: no protocol means TCP; a port
+/// without a number (all ports), zero or out of range names nothing.
+fn tcp_ports<'a>(ports: impl Iterator<Item = (Option<&'a str>, Option<i32>)>) -> Vec<u16> {
+    ports
+        .filter(|(protocol, _)| protocol.is_none_or(|p| p == "TCP"))
+        .filter_map(|(_, port)| port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0))
+        .collect()
 }
 
 fn cross(ips: impl Iterator<Item = IpAddr>, ports: &[u16], source: Source) -> Vec<Entry> {
