@@ -246,19 +246,10 @@ impl Book {
             t.record.last = wall;
             t.last_seen = now;
             let due = now.saturating_duration_since(t.last_write) >= self.limits.update_every;
-            if due
-                && take(
-                    &mut self.targets,
-                    &mut self.global,
-                    &self.limits,
-                    &key.target,
-                    now,
-                )
-            {
-                let t = self.tracked.get_mut(&key).expect("just found");
-                t.last_write = now;
-                t.written_count = t.record.count;
-                return Admission::Write(Write::Update(t.record.clone()));
+            if due {
+                if let Some(write) = self.update(&key, now) {
+                    return Admission::Write(write);
+                }
             }
             return Admission::Counted;
         }
@@ -320,21 +311,27 @@ impl Book {
         let due: Vec<Key> = due.into_iter().cloned().collect();
         let mut out = Vec::new();
         for key in due {
-            if !take(
-                &mut self.targets,
-                &mut self.global,
-                &self.limits,
-                &key.target,
-                now,
-            ) {
-                continue;
-            }
-            let t = self.tracked.get_mut(&key).expect("listed above");
-            t.last_write = now;
-            t.written_count = t.record.count;
-            out.push(Write::Update(t.record.clone()));
+            out.extend(self.update(&key, now));
         }
         out
+    }
+
+    /// The count update of tracked event `key`, marked written, if the rate limits give it a
+    /// token; `None` if not.
+    fn update(&mut self, key: &Key, now: Instant) -> Option<Write> {
+        if !take(
+            &mut self.targets,
+            &mut self.global,
+            &self.limits,
+            &key.target,
+            now,
+        ) {
+            return None;
+        }
+        let t = self.tracked.get_mut(key).expect("a tracked event");
+        t.last_write = now;
+        t.written_count = t.record.count;
+        Some(Write::Update(t.record.clone()))
     }
 
     /// Forgets events not seen for a window, and buckets that refilled completely.
