@@ -1,8 +1,11 @@
 //! Builders for unit tests: endpoint sets, processes, kernel events and connection tables,
-//! with times relative to one origin. One place, so every module's tests build the same
+//! with times relative to one origin, and fake `/proc` trees. One place, so every module's tests build the same
 //! realistic sequences (connect from process context, establish from softirq, ...).
 use std::{
     net::SocketAddr,
+    os::unix::fs::symlink,
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -12,7 +15,7 @@ use crate::{
     endpoint::{Endpoint, EndpointSet, Source},
     health::{State, Verdict},
     kernel::events::{Change, KernelEvent},
-    process::ProcessInfo,
+    process::{ProcessInfo, Procfs},
     snapshot::{ClientSnapshot, ConnectionSnapshot, Snapshot},
     sock_diag::TcpInfo,
     table::{ConnectionTable, Sample, Tuple},
@@ -244,5 +247,101 @@ pub fn snapshot(at: Instant, clients: Vec<ClientSnapshot>) -> Snapshot {
         at,
         clients,
         ..Snapshot::empty()
+    }
+}
+
+/// A fake procfs tree (`root` stands for `/proc`) in a fresh temporary directory, removed on
+/// drop.
+pub struct FakeProc {
+    pub root: PathBuf,
+}
+
+impl FakeProc {
+    /// An empty tree; `name` tells the trees of different tests apart.
+    pub fn new(name: &str) -> Self {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "lifeline-fakeproc-{name}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).expect("create fake proc root");
+        Self { root }
+    }
+
+    pub fn procfs(&self) -> Procfs {
+        Procfs::new(&self.root)
+    }
+
+    /// Writes `<root>/<pid>/<file>`.
+    pub fn file(&self, pid: u32, file: &str, contents: impl AsRef<[u8]>) -> &Self {
+        let path = self.root.join(pid.to_string()).join(file);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("create dir");
+        std::fs::write(path, contents).expect("write fake proc file");
+        self
+    }
+
+    /// A process as [`Procfs`] reads it: the given comm, cmdline, start time and cgroup file;
+    /// `tgid` in its status (differs from `pid` for a thread).
+    pub fn process(
+        &self,
+        pid: u32,
+        tgid: u32,
+        comm: &str,
+        cmdline: &[u8],
+        start: u64,
+        cgroup: &str,
+    ) -> &Self {
+        self.file(
+            pid,
+            "stat",
+            format!(
+                "{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 {start} 12345678 456 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0\n"
+            ),
+        );
+        self.file(pid, "comm", format!("{comm}\n"));
+        self.file(pid, "cmdline", cmdline);
+        self.file(pid, "cgroup", cgroup);
+        self.file(
+            pid,
+            "status",
+            format!("Name:\t{comm}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid}\nNgid:\t0\nPid:\t{pid}\nPPid:\t1\n"),
+        );
+        self.file(pid, "ns/net", "")
+    }
+
+    /// A process as the node's components are looked for: its comm, its arguments
+    /// (NUL-terminated), and empty `root/` and `cwd/` directories standing for its root and
+    /// working directory.
+    pub fn command(&self, pid: u32, comm: &str, args: &[&str]) -> &Self {
+        let p = self.root.join(pid.to_string());
+        std::fs::create_dir_all(p.join("root")).expect("pid dir");
+        std::fs::create_dir_all(p.join("cwd")).expect("cwd");
+        self.file(pid, "comm", format!("{comm}\n"));
+        self.file(pid, "cmdline", args.join("\0") + "\0")
+    }
+
+    /// Writes `path` as process `pid` sees it: under `<pid>/root` if absolute, `<pid>/cwd` if
+    /// relative.
+    pub fn seen_by(&self, pid: u32, path: &str, text: &str) -> &Self {
+        match path.strip_prefix('/') {
+            Some(rel) => self.file(pid, &format!("root/{rel}"), text),
+            None => self.file(pid, &format!("cwd/{path}"), text),
+        }
+    }
+
+    /// Creates `<root>/<pid>/fd/<fd>` -> `target`.
+    pub fn fd(&self, pid: u32, fd: u32, target: &str) -> &Self {
+        let dir = self.root.join(pid.to_string()).join("fd");
+        std::fs::create_dir_all(&dir).expect("create fd dir");
+        symlink(target, dir.join(fd.to_string())).expect("create fd symlink");
+        self
+    }
+}
+
+impl Drop for FakeProc {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
     }
 }

@@ -14,10 +14,24 @@
 //! The inputs are `GET /apis` (an `APIGroupList`) and `GET /api/v1` (an `APIResourceList`):
 //! the core list names the group/version of the `pods/eviction` subresource's body, which is the
 //! most direct answer for Eviction; the group list is the fallback when it does not.
-use std::fmt;
+use std::{fmt, time::Duration};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceList};
+use k8s_openapi::{
+    api::{
+        core::v1::{Endpoints, Service},
+        discovery::v1::EndpointSlice,
+    },
+    apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceList},
+};
+use kube::{runtime::watcher, Api, Client};
 use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+
+use super::{
+    call,
+    endpoints::{self, Entry, Feed},
+    Result, Trouble,
+};
 
 /// Where the apiserver addresses of `default/kubernetes` are read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -155,6 +169,90 @@ impl ApiVersions {
             endpoints,
             eviction,
             events,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The task
+
+/// Discovery is retried with a backoff from 1 s up to this.
+const DISCOVERY_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// `GET /apis`, `GET /api/v1` and `GET /version`, then the decision.
+async fn discover(client: &Client, server: &str) -> Result<ApiVersions> {
+    let groups = call(server, "API discovery (GET /apis)", client.list_api_groups()).await?;
+    let core = call(
+        server,
+        "API discovery (GET /api/v1)",
+        client.list_core_api_resources("v1"),
+    )
+    .await?;
+    let version = match call(server, "GET /version", client.apiserver_version()).await {
+        Ok(info) => Some(info.git_version),
+        Err(err) => {
+            tracing::debug!("{}", crate::error::chain(&err));
+            None
+        }
+    };
+    Ok(ApiVersions::decide(&groups, Some(&core), version))
+}
+
+/// Discovery until it succeeds, then the Service and EndpointSlice/Endpoints watches.
+pub(super) async fn discover_then_watch(
+    client: Client,
+    server: String,
+    versions: watch::Sender<Option<ApiVersions>>,
+    feeds: mpsc::Sender<(Feed, Vec<Entry>)>,
+) {
+    let mut trouble = Trouble::new("Kubernetes API discovery");
+    let mut backoff = Duration::from_secs(1);
+    let decided = loop {
+        match discover(&client, &server).await {
+            Ok(v) => break v,
+            Err(err) => {
+                trouble.failed(&err);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(DISCOVERY_BACKOFF_MAX);
+            }
+        }
+    };
+    trouble.ok();
+    tracing::info!("{decided}");
+    let backends = decided.endpoints;
+    versions.send_replace(Some(decided));
+
+    let by_name = watcher::Config::default().fields("metadata.name=kubernetes");
+    let service = endpoints::watch_feed(
+        Api::<Service>::namespaced(client.clone(), "default"),
+        by_name.clone(),
+        Feed::Service,
+        endpoints::service_entries,
+        feeds.clone(),
+        "watching Service default/kubernetes",
+    );
+    match backends {
+        EndpointsApi::EndpointSliceV1 => {
+            let slices = endpoints::watch_feed(
+                Api::<EndpointSlice>::namespaced(client, "default"),
+                watcher::Config::default().labels("kubernetes.io/service-name=kubernetes"),
+                Feed::Backends,
+                endpoints::slice_entries,
+                feeds,
+                "watching the EndpointSlices of default/kubernetes",
+            );
+            futures::join!(service, slices);
+        }
+        EndpointsApi::CoreV1 => {
+            let eps = endpoints::watch_feed(
+                Api::<Endpoints>::namespaced(client, "default"),
+                by_name,
+                Feed::Backends,
+                endpoints::endpoints_entries,
+                feeds,
+                "watching Endpoints default/kubernetes",
+            );
+            futures::join!(service, eps);
         }
     }
 }

@@ -12,7 +12,9 @@ use std::{
 
 use serde_json::{json, Value};
 
+use super::discovery::{EndpointsApi, EventsApi};
 use super::*;
+use crate::endpoint::Source;
 
 const NODE: &str = "lifeline-node-1";
 const APP_ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";

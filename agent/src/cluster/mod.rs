@@ -7,35 +7,50 @@
 //! the situation it exists for. Until API discovery succeeded, [`Cluster::api_versions`] is
 //! `None`, [`Cluster::evict`] fails, and events wait in their queue.
 //!
-//! Parts (pure logic in each submodule, unit-tested; the tasks below do the I/O):
+//! Parts, each a submodule with its pure logic (unit-tested) and, beside it, the background task
+//! that does its I/O:
 //!
 //! - [`connect`]: in-cluster service account or kubeconfig;
 //! - [`discovery`]: which API generation this apiserver serves ([`ApiVersions`]), decided once;
+//!   its task retries discovery, then starts the watches of [`endpoints`];
 //! - [`endpoints`]: the apiserver endpoint set, live (Service, EndpointSlices or Endpoints, the
-//!   server URL with its name re-resolved), with removed endpoints retained for a while;
+//!   server URL with its name re-resolved), with removed endpoints retained for a while; its
+//!   tasks watch one feed each and aggregate the feeds;
 //! - [`node_local`]: in a pod, the addresses the node's own components use (the kubelet's
-//!   kubeconfig, loopback apiservers and node-local proxies);
-//! - [`pods`]: this node's pods by container id ([`PodRef`]);
-//! - [`events`]: deduplicated, rate-limited Events, `events.k8s.io/v1` or core v1;
-//! - [`evict`]: `pods/eviction` in `policy/v1` or `policy/v1beta1`;
+//!   kubeconfig, loopback apiservers and node-local proxies), looked at again periodically;
+//! - [`pods`]: this node's pods by container id ([`PodRef`]), from a node-scoped watch;
+//! - [`events`]: deduplicated, rate-limited Events, `events.k8s.io/v1` or core v1, and their
+//!   writer;
+//! - [`evict`]: `pods/eviction` in `policy/v1` or `policy/v1beta1` (the request is
+//!   [`Cluster::evict`]'s own);
 //! - [`probe`]: `/readyz` every few seconds, for the remediation guards.
 //!
-//! Wiring (in `run.rs`):
+//! This module holds the handle ([`Cluster`]), its [`Error`], and what the tasks share: one
+//! request with [`REQUEST_TIMEOUT`] (`call`) and the logging of an activity that keeps failing
+//! (`Trouble`).
+//!
+//! Wiring (in `app/run.rs` and `app/workers.rs`):
 //!
 //! ```ignore
+//! // app/run.rs
 //! let node = alerts::node_name(args.node_name.as_deref());
-//! let cluster = match cluster::Cluster::start(cluster::Options::new(args.kubeconfig.clone(), &node)).await {
+//! let cluster = match Cluster::start(cluster::Options::new(args.kubeconfig.clone(), &node)).await {
 //!     Ok(c) => Some(c),
-//!     Err(err) => { tracing::warn!("without Kubernetes: {}", chain(&err)); None }
+//!     Err(err) => { tracing::info!("without Kubernetes: {}", error::chain(&err)); None }
 //! };
-//! if let Some(c) = &cluster { c.settled(Duration::from_secs(10)).await; }
+//! if let Some(c) = &cluster {
+//!     c.settled(CLUSTER_SETTLE).await; // false: discovery goes on in the background
+//! }
 //! // endpoints: flags/config merged with the cluster's (endpoints::merge_into), now and on every
-//! // change of c.endpoints(); after a change, rescan so existing connections to new endpoints
-//! // are found
-//! // pod of a process: c.pod_of(&container_ref.id)
-//! // c.emit(EventTarget::Pod { .. }, "LifelineClientDisconnected", &reason, EventType::Warning);
-//! // c.evict(ns, name).await; c.apiserver_reachable();
+//! // change of c.endpoints() (follow_discovery); after a change, a rescan finds the existing
+//! // connections to new endpoints
 //! // shutdown: c.shutdown(GRACE).await;
+//!
+//! // app/workers.rs
+//! // pod of a process: c.pod_of(&container.id) (pod_of, also used by kernel::pump)
+//! // c.emit(EventTarget::Pod { .. }, reason, &message, EventType::Warning) (SampleLoop::event)
+//! // c.evict(namespace, name).await (ClusterEvictor); c.apiserver_reachable() for the
+//! // remediation guards (SampleLoop)
 //! ```
 pub mod connect;
 pub mod discovery;
@@ -51,49 +66,34 @@ mod fixture_tests;
 
 use std::{
     collections::HashMap,
-    fmt::Debug,
     future::Future,
     path::PathBuf,
     sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
-use k8s_openapi::api::{
-    core::v1::{Endpoints, Node, Pod, Service},
-    discovery::v1::EndpointSlice,
-};
-use kube::{
-    runtime::{watcher, WatchStreamExt},
-    Api, Client,
-};
-use serde::de::DeserializeOwned;
+use kube::Client;
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
 };
 
-pub use discovery::{ApiVersions, EndpointsApi, EventsApi};
+pub use discovery::ApiVersions;
 pub use events::{EventTarget, EventType, Limits as EventLimits};
 pub use evict::EvictOutcome;
 pub use pods::PodRef;
 
-use crate::endpoint::{EndpointSet, Source};
+use crate::endpoint::EndpointSet;
 use connect::Host;
-use endpoints::{Entry, Feed, Objects, Tracker};
-use events::{Admission, Book, Write};
-use probe::{ProbeResult, Reachability};
+use endpoints::{Feed, Tracker};
+use events::{Admission, Book, EventWriter, Write};
+use node_local::NodeWatch;
+use probe::Reachability;
 
 /// One request to the apiserver may take this long (watches excepted).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// An eviction may take this long (the apiserver checks PodDisruptionBudgets first).
 pub const EVICT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Resolving the server's name may take this long (also at start).
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Discovery is retried with a backoff from 1 s up to this.
-const DISCOVERY_BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// How often due event counts are written.
-const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// While something keeps failing, it is logged again this often.
 const RELOG_EVERY: Duration = Duration::from_secs(5 * 60);
 
@@ -252,7 +252,7 @@ impl Cluster {
                 None
             }
             Some((Host::Name(name), port)) => {
-                match resolve_server(&name, port, server_source).await {
+                match endpoints::resolve_server(&name, port, server_source).await {
                     Ok(entries) => {
                         tracker.update(Feed::Server, Instant::now(), entries);
                     }
@@ -294,14 +294,14 @@ impl Cluster {
         let reach = Arc::new(Mutex::new(Reachability::default()));
 
         let mut tasks = vec![
-            tokio::spawn(aggregate(tracker, feed_rx, endpoints_tx, settled_tx)),
-            tokio::spawn(probe_loop(client.clone(), reach.clone(), server.clone())),
-            tokio::spawn(watch_pods(
+            tokio::spawn(endpoints::aggregate(tracker, feed_rx, endpoints_tx, settled_tx)),
+            tokio::spawn(probe::probe_loop(client.clone(), reach.clone(), server.clone())),
+            tokio::spawn(pods::watch_pods(
                 client.clone(),
                 options.node_name.clone(),
                 pods.clone(),
             )),
-            tokio::spawn(discover_then_watch(
+            tokio::spawn(discovery::discover_then_watch(
                 client.clone(),
                 server.clone(),
                 versions_tx,
@@ -312,16 +312,19 @@ impl Cluster {
             tasks.push(tokio::spawn(node.run(feed_tx.clone())));
         }
         if let Some((name, port)) = resolve {
-            tasks.push(tokio::spawn(resolve_loop(name, port, server_source, feed_tx)));
+            tasks.push(tokio::spawn(endpoints::resolve_loop(
+                name,
+                port,
+                server_source,
+                feed_tx,
+            )));
         }
-        let writer = EventWriter {
-            client: client.clone(),
-            server: server.clone(),
-            node: options.node_name.clone(),
-            node_uid: None,
-            book: book.clone(),
-            trouble: Trouble::new("writing events"),
-        };
+        let writer = EventWriter::new(
+            client.clone(),
+            server.clone(),
+            options.node_name.clone(),
+            book.clone(),
+        );
         let writer = tokio::spawn(writer.run(writes_rx, versions_rx.clone(), stop_rx));
         Ok(Cluster {
             inner: Arc::new(Inner {
@@ -346,8 +349,8 @@ impl Cluster {
         self.inner.versions.borrow().clone()
     }
 
-    /// The cluster's apiserver endpoints, each with its [`Source`]; a new value on every change.
-    /// Holds the server's own address from the start.
+    /// The cluster's apiserver endpoints, each with its [`Source`](crate::endpoint::Source); a
+    /// new value on every change. Holds the server's own address from the start.
     pub fn endpoints(&self) -> watch::Receiver<EndpointSet> {
         self.inner.endpoints.clone()
     }
@@ -471,7 +474,7 @@ impl Cluster {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Background tasks
+// Shared by the background tasks
 
 /// Logs a failing activity once when it starts failing, again every [`RELOG_EVERY`] while it
 /// keeps failing, and once when it works again.
@@ -536,498 +539,6 @@ async fn call<T>(server: &str, what: &str, fut: impl Future<Output = kube::Resul
             server: server.to_owned(),
             after: REQUEST_TIMEOUT,
         }),
-    }
-}
-
-/// `GET /apis`, `GET /api/v1` and `GET /version`, then the decision.
-async fn discover(client: &Client, server: &str) -> Result<ApiVersions> {
-    let groups = call(server, "API discovery (GET /apis)", client.list_api_groups()).await?;
-    let core = call(
-        server,
-        "API discovery (GET /api/v1)",
-        client.list_core_api_resources("v1"),
-    )
-    .await?;
-    let version = match call(server, "GET /version", client.apiserver_version()).await {
-        Ok(info) => Some(info.git_version),
-        Err(err) => {
-            tracing::debug!("{}", crate::error::chain(&err));
-            None
-        }
-    };
-    Ok(ApiVersions::decide(&groups, Some(&core), version))
-}
-
-/// Discovery until it succeeds, then the Service and EndpointSlice/Endpoints watches.
-async fn discover_then_watch(
-    client: Client,
-    server: String,
-    versions: watch::Sender<Option<ApiVersions>>,
-    feeds: mpsc::Sender<(Feed, Vec<Entry>)>,
-) {
-    let mut trouble = Trouble::new("Kubernetes API discovery");
-    let mut backoff = Duration::from_secs(1);
-    let decided = loop {
-        match discover(&client, &server).await {
-            Ok(v) => break v,
-            Err(err) => {
-                trouble.failed(&err);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(DISCOVERY_BACKOFF_MAX);
-            }
-        }
-    };
-    trouble.ok();
-    tracing::info!("{decided}");
-    let backends = decided.endpoints;
-    versions.send_replace(Some(decided));
-
-    let by_name = watcher::Config::default().fields("metadata.name=kubernetes");
-    let service = watch_feed(
-        Api::<Service>::namespaced(client.clone(), "default"),
-        by_name.clone(),
-        Feed::Service,
-        endpoints::service_entries,
-        feeds.clone(),
-        "watching Service default/kubernetes",
-    );
-    match backends {
-        EndpointsApi::EndpointSliceV1 => {
-            let slices = watch_feed(
-                Api::<EndpointSlice>::namespaced(client, "default"),
-                watcher::Config::default().labels("kubernetes.io/service-name=kubernetes"),
-                Feed::Backends,
-                endpoints::slice_entries,
-                feeds,
-                "watching the EndpointSlices of default/kubernetes",
-            );
-            futures::join!(service, slices);
-        }
-        EndpointsApi::CoreV1 => {
-            let eps = watch_feed(
-                Api::<Endpoints>::namespaced(client, "default"),
-                by_name,
-                Feed::Backends,
-                endpoints::endpoints_entries,
-                feeds,
-                "watching Endpoints default/kubernetes",
-            );
-            futures::join!(service, eps);
-        }
-    }
-}
-
-/// One feed from a watch: after each change (once listed), the entries of every object.
-async fn watch_feed<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    feed: Feed,
-    reduce: fn(&K) -> Vec<Entry>,
-    feeds: mpsc::Sender<(Feed, Vec<Entry>)>,
-    what: &'static str,
-) where
-    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    let mut objects = Objects::default();
-    let mut trouble = Trouble::new(what);
-    let mut stream = watcher(api, config).default_backoff().boxed();
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => {
-                trouble.ok();
-                if objects.apply(event, reduce) && objects.listed() {
-                    let entries = objects.values().flatten().copied().collect();
-                    if feeds.send((feed, entries)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            Err(err) => trouble.failed(&err),
-        }
-    }
-}
-
-/// The feeds → the endpoint set, with removed entries expiring after the retention.
-async fn aggregate(
-    mut tracker: Tracker,
-    mut feeds: mpsc::Receiver<(Feed, Vec<Entry>)>,
-    out: watch::Sender<EndpointSet>,
-    settled: watch::Sender<bool>,
-) {
-    loop {
-        let next_expiry = tracker.next_expiry();
-        let expiry = async {
-            match next_expiry {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            update = feeds.recv() => {
-                let Some((feed, entries)) = update else { return };
-                let change = tracker.update(feed, Instant::now(), entries);
-                for (endpoint, source) in &change.added {
-                    tracing::info!(%endpoint, source = source.as_str(), "apiserver endpoint discovered");
-                }
-                for (endpoint, source) in &change.removed {
-                    tracing::info!(
-                        %endpoint, source = source.as_str(),
-                        "apiserver endpoint no longer listed; still watched for {:?}",
-                        endpoints::RETAIN_REMOVED
-                    );
-                }
-            }
-            () = expiry => {
-                for (endpoint, source) in tracker.expire(Instant::now()) {
-                    tracing::info!(%endpoint, source = source.as_str(), "apiserver endpoint forgotten");
-                }
-            }
-        }
-        let set = tracker.set();
-        out.send_if_modified(|current| {
-            let changed = *current != set;
-            if changed {
-                *current = set;
-            }
-            changed
-        });
-        if tracker.has(Feed::Service) && tracker.has(Feed::Backends) {
-            settled.send_if_modified(|s| !std::mem::replace(s, true));
-        }
-    }
-}
-
-async fn resolve_server(name: &str, port: u16, source: Source) -> Result<Vec<Entry>, std::io::Error> {
-    let lookup = tokio::net::lookup_host((name, port));
-    let addrs = tokio::time::timeout(RESOLVE_TIMEOUT, lookup)
-        .await
-        .map_err(|_| {
-            std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("resolving {name} timed out"),
-            )
-        })?
-        .map_err(|err| std::io::Error::new(err.kind(), format!("resolving {name}: {err}")))?;
-    let entries = endpoints::server_entries(addrs.map(|a| a.ip()), port, source);
-    if entries.is_empty() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!("{name} resolved to no address"),
-        ));
-    }
-    Ok(entries)
-}
-
-/// Re-resolves the server name every [`endpoints::RESOLVE_EVERY`].
-async fn resolve_loop(name: String, port: u16, source: Source, feeds: mpsc::Sender<(Feed, Vec<Entry>)>) {
-    let mut trouble = Trouble::new("resolving the apiserver's name");
-    loop {
-        tokio::time::sleep(endpoints::RESOLVE_EVERY).await;
-        match resolve_server(&name, port, source).await {
-            Ok(entries) => {
-                trouble.ok();
-                if feeds.send((Feed::Server, entries)).await.is_err() {
-                    return;
-                }
-            }
-            Err(err) => trouble.failed(&err),
-        }
-    }
-}
-
-/// What the node says ([`node_local`]), looked at every [`endpoints::RESOLVE_EVERY`]. Each part
-/// that fails to be read keeps its last answer (the tracker then still retains what it named).
-struct NodeWatch {
-    proc_root: PathBuf,
-    kubelet: Option<(node_local::KubeletServer, Vec<std::net::IpAddr>)>,
-    listeners: Vec<node_local::Listener>,
-    findings: node_local::Findings,
-    kubelet_trouble: Trouble,
-    resolve_trouble: Trouble,
-    listeners_trouble: Trouble,
-}
-
-impl NodeWatch {
-    fn new(proc_root: PathBuf) -> Self {
-        Self {
-            proc_root,
-            kubelet: None,
-            listeners: Vec::new(),
-            findings: node_local::Findings::default(),
-            kubelet_trouble: Trouble::new("reading the kubelet's kubeconfig"),
-            resolve_trouble: Trouble::new("resolving the server of the kubelet's kubeconfig"),
-            listeners_trouble: Trouble::new("listing the host's listening sockets"),
-        }
-    }
-
-    /// One look (the /proc and sock_diag reads on a blocking thread); logs what is new.
-    async fn look(&mut self) -> node_local::Findings {
-        let proc_root = self.proc_root.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let kubelet = node_local::kubelet_server(&proc_root);
-            let netns = proc_root.join("1/ns/net");
-            let listeners = node_local::listeners(&netns, &crate::process::Procfs::new(&proc_root));
-            (kubelet, listeners)
-        })
-        .await;
-        let Ok((kubelet, listeners)) = read else {
-            return self.findings.clone();
-        };
-        match kubelet {
-            Ok(None) => {
-                self.kubelet_trouble.ok();
-                self.kubelet = None;
-            }
-            Ok(Some(server)) => {
-                self.kubelet_trouble.ok();
-                let addrs = match &server.host {
-                    Host::Ip(ip) => Ok(vec![*ip]),
-                    Host::Name(name) => resolve_server(name, server.port, Source::KubeletKubeconfig)
-                        .await
-                        .map(|entries| entries.into_iter().map(|(e, _)| e.addr).collect()),
-                };
-                match addrs {
-                    Ok(addrs) => {
-                        self.resolve_trouble.ok();
-                        self.kubelet = Some((server, addrs));
-                    }
-                    Err(err) => self.resolve_trouble.failed(&err),
-                }
-            }
-            Err(err) => self.kubelet_trouble.failed(&err),
-        }
-        match listeners {
-            Ok(found) => {
-                self.listeners_trouble.ok();
-                self.listeners = found;
-            }
-            Err(err) => self.listeners_trouble.failed(&err),
-        }
-        let kubelet = self.kubelet.as_ref();
-        let findings = node_local::findings(
-            kubelet.map(|(s, _)| s),
-            kubelet.map_or(&[][..], |(_, a)| a.as_slice()),
-            &self.listeners,
-        );
-        for ((endpoint, source), why) in node_local::news(&self.findings, &findings) {
-            tracing::info!(%endpoint, source = source.as_str(), "apiserver endpoint of this node: {why}");
-        }
-        self.findings = findings.clone();
-        findings
-    }
-
-    async fn run(mut self, feeds: mpsc::Sender<(Feed, Vec<Entry>)>) {
-        loop {
-            tokio::time::sleep(endpoints::RESOLVE_EVERY).await;
-            let findings = self.look().await;
-            if feeds.send((Feed::Node, findings.entries())).await.is_err() {
-                return;
-            }
-        }
-    }
-}
-
-/// This node's pods → the container index.
-async fn watch_pods(client: Client, node: String, index: Arc<RwLock<HashMap<String, PodRef>>>) {
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut stream = watcher(Api::<Pod>::all(client), config).default_backoff().boxed();
-    let mut objects = Objects::default();
-    let mut trouble = Trouble::new("watching this node's pods");
-    let reduce = |pod: &Pod| {
-        let (found, bad) = pods::pod_containers(pod);
-        for err in bad {
-            tracing::debug!(
-                "pod {}/{}: {err}",
-                pod.metadata.namespace.as_deref().unwrap_or(""),
-                pod.metadata.name.as_deref().unwrap_or("")
-            );
-        }
-        found
-    };
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => {
-                trouble.ok();
-                if objects.apply(event, reduce) && objects.listed() {
-                    let new = pods::index(objects.values());
-                    *index.write().expect("pods lock") = new;
-                }
-            }
-            Err(err) => trouble.failed(&err),
-        }
-    }
-}
-
-/// `GET /readyz` every [`probe::PROBE_EVERY`].
-async fn probe_loop(client: Client, reach: Arc<Mutex<Reachability>>, server: String) {
-    let mut tick = tokio::time::interval(probe::PROBE_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let request = http::Request::get("/readyz")
-            .body(Vec::new())
-            .expect("a valid request");
-        let (result, detail) =
-            match tokio::time::timeout(probe::PROBE_TIMEOUT, client.request_text(request)).await {
-                Ok(Ok(_)) => (ProbeResult::Answered(200), "ok".to_owned()),
-                Ok(Err(kube::Error::Api(status))) => (
-                    ProbeResult::Answered(status.code),
-                    format!("{} {}", status.code, status.message.lines().next().unwrap_or("")),
-                ),
-                Ok(Err(err)) => (ProbeResult::NoAnswer, crate::error::chain(&err)),
-                Err(_) => (
-                    ProbeResult::NoAnswer,
-                    format!("no answer within {:?}", probe::PROBE_TIMEOUT),
-                ),
-            };
-        let changed = reach
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .record(Instant::now(), result);
-        match changed {
-            Some(true) => tracing::info!("apiserver {server} reachable (GET /readyz: {detail})"),
-            Some(false) => tracing::warn!("apiserver {server} unreachable (GET /readyz: {detail})"),
-            None => {}
-        }
-    }
-}
-
-/// Resolves once `stop` holds true (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
-/// Writes the events the [`Book`] admitted.
-struct EventWriter {
-    client: Client,
-    server: String,
-    node: String,
-    /// The node's UID for node events: `None` until looked up, `Some(None)` if that failed.
-    node_uid: Option<Option<String>>,
-    book: Arc<Mutex<Book>>,
-    trouble: Trouble,
-}
-
-impl EventWriter {
-    async fn run(
-        mut self,
-        mut writes: mpsc::Receiver<Write>,
-        mut versions: watch::Receiver<Option<ApiVersions>>,
-        mut stop: watch::Receiver<bool>,
-    ) {
-        let discovered = async {
-            versions
-                .wait_for(Option::is_some)
-                .await
-                .ok()
-                .and_then(|v| v.as_ref().map(|v| v.events))
-        };
-        let api = tokio::select! {
-            api = discovered => match api {
-                Some(api) => api,
-                None => return,
-            },
-            () = stopped(&mut stop) => return,
-        };
-        let mut flush = tokio::time::interval(FLUSH_EVERY);
-        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                write = writes.recv() => match write {
-                    Some(write) => self.write(api, write).await,
-                    None => return,
-                },
-                _ = flush.tick() => {
-                    let due = self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner).flush(Instant::now());
-                    for write in due {
-                        self.write(api, write).await;
-                    }
-                }
-                () = stopped(&mut stop) => {
-                    while let Ok(write) = writes.try_recv() {
-                        self.write(api, write).await;
-                    }
-                    return;
-                }
-            }
-        }
-    }
-
-    async fn write(&mut self, api: EventsApi, write: Write) {
-        let (record, create) = match write {
-            Write::Create(r) => (r, true),
-            Write::Update(r) => (r, false),
-        };
-        let node_uid = match &record.target {
-            EventTarget::Node { .. } => self.node_uid().await,
-            EventTarget::Pod { .. } => None,
-        };
-        let collection = api.collection(record.target.event_namespace());
-        let post = || {
-            let body = events::create_body(api, &record, &self.node, node_uid.as_deref());
-            http::Request::post(&collection)
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .body(body.to_string().into_bytes())
-                .expect("a valid request")
-        };
-        let patch = || {
-            http::Request::patch(format!("{collection}/{}", record.name))
-                .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
-                .body(events::update_patch(api, &record).to_string().into_bytes())
-                .expect("a valid request")
-        };
-        let first = if create { post() } else { patch() };
-        let what = |create: bool| {
-            format!(
-                "{} event {}/{} ({} {})",
-                if create { "creating" } else { "updating" },
-                record.target.event_namespace(),
-                record.name,
-                record.reason,
-                api.api_version()
-            )
-        };
-        let result = match call(&self.server, &what(create), self.client.request_text(first)).await {
-            // The create's name is taken (a retry that had succeeded): write the count instead.
-            Err(Error::Request {
-                err: kube::Error::Api(status),
-                ..
-            }) if create && status.code == 409 => {
-                call(&self.server, &what(false), self.client.request_text(patch())).await
-            }
-            // The event to update is gone (expired, or its create was lost): create it anew.
-            Err(Error::Request {
-                err: kube::Error::Api(status),
-                ..
-            }) if !create && status.code == 404 => {
-                call(&self.server, &what(true), self.client.request_text(post())).await
-            }
-            other => other,
-        };
-        match result {
-            Ok(_) => self.trouble.ok(),
-            Err(err) => self.trouble.failed(&err),
-        }
-    }
-
-    async fn node_uid(&mut self) -> Option<String> {
-        if let Some(known) = &self.node_uid {
-            return known.clone();
-        }
-        let api = Api::<Node>::all(self.client.clone());
-        let what = format!("GET node {}", self.node);
-        let uid = match call(&self.server, &what, api.get(&self.node)).await {
-            Ok(node) => node.metadata.uid,
-            Err(err) => {
-                tracing::debug!(
-                    "{}; node events use the node name as its UID",
-                    crate::error::chain(&err)
-                );
-                None
-            }
-        };
-        self.node_uid = Some(uid.clone());
-        uid
     }
 }
 

@@ -5,11 +5,20 @@
 //! `status.initContainerStatuses` and `status.ephemeralContainerStatuses`, in the form
 //! `<runtime>://<64 hex>` (`containerd://`, `cri-o://`, `docker://`); the index is keyed by the
 //! bare 64-hex id, which is what a cgroup path names (see `container.rs`) whatever the runtime.
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, RwLock},
+};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    runtime::{watcher, WatchStreamExt},
+    Api, Client,
+};
 use serde::Serialize;
 
+use super::{endpoints::Objects, Trouble};
 use crate::container::{self, ContainerRef};
 
 /// Annotation that makes every container of the pod a monitored client.
@@ -86,6 +95,44 @@ pub fn index<'a>(pods: impl Iterator<Item = &'a Vec<(String, PodRef)>>) -> HashM
 /// The bare id of `container_id`, which may carry a `<runtime>://` prefix.
 pub fn bare_id(container_id: &str) -> &str {
     container_id.split_once("://").map_or(container_id, |(_, id)| id)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The task
+
+/// This node's pods → the container index.
+pub(super) async fn watch_pods(
+    client: Client,
+    node: String,
+    by_container: Arc<RwLock<HashMap<String, PodRef>>>,
+) {
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut stream = watcher(Api::<Pod>::all(client), config).default_backoff().boxed();
+    let mut objects = Objects::default();
+    let mut trouble = Trouble::new("watching this node's pods");
+    let reduce = |pod: &Pod| {
+        let (found, bad) = pod_containers(pod);
+        for err in bad {
+            tracing::debug!(
+                "pod {}/{}: {err}",
+                pod.metadata.namespace.as_deref().unwrap_or(""),
+                pod.metadata.name.as_deref().unwrap_or("")
+            );
+        }
+        found
+    };
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                trouble.ok();
+                if objects.apply(event, reduce) && objects.listed() {
+                    let new = index(objects.values());
+                    *by_container.write().expect("pods lock") = new;
+                }
+            }
+            Err(err) => trouble.failed(&err),
+        }
+    }
 }
 
 #[cfg(test)]

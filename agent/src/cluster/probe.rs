@@ -5,7 +5,12 @@
 //! apiserver answers anything but a 5xx: a 4xx (no permission for `/readyz`, or a server
 //! without it) still proves it is there, while a 5xx is an apiserver that is not ready, or a
 //! proxy in front of it that cannot reach one. No answer in time, refused, reset: a failure.
-use std::time::{Duration, Instant};
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use kube::Client;
 
 pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -47,6 +52,42 @@ impl Reachability {
         self.last
             .filter(|(at, _)| now.saturating_duration_since(*at) <= STALE_AFTER)
             .map(|(_, ok)| ok)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The task
+
+/// `GET /readyz` every [`PROBE_EVERY`].
+pub(super) async fn probe_loop(client: Client, reach: Arc<Mutex<Reachability>>, server: String) {
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let request = http::Request::get("/readyz")
+            .body(Vec::new())
+            .expect("a valid request");
+        let (result, detail) = match tokio::time::timeout(PROBE_TIMEOUT, client.request_text(request)).await {
+            Ok(Ok(_)) => (ProbeResult::Answered(200), "ok".to_owned()),
+            Ok(Err(kube::Error::Api(status))) => (
+                ProbeResult::Answered(status.code),
+                format!("{} {}", status.code, status.message.lines().next().unwrap_or("")),
+            ),
+            Ok(Err(err)) => (ProbeResult::NoAnswer, crate::error::chain(&err)),
+            Err(_) => (
+                ProbeResult::NoAnswer,
+                format!("no answer within {:?}", PROBE_TIMEOUT),
+            ),
+        };
+        let changed = reach
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .record(Instant::now(), result);
+        match changed {
+            Some(true) => tracing::info!("apiserver {server} reachable (GET /readyz: {detail})"),
+            Some(false) => tracing::warn!("apiserver {server} unreachable (GET /readyz: {detail})"),
+            None => {}
+        }
     }
 }
 

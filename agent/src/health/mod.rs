@@ -400,6 +400,27 @@ fn trying_for_a_window<'a>(t: &Thresholds, obs: &'a Observation, now: Instant) -
         .flatten()
 }
 
+/// Whether a timer started at `since` has run for `limit` at `now`.
+fn overdue(since: Instant, limit: Duration, now: Instant) -> bool {
+    now.saturating_duration_since(since) >= limit
+}
+
+/// Of `conns`, the one whose `timer` started first, with that start, if it is [`overdue`]:
+/// the blackhole rule's oldest unacknowledged retransmission, rule A's oldest unanswered
+/// request.
+fn first_overdue<'c>(
+    conns: impl IntoIterator<Item = &'c ConnectionFacts>,
+    timer: fn(&ConnectionFacts) -> Option<Instant>,
+    limit: Duration,
+    now: Instant,
+) -> Option<(Instant, &'c ConnectionFacts)> {
+    conns
+        .into_iter()
+        .filter_map(|c| timer(c).map(|since| (since, c)))
+        .min_by_key(|(since, _)| *since)
+        .filter(|(since, _)| overdue(*since, limit, now))
+}
+
 fn secs(d: Duration) -> u64 {
     d.as_secs()
 }
@@ -410,12 +431,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
         return judge_not_connected(t, obs, recent_failures, now);
     }
     // Blackholed: retransmits without ACK progress (kernel events and tcp_info alike).
-    let stalled = obs
-        .established
-        .iter()
-        .filter_map(|c| c.stalled_since.map(|s| (s, c)))
-        .min_by_key(|(s, _)| *s)
-        .filter(|(s, _)| now.saturating_duration_since(*s) >= t.blackhole_after);
+    let stalled = first_overdue(&obs.established, |c| c.stalled_since, t.blackhole_after, now);
     if let Some((since, conn)) = stalled {
         return Judgement::State {
             state: State::Blackholed,
@@ -440,11 +456,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
         };
     };
     // Rule A: a request left unanswered.
-    let waiting = readable
-        .iter()
-        .filter_map(|c| c.waiting_since.map(|w| (w, c)))
-        .min_by_key(|(w, _)| *w)
-        .filter(|(w, _)| now.saturating_duration_since(*w) >= t.stale_after);
+    let waiting = first_overdue(readable.iter().copied(), |c| c.waiting_since, t.stale_after, now);
     if let Some((since, conn)) = waiting {
         return Judgement::State {
             state: State::Stale,
@@ -458,10 +470,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
             endpoint: Some(conn.endpoint.clone()),
             suspects: readable
                 .iter()
-                .filter(|c| {
-                    c.waiting_since
-                        .is_some_and(|w| now.saturating_duration_since(w) >= t.stale_after)
-                })
+                .filter(|c| c.waiting_since.is_some_and(|w| overdue(w, t.stale_after, now)))
                 .map(|c| c.local)
                 .collect(),
         };

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use aya::{
     maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{trace_point::TracePointLinkId, ProgramError, ProgramFd, RawTracePoint, TracePoint},
+    programs::{trace_point::TracePointLinkId, Program, ProgramError, ProgramFd, RawTracePoint, TracePoint},
     Ebpf, EbpfError, EbpfLoader,
 };
 use lifeline_common::{counter, EndpointKey, FailureKey, KernelOffsets, MAX_ENDPOINTS, PORT_WORDS};
@@ -87,14 +87,7 @@ fn attach_error_report(ebpf: &mut Ebpf, offsets: &KernelOffsets) -> Result<()> {
             name,
         });
     }
-    let program: &mut RawTracePoint = ebpf
-        .program_mut(name)
-        .ok_or(Error::Missing {
-            kind: "program",
-            name,
-        })?
-        .try_into()
-        .map_err(|source| Error::Program { name, source })?;
+    let program: &mut RawTracePoint = program_of(ebpf, name)?;
     program.load().map_err(|source| Error::Program { name, source })?;
     program
         .attach(name)
@@ -154,14 +147,7 @@ impl Probes {
             .map_err(Error::Load)?;
         let logger_task = forward_kernel_logs(&mut ebpf);
         for (name, _, _) in TRACEPOINTS {
-            let program: &mut TracePoint = ebpf
-                .program_mut(name)
-                .ok_or(Error::Missing {
-                    kind: "program",
-                    name,
-                })?
-                .try_into()
-                .map_err(|source| Error::Program { name, source })?;
+            let program: &mut TracePoint = program_of(&mut ebpf, name)?;
             program.load().map_err(|source| Error::Program { name, source })?;
         }
         // Rare events (socket errors) that only tell the reason of a failed connect: without it
@@ -253,14 +239,7 @@ impl Probes {
     }
 
     fn tracepoint(&mut self, name: &'static str) -> Result<&mut TracePoint> {
-        self.ebpf
-            .program_mut(name)
-            .ok_or(Error::Missing {
-                kind: "program",
-                name,
-            })?
-            .try_into()
-            .map_err(|source| Error::Program { name, source })
+        program_of(&mut self.ebpf, name)
     }
 
     fn attach_direct(&mut self) -> Result<Vec<TracePointLinkId>> {
@@ -401,6 +380,20 @@ pub fn port_bitmap<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> Vec
         words[usize::from(e.port / 64)] |= 1 << (e.port % 64);
     }
     words
+}
+
+/// Program `name` of `ebpf` as its kind `P` (a tracepoint, a raw tracepoint).
+fn program_of<'e, P>(ebpf: &'e mut Ebpf, name: &'static str) -> Result<&'e mut P>
+where
+    &'e mut P: TryFrom<&'e mut Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(Error::Missing {
+            kind: "program",
+            name,
+        })?
+        .try_into()
+        .map_err(|source| Error::Program { name, source })
 }
 
 fn take_map<M>(

@@ -4,13 +4,15 @@
 //! for the run loop:
 //!
 //! ```text
-//! // start-up (inside the runtime):
-//! let dispatcher = alerts::Dispatcher::start(&file.receivers, &args.webhook, &args.alertmanager,
-//!                                            &metrics.alerts_sent, alerts::Options::default())?;
-//! let alerter = alerts::Alerter::new(alerts::node_name(args.node_name.as_deref()), dispatcher.clone());
-//! // each tick, after the judge made its snapshot:
+//! // start-up, inside the runtime (app/run.rs):
+//! let node = alerts::node_name(args.node_name.as_deref());
+//! let dispatcher = alerts::Dispatcher::start(&settings.file.receivers, &args.webhook,
+//!                                            &args.alertmanager, &metrics.alerts_sent,
+//!                                            alerts::Options::default())?;
+//! let alerter = alerts::Alerter::new(node.clone(), dispatcher.clone());
+//! // each tick, after the judge made its snapshot (app/workers.rs, SampleLoop::act):
 //! alerter.tick(&snapshot);
-//! // shutdown:
+//! // shutdown (app/run.rs):
 //! dispatcher.shutdown(GRACE).await;
 //! ```
 //!

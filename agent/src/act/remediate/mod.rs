@@ -5,23 +5,25 @@
 //!
 //! - [`policy`]: which action each client gets ([`policy::Remediator::plan`]), pure, fed `now`.
 //! - [`act`]: the actions for real ([`Actuator`]): sock_diag `SOCK_DESTROY`, pidfd signals,
-//!   evictions through an [`evict::Evictor`] (the Kubernetes module implements it; [`NoCluster`] until
-//!   then).
+//!   evictions through an [`evict::Evictor`] (`app::workers::ClusterEvictor` implements it over
+//!   the cluster, falling back to [`NoCluster`] without one).
 //! - [`runner`]: [`Remediation`], the two joined for the run loop:
 //!
 //! ```text
-//! // start-up (inside the runtime):
+//! // start-up, inside the runtime (app/run.rs):
 //! let remediation = remediate::Remediation::start(
 //!     remediate::Settings::new(&settings.file.remediation, args.dry_run),
-//!     remediate::Actuator::new(remediate::NoCluster),
+//!     remediate::Actuator::new(ClusterEvictor(cluster.clone())),
 //!     &metrics,
 //! );
-//! // each tick, after judge.tick(&table, now), with the judge and table locked:
-//! let outcomes = remediation.tick(&table, judge.verdicts(), judge.thresholds(), None,
-//!                                 |_info| remediate::Workload::host(false), now);
-//! // config reload:
+//! // each tick, from the judge's snapshot (app/workers.rs, SampleLoop::act), with the agent's
+//! // own apiserver check (None: unknown, or no cluster):
+//! let apiserver_reachable = cluster.as_ref().and_then(Cluster::apiserver_reachable);
+//! let outcomes = remediation.tick(&snapshot, apiserver_reachable,
+//!                                 |client| remediate::Workload { pod, opted_in });
+//! // config reload (app/run.rs, Reload::apply):
 //! remediation.reconfigure(remediate::Settings::new(&new.file.remediation, dry_run));
-//! // shutdown:
+//! // shutdown (app/run.rs):
 //! remediation.shutdown(GRACE).await;
 //! ```
 //!
