@@ -19,8 +19,8 @@ use std::{
 use serde_json::Value;
 
 use crate::{
-    client_script, connections, find_pid, ip, wait_until, write_kubeconfig, Agent, ApiServer, NetNs, TempDir,
-    Watched, SYSTEM_PYTHON,
+    client_script, connections, find_pid, setup::ip, wait_until, write_kubeconfig, Agent, ApiServer, NetNs,
+    TempDir, Watched, SYSTEM_PYTHON,
 };
 
 /// One host of the topology.
