@@ -19,6 +19,7 @@
 //! - `agent`: the [`Agent`] and what its API answers ([`Table`], [`assert_client_schema`]).
 //!
 //! Besides: [`kube_fixture`] (the fake kube-apiserver and the clients run against it),
+//! [`apiserver`] (that fake kube-apiserver's own code, `ll-apiserver`'s `main`),
 //! [`scenario`] (multi-namespace topologies) and [`real_cluster`] (a real Kubernetes cluster).
 
 mod agent;
@@ -27,6 +28,8 @@ mod programs;
 mod setup;
 mod wait;
 
+/// The fake kube-apiserver itself: everything `ll-apiserver` runs.
+pub mod apiserver;
 /// The fake kube-apiserver (`ll-apiserver`) and the real clients run against it.
 pub mod kube_fixture;
 /// A real Kubernetes 1.20 cluster (control plane, node, real clients): the real-cluster tier.
