@@ -23,6 +23,7 @@
 //! [`scenario`] (multi-namespace topologies) and [`real_cluster`] (a real Kubernetes cluster).
 
 mod agent;
+mod certs;
 mod netns;
 mod programs;
 mod setup;
