@@ -19,7 +19,8 @@
 //! - `agent`: the [`Agent`] and what its API answers ([`Table`], [`assert_client_schema`]).
 //!
 //! Besides: [`kube_fixture`] (the fake kube-apiserver and the clients run against it),
-//! [`apiserver`] (that fake kube-apiserver's own code, `ll-apiserver`'s `main`),
+//! [`apiserver`] (that fake kube-apiserver's own code, `ll-apiserver`'s `main`), [`kube_client`]
+//! (what the Rust clients of it share),
 //! [`scenario`] (multi-namespace topologies) and [`real_cluster`] (a real Kubernetes cluster).
 
 mod agent;
@@ -31,6 +32,8 @@ mod wait;
 
 /// The fake kube-apiserver itself: everything `ll-apiserver` runs.
 pub mod apiserver;
+/// What the Kubernetes clients written in Rust share (`ll-kube-watch`, `ll-stuck`, tests).
+pub mod kube_client;
 /// The fake kube-apiserver (`ll-apiserver`) and the real clients run against it.
 pub mod kube_fixture;
 /// A real Kubernetes 1.20 cluster (control plane, node, real clients): the real-cluster tier.

@@ -22,7 +22,7 @@ use http::{header, Request, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use lifeline_integration::kube_client::{client_main, kube_config};
 use rustls::pki_types::{CertificateDer, ServerName};
 use secrecy::ExposeSecret;
 use serde_json::Value;
@@ -270,10 +270,7 @@ fn bearer_token(user: &kube::config::AuthInfo) -> Result<Option<String>, String>
 }
 
 async fn run(args: Args) -> Result<Infallible, String> {
-    let kubeconfig = Kubeconfig::read_from(&args.kubeconfig).map_err(|e| format!("read kubeconfig: {e}"))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| format!("load kubeconfig: {e}"))?;
+    let config = kube_config(&args.kubeconfig).await?;
     let why = match use_one_connection(&args, &config).await {
         Ok(never) => match never {},
         Err(why) => why,
@@ -296,22 +293,5 @@ async fn run(args: Args) -> Result<Infallible, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("ll-stuck: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    match runtime.block_on(run(args)) {
-        Ok(never) => match never {},
-        Err(e) => {
-            eprintln!("ll-stuck: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    client_main("ll-stuck", USAGE, parse_args(), run)
 }
