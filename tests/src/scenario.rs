@@ -464,61 +464,45 @@ impl Lab {
         child
     }
 
-    /// The agent, watching port 6443 of every host, alerting to the sink.
     /// The agent for Kubernetes scenarios: no endpoint list (discovery through `kubeconfig`),
     /// the lab's thresholds and sink, plus `config_tail` (e.g. a `remediation:` section).
     pub fn agent_in_cluster(&self, kubeconfig_host: &str, config_tail: &str, extra: &[&str]) -> Agent {
-        self.topo.link_host();
-        let config = self.dir.path().join("lifeline-k8s.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "thresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: {MIN_AGE}s\n  stale_after: 15s\n\
+        let config = format!(
+            "thresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: {MIN_AGE}s\n  stale_after: 15s\n\
 receivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n{config_tail}",
-                self.sink.url
-            ),
-        )
-        .expect("write config");
-        let kubeconfig = self.kubeconfig(kubeconfig_host);
-        let mut args = vec![
-            "--config".to_owned(),
-            config.display().to_string(),
-            "--kubeconfig".into(),
-            kubeconfig.display().to_string(),
-            "--node-name".into(),
-            "node-a".into(),
-        ];
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        Agent::start_with(&args)
+            self.sink.url
+        );
+        let kubeconfig = self.kubeconfig(kubeconfig_host).display().to_string();
+        let args = ["--kubeconfig", &kubeconfig, "--node-name", "node-a"];
+        self.start_agent("lifeline-k8s.yaml", &config, &args, extra)
     }
 
+    /// The agent, watching port 6443 of every host, alerting to the sink.
     pub fn agent(&self, extra: &[&str]) -> Agent {
-        // The agent reaches the apiservers from the host, as it does on a node (its probe).
-        self.topo.link_host();
         let endpoints: Vec<String> = self
             .hosts
             .iter()
             .map(|h| format!("\"{}\"", self.topo.host(h).addr(PORT)))
             .collect();
-        let config = self.dir.path().join("lifeline.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "endpoints: [{}]\nthresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: {MIN_AGE}s\n  \
+        let config = format!(
+            "endpoints: [{}]\nthresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: {MIN_AGE}s\n  \
 connect_failures: 3\n  connect_window: 30s\nreceivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n",
-                endpoints.join(", "),
-                self.sink.url
-            ),
-        )
-        .expect("write config");
-        let mut args = vec![
-            "--config".to_owned(),
-            config.display().to_string(),
-            "--node-name".into(),
-            "lab".into(),
-        ];
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        Agent::start_with(&args)
+            endpoints.join(", "),
+            self.sink.url
+        );
+        self.start_agent("lifeline.yaml", &config, &["--node-name", "lab"], extra)
+    }
+
+    /// `lifeline run --config FILE ARGS... EXTRA...` with `config` written to FILE in the lab's
+    /// directory.
+    fn start_agent(&self, file: &str, config: &str, args: &[&str], extra: &[&str]) -> Agent {
+        // The agent reaches the apiservers from the host, as it does on a node (its probe).
+        self.topo.link_host();
+        let path = self.dir.path().join(file);
+        std::fs::write(&path, config).expect("write config");
+        let mut all = vec!["--config".to_owned(), path.display().to_string()];
+        all.extend(args.iter().chain(extra).map(|s| (*s).to_owned()));
+        Agent::start_with(&all)
     }
 }
 
