@@ -219,27 +219,47 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
 
 /// Runs `lifeline ARGS` to completion (killing it after 10 s, which fails the test).
 pub fn lifeline(args: &[&str]) -> Output {
-    let mut child = Command::new(lifeline_bin())
+    lifeline_via(&[], args, Duration::from_secs(10))
+}
+
+/// Runs `WRAPPER... lifeline ARGS` to completion, where the wrapper execs its arguments (as for
+/// [`Agent::launch`]); killing it after `timeout` fails the test.
+pub fn lifeline_via(wrapper: &[&str], args: &[&str], timeout: Duration) -> Output {
+    let mut child = lifeline_command(wrapper)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn lifeline");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + timeout;
     while child.try_wait().expect("try_wait").is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
             let out = child.wait_with_output().expect("wait");
+            let shown: Vec<&str> = wrapper.iter().chain(&["lifeline"]).chain(args).copied().collect();
             panic!(
-                "`lifeline {}` still running after 10 s; stderr:\n{}",
-                args.join(" "),
+                "`{}` still running after {} s; stderr:\n{}",
+                shown.join(" "),
+                timeout.as_secs(),
                 String::from_utf8_lossy(&out.stderr)
             );
         }
         thread::sleep(POLL);
     }
     child.wait_with_output().expect("wait")
+}
+
+/// `WRAPPER... lifeline`, or `lifeline` itself without a wrapper.
+fn lifeline_command(wrapper: &[&str]) -> Command {
+    match wrapper.split_first() {
+        Some((program, wrapper_args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(wrapper_args).arg(lifeline_bin());
+            cmd
+        }
+        None => Command::new(lifeline_bin()),
+    }
 }
 
 /// A running `lifeline run`, listening on a free 127.0.0.1 port. On drop it gets SIGTERM (and
@@ -280,14 +300,7 @@ impl Agent {
             ip => SocketAddr::new(ip, port),
         };
         let stderr = fs::File::create(dir.path().join("agent.stderr")).expect("stderr file");
-        let mut cmd = match wrapper.split_first() {
-            Some((program, wrapper_args)) => {
-                let mut cmd = Command::new(program);
-                cmd.args(wrapper_args).arg(lifeline_bin());
-                cmd
-            }
-            None => Command::new(lifeline_bin()),
-        };
+        let mut cmd = lifeline_command(wrapper);
         cmd.arg("run")
             .args(args)
             .args(["--listen", &SocketAddr::new(listen_ip, port).to_string()]);
