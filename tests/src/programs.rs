@@ -182,16 +182,10 @@ impl Client {
         self.read_connected()
     }
 
+    /// The outcome of a connect, which must have succeeded.
     fn read_connected(&mut self) -> Conn {
-        let (kind, rest) = self.proc.expect(&["connected ", "failed ", "error "]);
-        assert_eq!(kind, "connected ", "ll-client: {kind}{rest}");
-        let mut addrs = rest.split_whitespace().map(|a| a.parse().expect("address"));
-        let conn = Conn {
-            local: addrs.next().expect("local"),
-            remote: addrs.next().expect("remote"),
-        };
-        self.conns.push(conn);
-        conn
+        self.connected()
+            .unwrap_or_else(|outcome| panic!("ll-client: {outcome}"))
     }
 
     /// Starts a connect to `target` without waiting for its outcome (read it with
