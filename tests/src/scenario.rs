@@ -336,50 +336,21 @@ impl Lab {
     /// Starts (or restarts) the fake apiserver on `host`:6443. Its certificate is valid for
     /// every host of the lab, so the gateway can present it too.
     pub fn apiserver(&self, host: &str) -> ApiServer {
-        let mut extra = vec![
-            "--event-interval",
-            "1s",
-            "--bookmark-interval",
-            "3s",
-            "--watch-timeout",
-            "300s",
-        ];
-        let sans: Vec<String> = self
-            .hosts
-            .iter()
-            .map(|h| self.topo.host(h).ip.to_string())
-            .collect();
-        for san in &sans {
-            extra.extend(["--san", san]);
-        }
+        let flags = self.apiserver_flags();
         let h = self.topo.host(host);
         ApiServer::start_in(
             Some(&h.ns),
             &sibling_bin("ll-apiserver"),
             h.addr(PORT),
             &self.certs(),
-            &extra,
+            &flags.iter().map(String::as_str).collect::<Vec<_>>(),
         )
     }
 
     /// The fake apiserver on `host`:6443 serving Kubernetes objects per `options` (generation,
     /// pods, endpoint addresses), with the lab's certificate and intervals.
     pub fn apiserver_with(&self, host: &str, mut options: crate::ApiServerOptions) -> ApiServer {
-        for flag in [
-            "--event-interval",
-            "1s",
-            "--bookmark-interval",
-            "3s",
-            "--watch-timeout",
-            "300s",
-        ] {
-            options.extra.push(flag.to_owned());
-        }
-        for h in &self.hosts {
-            options
-                .extra
-                .extend(["--san".to_owned(), self.topo.host(h).ip.to_string()]);
-        }
+        options.extra.extend(self.apiserver_flags());
         let h = self.topo.host(host);
         ApiServer::start_with_in(
             Some(&h.ns),
@@ -388,6 +359,24 @@ impl Lab {
             &self.certs(),
             &options,
         )
+    }
+
+    /// The lab's `ll-apiserver` intervals, and a `--san` for every host.
+    fn apiserver_flags(&self) -> Vec<String> {
+        let mut flags: Vec<String> = [
+            "--event-interval",
+            "1s",
+            "--bookmark-interval",
+            "3s",
+            "--watch-timeout",
+            "300s",
+        ]
+        .map(String::from)
+        .into();
+        for h in &self.hosts {
+            flags.extend(["--san".to_owned(), self.topo.host(h).ip.to_string()]);
+        }
+        flags
     }
 
     /// A kubeconfig whose server is `host`:6443 (an apiserver or the gateway), written once
