@@ -16,12 +16,13 @@
 //! - `wait`: [`wait_until`], [`hold`], and [`Pretty`] / [`Shown`] for panic messages;
 //! - `netns`: [`NetNs`], [`VethPair`], [`ContainerCgroup`];
 //! - `programs`: the helper programs [`Client`] and [`Server`];
-//! - `agent`: the [`Agent`] and what its API answers ([`Table`], [`assert_client_schema`]).
+//! - `agent`: [`lifeline`] / [`lifeline_via`] (one command to completion), the [`Agent`] and
+//!   what its API answers ([`Table`], [`assert_client_schema`]).
 //!
 //! Besides: [`kube_fixture`] (the fake kube-apiserver and the clients run against it),
-//! [`apiserver`] (that fake kube-apiserver's own code, `ll-apiserver`'s `main`), [`kube_client`]
-//! (what the Rust clients of it share),
-//! [`scenario`] (multi-namespace topologies) and [`real_cluster`] (a real Kubernetes cluster).
+//! [`apiserver`] (that fake kube-apiserver's own code: `ll-apiserver` only calls its `main`),
+//! [`kube_client`] (what the Rust clients of it share), [`scenario`] (multi-namespace
+//! topologies) and [`real_cluster`] (a real Kubernetes cluster).
 
 mod agent;
 mod certs;

@@ -1,5 +1,5 @@
 //! `ll-apiserver`, the fake kube-apiserver: its documentation is on the binary
-//! (`src/bin/ll-apiserver.rs`), whose `main` is [`main`].
+//! (`src/bin/ll-apiserver.rs`), whose `main` is [`main`](crate::apiserver::main).
 mod handlers;
 mod kinds;
 mod patch;
