@@ -693,50 +693,15 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
     );
 
     // The test workloads.
-    cp.apply(&format!(
-        "apiVersion: v1
-kind: Namespace
-metadata: {{name: {NS}}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: default-view, namespace: {NS}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}}
-subjects: [{{kind: ServiceAccount, name: default, namespace: {NS}}}]
-"
-    ));
-    wait_until(secs(60), "the namespace's default service account token", || {
-        let out = cp.kubectl(&[
-            "-n",
-            NS,
-            "get",
-            "sa",
-            "default",
-            "-o",
-            "jsonpath={.secrets[0].name}",
-        ]);
-        let secret = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        if secret.is_empty() {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        } else {
-            Ok(())
-        }
-    });
+    cp.create_viewer_namespace(NS, secs(60));
     cp.apply(&stuck_deployment(OPTED_IN, "lifeline.dev/remediate: \"true\""));
     cp.apply(&stuck_deployment(PLAIN, ""));
     let opted = wait_one_ready_pod(&cp, NS, &format!("app={OPTED_IN}"), |_| true);
     let plain = wait_one_ready_pod(&cp, NS, &format!("app={PLAIN}"), |_| true);
     for p in [&opted, &plain] {
         let name = name_of(p);
-        wait_until(secs(60), &format!("ll-stuck in {name} listing pods"), || {
-            let out = cp.kubectl(&["-n", NS, "logs", &name]);
-            let log = String::from_utf8_lossy(&out.stdout).into_owned();
-            if log.lines().any(|l| l.starts_with("LIST ")) {
-                Ok(())
-            } else {
-                Err(format!("{log}{}", String::from_utf8_lossy(&out.stderr)))
-            }
-        });
+        let what = format!("ll-stuck in {name} listing pods");
+        cp.wait_pod_log(NS, &name, secs(60), &what, |l| l.starts_with("LIST "));
     }
     let stuck_pids = [pod_pid(&node, &opted), pod_pid(&node, &plain)];
     mark("test workloads running", &mut timeline);

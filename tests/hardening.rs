@@ -9,7 +9,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -52,32 +52,6 @@ fn strs(v: &[String]) -> Vec<&str> {
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
-}
-
-/// Runs `WRAPPER... lifeline ARGS` to completion (at most 20 s).
-fn lifeline_via(wrapper: &[String], cli: &[&str]) -> Output {
-    let mut cmd = Command::new(&wrapper[0]);
-    cmd.args(&wrapper[1..]).arg(lifeline_bin()).args(cli);
-    let shown = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let deadline = Instant::now() + secs(20.0);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("wait");
-            panic!(
-                "{shown} still running after 20 s:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        thread::sleep(secs(0.05));
-    }
-    child.wait_with_output().expect("wait")
 }
 
 /// The soft and hard open-file limits of `pid`.
@@ -870,7 +844,7 @@ fn without_cap_sys_ptrace_the_agent_is_blind_to_older_owners_and_says_so() {
 fn check_and_run_agree_on_each_privilege() {
     init!();
     let check = |wrapper: &[String]| {
-        let out = lifeline_via(wrapper, &["check"]);
+        let out = lifeline_via(&strs(wrapper), &["check"], secs(20.0));
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -916,7 +890,7 @@ fn check_and_run_agree_on_each_privilege() {
         "--listen",
         &listen,
     ];
-    let out = lifeline_via(&without("cap_net_admin"), &run_args);
+    let out = lifeline_via(&strs(&without("cap_net_admin")), &run_args, secs(20.0));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(

@@ -46,6 +46,24 @@ blackhole_after: {BLACKHOLE}s\n  outage_after: 5m\nreceivers:\n  - {{ name: sink
     (Agent::start_with(&args), dir)
 }
 
+/// A server on 127.0.0.1 and the agent watching it (as [`agent`] starts it): the server, its
+/// endpoint, the agent and the agent's config directory.
+fn local_server(sink: &WebhookSink, config_tail: &str, flags: &[&str]) -> (Server, String, Agent, TempDir) {
+    let server = Server::spawn(None, "127.0.0.1:0");
+    let endpoint = format!("127.0.0.1:{}", server.port());
+    let (agent, dir) = agent(std::slice::from_ref(&endpoint), sink, config_tail, flags);
+    (server, endpoint, agent, dir)
+}
+
+/// A server on every address of `net.b` and the agent watching it at `net.b_ip`: the server,
+/// that address, the agent and the agent's config directory.
+fn server_across(net: &VethPair, sink: &WebhookSink) -> (Server, SocketAddr, Agent, TempDir) {
+    let server = Server::spawn(Some(&net.b), "0.0.0.0:0");
+    let target = server.at(net.b_ip);
+    let (agent, dir) = agent(&[target.to_string()], sink, "", &[]);
+    (server, target, agent, dir)
+}
+
 /// Waits until `pid` is judged (a client, past min_client_age) and in `state`; returns its
 /// object and when it was seen so.
 fn wait_state(agent: &Agent, pid: u32, state: &str, timeout: Duration) -> (Value, SystemTime) {
@@ -88,10 +106,8 @@ fn reason(c: &Value) -> &str {
 fn a_dual_stack_socket_is_listed_sampled_judged_and_reset() {
     init!();
     let sink = WebhookSink::start();
-    let mut server = Server::spawn(None, "127.0.0.1:0");
-    let endpoint = format!("127.0.0.1:{}", server.port());
     let tail = "select:\n  comm: [\"ll-client\"]\nremediation:\n  mode: reset\n  cooldown: 1m\n";
-    let (agent, _dir) = agent(std::slice::from_ref(&endpoint), &sink, tail, &[]);
+    let (mut server, endpoint, agent, _dir) = local_server(&sink, tail, &[]);
     let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", server.port()).parse().unwrap();
     let mut client = Client::spawn(None, &[mapped]);
     let conn = client.conns[0];
@@ -136,9 +152,7 @@ fn a_dual_stack_socket_is_listed_sampled_judged_and_reset() {
 fn an_idle_close_of_its_own_is_not_a_loss_a_peer_close_is() {
     init!();
     let sink = WebhookSink::start();
-    let server = Server::spawn(None, "127.0.0.1:0");
-    let endpoint = format!("127.0.0.1:{}", server.port());
-    let (agent, _dir) = agent(std::slice::from_ref(&endpoint), &sink, "", &[]);
+    let (server, endpoint, agent, _dir) = local_server(&sink, "", &[]);
     let target: SocketAddr = endpoint.parse().unwrap();
     let mut idle = Client::spawn(None, &[target]);
     wait_state(&agent, idle.pid(), "healthy", secs(5.0));
@@ -174,9 +188,7 @@ fn retrying_into_a_blackhole_is_unreachable_not_disconnected() {
     init!();
     let sink = WebhookSink::start();
     let net = VethPair::new();
-    let server = Server::spawn(Some(&net.b), "0.0.0.0:0");
-    let target = server.at(net.b_ip);
-    let (agent, _dir) = agent(&[target.to_string()], &sink, "", &[]);
+    let (server, target, agent, _dir) = server_across(&net, &sink);
     let mut client = Client::spawn_with(Some(&net.a), &[target], &["--connect-timeout", "120"]);
     client.go();
     wait_state(&agent, client.pid(), "healthy", secs(5.0));
@@ -218,9 +230,7 @@ fn drops_on_the_clients_own_path_are_a_blackhole() {
     init!();
     let sink = WebhookSink::start();
     let net = VethPair::new();
-    let server = Server::spawn(Some(&net.b), "0.0.0.0:0");
-    let target = server.at(net.b_ip);
-    let (agent, _dir) = agent(&[target.to_string()], &sink, "", &[]);
+    let (_server, target, agent, _dir) = server_across(&net, &sink);
     let mut client = Client::spawn(Some(&net.a), &[target]);
     wait_state(&agent, client.pid(), "healthy", secs(5.0));
     let b_ip = net.b_ip.to_string();
@@ -248,10 +258,8 @@ fn drops_on_the_clients_own_path_are_a_blackhole() {
 fn an_agent_restart_does_not_forgive_a_connection_the_peer_closed() {
     init!();
     let sink = WebhookSink::start();
-    let server = Server::spawn(None, "127.0.0.1:0");
-    let endpoint = format!("127.0.0.1:{}", server.port());
+    let (server, endpoint, agent1, dir) = local_server(&sink, "", &[]);
     let target: SocketAddr = endpoint.parse().unwrap();
-    let (agent1, dir) = agent(std::slice::from_ref(&endpoint), &sink, "", &[]);
     let clients = [Client::spawn(None, &[target]), Client::spawn(None, &[target])];
     for c in &clients {
         wait_state(&agent1, c.pid(), "healthy", secs(5.0));
@@ -300,9 +308,7 @@ fn unsafe_kill(pid: u32) {
 fn a_request_left_unanswered_is_stale_and_quiet_is_healthy() {
     init!();
     let sink = WebhookSink::start();
-    let mut server = Server::spawn(None, "127.0.0.1:0");
-    let endpoint = format!("127.0.0.1:{}", server.port());
-    let (agent, _dir) = agent(std::slice::from_ref(&endpoint), &sink, "", &[]);
+    let (mut server, endpoint, agent, _dir) = local_server(&sink, "", &[]);
     let mut client = Client::spawn(None, &[endpoint.parse().unwrap()]);
     wait_state(&agent, client.pid(), "healthy", secs(5.0));
     hold(secs(STALE + 10.0), "a quiet connection healthy", || {
@@ -328,10 +334,7 @@ fn silence_beyond_the_learned_rhythm_is_stale() {
     init!();
     const FLOOR: f64 = 6.0;
     let sink = WebhookSink::start();
-    let mut server = Server::spawn(None, "127.0.0.1:0");
-    let endpoint = format!("127.0.0.1:{}", server.port());
-    let (agent, _dir) = agent(
-        std::slice::from_ref(&endpoint),
+    let (mut server, endpoint, agent, _dir) = local_server(
         &sink,
         "",
         &[
@@ -363,9 +366,7 @@ fn silence_beyond_the_learned_rhythm_is_stale() {
 fn a_forked_child_keeps_the_socket_its_parent_leaves() {
     init!();
     let sink = WebhookSink::start();
-    let server = Server::spawn(None, "127.0.0.1:0");
-    let endpoint = format!("127.0.0.1:{}", server.port());
-    let (agent, _dir) = agent(std::slice::from_ref(&endpoint), &sink, "", &[]);
+    let (server, _, agent, _dir) = local_server(&sink, "", &[]);
     let script = format!(
         "import socket, os, sys, time\n\
 s = socket.create_connection(('127.0.0.1', {port}))\n\

@@ -763,39 +763,7 @@ fn node_runs_a_pod_that_reaches_the_apiserver_through_the_cluster_ip() {
         .write(&node.dir().join("ll-kube-watch.tar"));
     node.import_image(&image);
 
-    cp.apply(&format!(
-        "apiVersion: v1
-kind: Namespace
-metadata: {{name: {NS}}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: default-view, namespace: {NS}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}}
-subjects: [{{kind: ServiceAccount, name: default, namespace: {NS}}}]
-"
-    ));
-    wait_until(
-        secs(60),
-        "the namespace's default service account and its token",
-        || {
-            let out = cp.kubectl(&[
-                "-n",
-                NS,
-                "get",
-                "sa",
-                "default",
-                "-o",
-                "jsonpath={.secrets[0].name}",
-            ]);
-            let secret = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            if secret.is_empty() {
-                Err(String::from_utf8_lossy(&out.stderr).into_owned())
-            } else {
-                Ok(())
-            }
-        },
-    );
+    cp.create_viewer_namespace(NS, secs(60));
     cp.apply(&format!(
         "apiVersion: v1
 kind: Pod
@@ -826,14 +794,8 @@ spec:
     });
     // The watcher listed the pods through the ClusterIP: its log (read through the apiserver
     // and the kubelet) says so.
-    wait_until(secs(60), "INIT_DONE in the watcher's log", || {
-        let out = cp.kubectl(&["-n", NS, "logs", "watcher"]);
-        let log = String::from_utf8_lossy(&out.stdout).into_owned();
-        if log.lines().any(|l| l == "INIT_DONE") {
-            Ok(())
-        } else {
-            Err(format!("{log}{}", String::from_utf8_lossy(&out.stderr)))
-        }
+    cp.wait_pod_log(NS, "watcher", secs(60), "INIT_DONE in the watcher's log", |l| {
+        l == "INIT_DONE"
     });
     // And its socket goes to the ClusterIP, from the pod network.
     let pid = wait_until(secs(10), "the watcher's process", || {

@@ -19,8 +19,8 @@ use std::{
 use serde_json::Value;
 
 use crate::{
-    client_script, connections, find_pid, ip, wait_until, write_kubeconfig, Agent, ApiServer, NetNs, TempDir,
-    Watched, SYSTEM_PYTHON,
+    client_script, connections, find_pid, setup::ip, wait_until, write_kubeconfig, Agent, ApiServer, NetNs,
+    TempDir, Watched, SYSTEM_PYTHON,
 };
 
 /// One host of the topology.
@@ -336,50 +336,21 @@ impl Lab {
     /// Starts (or restarts) the fake apiserver on `host`:6443. Its certificate is valid for
     /// every host of the lab, so the gateway can present it too.
     pub fn apiserver(&self, host: &str) -> ApiServer {
-        let mut extra = vec![
-            "--event-interval",
-            "1s",
-            "--bookmark-interval",
-            "3s",
-            "--watch-timeout",
-            "300s",
-        ];
-        let sans: Vec<String> = self
-            .hosts
-            .iter()
-            .map(|h| self.topo.host(h).ip.to_string())
-            .collect();
-        for san in &sans {
-            extra.extend(["--san", san]);
-        }
+        let flags = self.apiserver_flags();
         let h = self.topo.host(host);
         ApiServer::start_in(
             Some(&h.ns),
             &sibling_bin("ll-apiserver"),
             h.addr(PORT),
             &self.certs(),
-            &extra,
+            &flags.iter().map(String::as_str).collect::<Vec<_>>(),
         )
     }
 
     /// The fake apiserver on `host`:6443 serving Kubernetes objects per `options` (generation,
     /// pods, endpoint addresses), with the lab's certificate and intervals.
     pub fn apiserver_with(&self, host: &str, mut options: crate::ApiServerOptions) -> ApiServer {
-        for flag in [
-            "--event-interval",
-            "1s",
-            "--bookmark-interval",
-            "3s",
-            "--watch-timeout",
-            "300s",
-        ] {
-            options.extra.push(flag.to_owned());
-        }
-        for h in &self.hosts {
-            options
-                .extra
-                .extend(["--san".to_owned(), self.topo.host(h).ip.to_string()]);
-        }
+        options.extra.extend(self.apiserver_flags());
         let h = self.topo.host(host);
         ApiServer::start_with_in(
             Some(&h.ns),
@@ -388,6 +359,24 @@ impl Lab {
             &self.certs(),
             &options,
         )
+    }
+
+    /// The lab's `ll-apiserver` intervals, and a `--san` for every host.
+    fn apiserver_flags(&self) -> Vec<String> {
+        let mut flags: Vec<String> = [
+            "--event-interval",
+            "1s",
+            "--bookmark-interval",
+            "3s",
+            "--watch-timeout",
+            "300s",
+        ]
+        .map(String::from)
+        .into();
+        for h in &self.hosts {
+            flags.extend(["--san".to_owned(), self.topo.host(h).ip.to_string()]);
+        }
+        flags
     }
 
     /// A kubeconfig whose server is `host`:6443 (an apiserver or the gateway), written once
@@ -464,61 +453,45 @@ impl Lab {
         child
     }
 
-    /// The agent, watching port 6443 of every host, alerting to the sink.
     /// The agent for Kubernetes scenarios: no endpoint list (discovery through `kubeconfig`),
     /// the lab's thresholds and sink, plus `config_tail` (e.g. a `remediation:` section).
     pub fn agent_in_cluster(&self, kubeconfig_host: &str, config_tail: &str, extra: &[&str]) -> Agent {
-        self.topo.link_host();
-        let config = self.dir.path().join("lifeline-k8s.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "thresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: {MIN_AGE}s\n  stale_after: 15s\n\
+        let config = format!(
+            "thresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: {MIN_AGE}s\n  stale_after: 15s\n\
 receivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n{config_tail}",
-                self.sink.url
-            ),
-        )
-        .expect("write config");
-        let kubeconfig = self.kubeconfig(kubeconfig_host);
-        let mut args = vec![
-            "--config".to_owned(),
-            config.display().to_string(),
-            "--kubeconfig".into(),
-            kubeconfig.display().to_string(),
-            "--node-name".into(),
-            "node-a".into(),
-        ];
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        Agent::start_with(&args)
+            self.sink.url
+        );
+        let kubeconfig = self.kubeconfig(kubeconfig_host).display().to_string();
+        let args = ["--kubeconfig", &kubeconfig, "--node-name", "node-a"];
+        self.start_agent("lifeline-k8s.yaml", &config, &args, extra)
     }
 
+    /// The agent, watching port 6443 of every host, alerting to the sink.
     pub fn agent(&self, extra: &[&str]) -> Agent {
-        // The agent reaches the apiservers from the host, as it does on a node (its probe).
-        self.topo.link_host();
         let endpoints: Vec<String> = self
             .hosts
             .iter()
             .map(|h| format!("\"{}\"", self.topo.host(h).addr(PORT)))
             .collect();
-        let config = self.dir.path().join("lifeline.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "endpoints: [{}]\nthresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: {MIN_AGE}s\n  \
+        let config = format!(
+            "endpoints: [{}]\nthresholds:\n  disconnect_grace: {GRACE}s\n  min_client_age: {MIN_AGE}s\n  \
 connect_failures: 3\n  connect_window: 30s\nreceivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n",
-                endpoints.join(", "),
-                self.sink.url
-            ),
-        )
-        .expect("write config");
-        let mut args = vec![
-            "--config".to_owned(),
-            config.display().to_string(),
-            "--node-name".into(),
-            "lab".into(),
-        ];
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        Agent::start_with(&args)
+            endpoints.join(", "),
+            self.sink.url
+        );
+        self.start_agent("lifeline.yaml", &config, &["--node-name", "lab"], extra)
+    }
+
+    /// `lifeline run --config FILE ARGS... EXTRA...` with `config` written to FILE in the lab's
+    /// directory.
+    fn start_agent(&self, file: &str, config: &str, args: &[&str], extra: &[&str]) -> Agent {
+        // The agent reaches the apiservers from the host, as it does on a node (its probe).
+        self.topo.link_host();
+        let path = self.dir.path().join(file);
+        std::fs::write(&path, config).expect("write config");
+        let mut all = vec!["--config".to_owned(), path.display().to_string()];
+        all.extend(args.iter().chain(extra).map(|s| (*s).to_owned()));
+        Agent::start_with(&all)
     }
 }
 

@@ -1,10 +1,11 @@
-//! `ll-apiserver`'s modules; `ll-apiserver.rs` holds its documentation and `main`.
-pub mod handlers;
-pub mod kinds;
-pub mod patch;
-pub mod select;
-pub mod store;
-pub mod tls;
+//! `ll-apiserver`, the fake kube-apiserver: its documentation is on the binary
+//! (`src/bin/ll-apiserver.rs`), whose `main` is [`main`](crate::apiserver::main).
+mod handlers;
+mod kinds;
+mod patch;
+mod select;
+mod store;
+mod tls;
 pub mod util;
 
 use std::io::Write;

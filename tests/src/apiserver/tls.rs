@@ -1,29 +1,19 @@
 //! The CA and the server certificate of `ll-apiserver`.
-use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, SanType,
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio_rustls::TlsAcceptor;
 
+use crate::certs;
+
 /// The CA's parameters. They are the same on every run, so a CA key loaded from `ca-key.pem`
 /// signs certificates whose issuer matches the `ca.pem` written on the first run.
 fn ca_params() -> CertificateParams {
-    let mut params = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "ll-apiserver-ca");
-    params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params
+    certs::ca_params("ll-apiserver-ca")
 }
 
 fn write_file(path: &Path, contents: &str) -> Result<(), String> {
@@ -58,19 +48,7 @@ fn certificates(
     params.distinguished_name = dn;
     let mut names: Vec<String> = sans.to_vec();
     names.extend(["127.0.0.1", "::1", "localhost"].map(String::from));
-    for name in names {
-        let san = match name.parse::<IpAddr>() {
-            Ok(ip) => SanType::IpAddress(ip),
-            Err(_) => SanType::DnsName(
-                name.clone()
-                    .try_into()
-                    .map_err(|e| format!("--san {name}: {e}"))?,
-            ),
-        };
-        if !params.subject_alt_names.contains(&san) {
-            params.subject_alt_names.push(san);
-        }
-    }
+    certs::add_sans(&mut params, &names).map_err(|e| format!("--san {e}"))?;
     params.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,

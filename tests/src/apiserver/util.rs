@@ -120,6 +120,8 @@ pub fn age_of(object: &Value) -> String {
     }
 }
 
+/// A duration as the helper programs take it: `300ms`, `2s`, `1.5s`, `1m`, `1h`; a bare number is
+/// seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
         Some(i) => s.split_at(i),

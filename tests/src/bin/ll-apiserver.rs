@@ -92,9 +92,6 @@
 //!   (verb, apiVersion, namespace, name, code, object).
 use std::process::ExitCode;
 
-#[path = "../apiserver/mod.rs"]
-mod apiserver;
-
 fn main() -> ExitCode {
-    apiserver::main()
+    lifeline_integration::apiserver::main()
 }

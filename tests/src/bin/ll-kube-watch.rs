@@ -13,10 +13,10 @@ use std::process::ExitCode;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use kube::{Api, Client, Config, ResourceExt};
+use kube::{Api, Client, ResourceExt};
+use lifeline_integration::kube_client::{client_main, kube_config};
 
 const USAGE: &str = "usage: ll-kube-watch --kubeconfig PATH [--namespace NS] [--timeout-seconds N]";
 
@@ -59,10 +59,7 @@ fn describe(pod: &Pod) -> String {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    let kubeconfig = Kubeconfig::read_from(&args.kubeconfig).map_err(|e| format!("read kubeconfig: {e}"))?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| format!("load kubeconfig: {e}"))?;
+    let config = kube_config(&args.kubeconfig).await?;
     let client = Client::try_from(config).map_err(|e| format!("client: {e}"))?;
     let pods: Api<Pod> = Api::namespaced(client, &args.namespace);
     let mut config = watcher::Config::default();
@@ -84,22 +81,5 @@ async fn run(args: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("ll-kube-watch: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ll-kube-watch: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    client_main("ll-kube-watch", USAGE, parse_args(), run)
 }

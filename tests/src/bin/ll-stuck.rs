@@ -9,6 +9,8 @@
 //!          [--timeout-seconds N(300)]
 //! ```
 //!
+//! DUR is as for `ll-apiserver`: `500ms`, `2s`, `1.5s`, `1m`.
+//!
 //! stdout: `DIALED <local> <remote>` (once), `LIST <rv> <count>`, one `EVENT <type> <name> <rv>`
 //! per watch event (`-` as the name of a bookmark), `WATCH_END <rv>` when the server ends a
 //! watch, `LOST` when the connection is gone. stderr: diagnostics and the endless retry lines.
@@ -22,7 +24,8 @@ use http::{header, Request, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use lifeline_integration::apiserver::util::parse_duration;
+use lifeline_integration::kube_client::{client_main, kube_config};
 use rustls::pki_types::{CertificateDer, ServerName};
 use secrecy::ExposeSecret;
 use serde_json::Value;
@@ -37,19 +40,6 @@ struct Args {
     namespace: String,
     retry: Duration,
     timeout_seconds: u64,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("bad duration {s:?} (e.g. 500ms, 2s)");
-    let (num, scale) = if let Some(ms) = s.strip_suffix("ms") {
-        (ms, 0.001)
-    } else if let Some(secs) = s.strip_suffix('s') {
-        (secs, 1.0)
-    } else {
-        (s, 1.0)
-    };
-    let value: f64 = num.parse().map_err(|_| bad())?;
-    Duration::try_from_secs_f64(value * scale).map_err(|_| bad())
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -270,10 +260,7 @@ fn bearer_token(user: &kube::config::AuthInfo) -> Result<Option<String>, String>
 }
 
 async fn run(args: Args) -> Result<Infallible, String> {
-    let kubeconfig = Kubeconfig::read_from(&args.kubeconfig).map_err(|e| format!("read kubeconfig: {e}"))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| format!("load kubeconfig: {e}"))?;
+    let config = kube_config(&args.kubeconfig).await?;
     let why = match use_one_connection(&args, &config).await {
         Ok(never) => match never {},
         Err(why) => why,
@@ -296,22 +283,5 @@ async fn run(args: Args) -> Result<Infallible, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("ll-stuck: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    match runtime.block_on(run(args)) {
-        Ok(never) => match never {},
-        Err(e) => {
-            eprintln!("ll-stuck: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    client_main("ll-stuck", USAGE, parse_args(), run)
 }

@@ -396,6 +396,66 @@ impl ControlPlane {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Creates namespace `ns` with a RoleBinding that lets its `default` service account view
+    /// the cluster, and waits (up to `timeout`) until that account has its token secret: a pod
+    /// created before it cannot mount the token.
+    pub fn create_viewer_namespace(&self, ns: &str, timeout: Duration) {
+        self.apply(&format!(
+            "apiVersion: v1
+kind: Namespace
+metadata: {{name: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: default-view, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}}
+subjects: [{{kind: ServiceAccount, name: default, namespace: {ns}}}]
+"
+        ));
+        wait_until(
+            timeout,
+            "the namespace's default service account and its token",
+            || {
+                let out = self.kubectl(&[
+                    "-n",
+                    ns,
+                    "get",
+                    "sa",
+                    "default",
+                    "-o",
+                    "jsonpath={.secrets[0].name}",
+                ]);
+                let secret = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+                if secret.is_empty() {
+                    Err(String::from_utf8_lossy(&out.stderr).into_owned())
+                } else {
+                    Ok(())
+                }
+            },
+        );
+    }
+
+    /// Waits (up to `timeout`, for `what`) until the log of pod `ns/pod` has a line `wanted`
+    /// accepts; on a timeout the panic shows the log so far and kubectl's stderr.
+    pub fn wait_pod_log(
+        &self,
+        ns: &str,
+        pod: &str,
+        timeout: Duration,
+        what: &str,
+        wanted: impl Fn(&str) -> bool,
+    ) {
+        wait_until(timeout, what, || {
+            let out = self.kubectl(&["-n", ns, "logs", pod]);
+            let log = String::from_utf8_lossy(&out.stdout).into_owned();
+            if log.lines().any(&wanted) {
+                Ok(())
+            } else {
+                Err(format!("{log}{}", String::from_utf8_lossy(&out.stderr)))
+            }
+        });
+    }
+
     /// Waits until `/readyz` answers ok.
     pub fn wait_ready(&mut self, timeout: Duration) {
         wait_until(timeout, "kube-apiserver /readyz ok", || {

@@ -4,14 +4,14 @@
 use std::{
     fs,
     io::Read,
-    net::IpAddr,
     path::{Path, PathBuf},
 };
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, SanType,
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose,
 };
+
+use crate::certs;
 
 /// A CA whose files live in one directory, and what it signs.
 pub struct Pki {
@@ -50,17 +50,7 @@ fn write(path: &Path, contents: &[u8]) {
 }
 
 fn ca_params() -> CertificateParams {
-    let mut params = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "lifeline-real-cluster-ca");
-    params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params
+    certs::ca_params("lifeline-real-cluster-ca")
 }
 
 impl Pki {
@@ -106,19 +96,7 @@ impl Pki {
         match profile {
             Profile::Server { sans } => {
                 dn.push(DnType::CommonName, name);
-                for name in sans {
-                    let san = match name.parse::<IpAddr>() {
-                        Ok(ip) => SanType::IpAddress(ip),
-                        Err(_) => SanType::DnsName(
-                            name.clone()
-                                .try_into()
-                                .unwrap_or_else(|e| panic!("SAN {name}: {e}")),
-                        ),
-                    };
-                    if !params.subject_alt_names.contains(&san) {
-                        params.subject_alt_names.push(san);
-                    }
-                }
+                certs::add_sans(&mut params, sans).unwrap_or_else(|e| panic!("SAN {e}"));
                 params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
             }
             Profile::Client { user, groups } => {

@@ -1,0 +1,62 @@
+//! Waiting: polling until a condition holds, or asserting it keeps holding, and the values shown
+//! in the panic messages when it does not.
+use std::fmt;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Interval of every polling loop.
+pub(crate) const POLL: Duration = Duration::from_millis(50);
+
+/// Calls `poll` every 50 ms until it returns `Ok`, for at most `timeout`. On timeout, panics
+/// naming `what` and showing the last value `poll` observed (its `Err`).
+pub fn wait_until<T, S: fmt::Debug>(
+    timeout: Duration,
+    what: &str,
+    mut poll: impl FnMut() -> Result<T, S>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        match poll() {
+            Ok(v) => return v,
+            Err(last) if start.elapsed() >= timeout => {
+                panic!("timed out after {timeout:?} waiting for {what}; last observed:\n{last:?}")
+            }
+            Err(_) => thread::sleep(POLL),
+        }
+    }
+}
+
+/// Calls `poll` every 50 ms for `duration`, panicking at the first `Err` (showing it).
+pub fn hold<S: fmt::Debug>(duration: Duration, what: &str, mut poll: impl FnMut() -> Result<(), S>) {
+    let start = Instant::now();
+    while start.elapsed() < duration {
+        if let Err(seen) = poll() {
+            panic!(
+                "{what} stopped holding after {:?}; observed:\n{seen:?}",
+                start.elapsed()
+            );
+        }
+        thread::sleep(POLL);
+    }
+}
+
+/// JSON shown pretty-printed in panic messages.
+pub struct Pretty<'a>(pub &'a [Value]);
+
+impl fmt::Debug for Pretty<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = serde_json::to_string_pretty(self.0).map_err(|_| fmt::Error)?;
+        f.write_str(&text)
+    }
+}
+
+/// A string shown as is (not quoted) in panic messages.
+pub struct Shown(pub String);
+
+impl fmt::Debug for Shown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
