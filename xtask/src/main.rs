@@ -191,6 +191,11 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "lifeline-common",
         "-p",
         "xtask",
+        // The harness's own unit tests (and those of the fake apiserver it holds).
+        "-p",
+        "lifeline-integration",
+        "--lib",
+        "--bins",
         "--",
         "--include-ignored",
     ]))?;
