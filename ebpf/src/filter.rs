@@ -13,7 +13,7 @@
 //! beyond any tracepoint record):
 //! - the record offset of `dport`: 0x7ff0 (`sock/inet_sock_set_state`), 0x7ff2
 //!   (`tcp/tcp_retransmit_skb`), in `ldxh` instructions;
-//! - the ports: `0x4c4c0000 + slot` for slots 0..8, in `jne` immediates.
+//! - the ports: `0x4c4c0000 + slot` for slots 0..8, in `jeq` immediates.
 #![no_std]
 #![no_main]
 #![feature(asm_experimental_arch)]
@@ -29,58 +29,73 @@ use aya_ebpf::{
 #[map]
 static TARGETS: ProgramArray = ProgramArray::with_max_entries(2, 0);
 
-/// 1 when the `u16` at the placeholder offset `$offset` of `$record` is one of the 8 port
-/// slots. Written out in assembly so that the compiler keeps exactly these instructions for
-/// the agent to patch.
-macro_rules! port_matches {
-    ($record:expr, $offset:literal) => {{
-        let hit: u64;
-        // SAFETY: reads within the tracepoint record once the agent has patched the offset.
+/// Tail-calls `TARGETS[$index]` when the `u16` at the placeholder offset `$offset` of the
+/// record in `r1` is one of the 8 port slots; otherwise does nothing. Written out in assembly
+/// so that the compiler keeps exactly these instructions for the agent to patch, and so that a
+/// miss is one load and one comparison per watched port, like a one-comparison bpftrace
+/// filter: no flag to set and test afterwards. The verifier proves the comparisons of unused
+/// slots (placeholders beyond any `u16`) never match and removes them with their jumps.
+macro_rules! tail_call_on_port {
+    ($record:expr, $offset:literal, $index:literal) => {
+        // SAFETY: reads within the tracepoint record once the agent has patched the offset;
+        // `bpf_tail_call(ctx, &TARGETS, index)` (helper 12) takes the context the program got,
+        // and returns only when the call fails, clobbering the caller-saved registers.
         unsafe {
             core::arch::asm!(
-                concat!("{port} = *(u16 *)({record} + ", $offset, ")"),
-                "{hit} = 0",
-                "if {port} != 0x4c4c0000 goto +1",
-                "{hit} = 1",
-                "if {port} != 0x4c4c0001 goto +1",
-                "{hit} = 1",
-                "if {port} != 0x4c4c0002 goto +1",
-                "{hit} = 1",
-                "if {port} != 0x4c4c0003 goto +1",
-                "{hit} = 1",
-                "if {port} != 0x4c4c0004 goto +1",
-                "{hit} = 1",
-                "if {port} != 0x4c4c0005 goto +1",
-                "{hit} = 1",
-                "if {port} != 0x4c4c0006 goto +1",
-                "{hit} = 1",
-                "if {port} != 0x4c4c0007 goto +1",
-                "{hit} = 1",
-                record = in(reg) $record,
-                port = out(reg) _,
-                hit = out(reg) hit,
-                options(pure, readonly, nostack),
+                concat!("r2 = *(u16 *)(r1 + ", $offset, ")"),
+                "if r2 == 0x4c4c0000 goto 1f",
+                "if r2 == 0x4c4c0001 goto 11f",
+                "if r2 == 0x4c4c0002 goto 12f",
+                "if r2 == 0x4c4c0003 goto 13f",
+                "if r2 == 0x4c4c0004 goto 14f",
+                "if r2 == 0x4c4c0005 goto 15f",
+                "if r2 == 0x4c4c0006 goto 16f",
+                "if r2 == 0x4c4c0007 goto 17f",
+                // No match: return at once (0, as the program's own return).
+                "r0 = 0",
+                "exit",
+                // A jump of its own per slot: the verifier drops a comparison that never
+                // matches only if nothing else reaches its target.
+                "11:",
+                "goto 1f",
+                "12:",
+                "goto 1f",
+                "13:",
+                "goto 1f",
+                "14:",
+                "goto 1f",
+                "15:",
+                "goto 1f",
+                "16:",
+                "goto 1f",
+                "17:",
+                "goto 1f",
+                "1:",
+                "r2 = {targets} ll",
+                concat!("r3 = ", $index),
+                "call 12",
+                targets = sym TARGETS,
+                inout("r1") $record => _,
+                out("r0") _,
+                out("r2") _,
+                out("r3") _,
+                out("r4") _,
+                out("r5") _,
+                options(nostack),
             );
         }
-        hit != 0
-    }};
+    };
 }
 
 #[tracepoint]
 pub fn set_state_filter(ctx: TracePointContext) -> u32 {
-    if port_matches!(ctx.as_ptr(), "0x7ff0") {
-        // SAFETY: the target takes the same context; on failure nothing happens.
-        unsafe { TARGETS.tail_call(&ctx, 0) };
-    }
+    tail_call_on_port!(ctx.as_ptr(), "0x7ff0", "0");
     0
 }
 
 #[tracepoint]
 pub fn retransmit_filter(ctx: TracePointContext) -> u32 {
-    if port_matches!(ctx.as_ptr(), "0x7ff2") {
-        // SAFETY: as above.
-        unsafe { TARGETS.tail_call(&ctx, 1) };
-    }
+    tail_call_on_port!(ctx.as_ptr(), "0x7ff2", "1");
     0
 }
 

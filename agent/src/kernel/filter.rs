@@ -22,7 +22,7 @@ pub const PORT_SLOTS: usize = 8;
 /// Placeholder record offsets of `dport` in the filter's `ldxh` instructions.
 const SET_STATE_DPORT_PLACEHOLDER: i16 = 0x7ff0;
 const RETRANSMIT_DPORT_PLACEHOLDER: i16 = 0x7ff2;
-/// Placeholder port of slot `n` in the filter's `jne` immediates: this plus `n`.
+/// Placeholder port of slot `n` in the filter's `jeq` immediates: this plus `n`.
 const PORT_PLACEHOLDER: i32 = 0x4c4c_0000;
 /// The filter programs, the tracepoints they attach to, and their `TARGETS` index.
 pub const FILTERS: [(&str, &str, &str); 2] = [
@@ -33,7 +33,7 @@ pub const FILTERS: [(&str, &str, &str); 2] = [
 const MAX_RECORD_OFFSET: u32 = 8192;
 
 const LDXH: u8 = 0x69; // BPF_LDX | BPF_MEM | BPF_H
-const JNE_K: u8 = 0x55; // BPF_JMP | BPF_JNE | BPF_K
+const JEQ_K: u8 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
 const SHF_EXECINSTR: u64 = 0x4;
 
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +146,7 @@ pub fn patch(object: &[u8], dport_offsets: [u32; 2], ports: &BTreeSet<u16>) -> R
                     insn[2..4].copy_from_slice(&new_offsets[i].to_le_bytes());
                     offsets_found[i] += 1;
                 }
-            } else if insn[0] == JNE_K
+            } else if insn[0] == JEQ_K
                 && (PORT_PLACEHOLDER..PORT_PLACEHOLDER + PORT_SLOTS as i32).contains(&imm)
             {
                 let slot = (imm - PORT_PLACEHOLDER) as usize;
@@ -243,7 +243,7 @@ mod tests {
         assert!(loads.contains(&26) && loads.contains(&30), "{loads:?}");
         let compared: Vec<i32> = all
             .iter()
-            .filter(|i| i[0] == JNE_K)
+            .filter(|i| i[0] == JEQ_K)
             .map(|i| i32::from_le_bytes([i[4], i[5], i[6], i[7]]))
             .collect();
         assert_eq!(
