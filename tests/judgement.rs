@@ -327,6 +327,71 @@ fn a_request_left_unanswered_is_stale_and_quiet_is_healthy() {
     wait_state(&agent, client.pid(), "healthy", secs(3.0));
 }
 
+/// Ordered evidence (issue 15): a request, its answer, and the client's small reply to the
+/// answer (flow control) within milliseconds is no wait, however the sampler's counters sum
+/// them. Today's JVM watch did exactly this and was called `stale` forever.
+#[test]
+fn an_answer_and_the_clients_reply_to_it_are_no_wait() {
+    init!();
+    let sink = WebhookSink::start();
+    let (mut server, endpoint, agent, _dir) = local_server(&sink, "", &[]);
+    let mut client = Client::spawn(None, &[endpoint.parse().unwrap()]);
+    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    let conn = client.conns[0];
+    client.send(conn, 300);
+    // (The agent's own probe holds a connection to the server too.)
+    assert!(server.send(3400) >= 1);
+    client.send(conn, 40);
+    hold(secs(STALE + 4.0), "the answered client healthy", || {
+        let clients = agent.clients();
+        match find_pid(&clients, client.pid()) {
+            Some(c) if c["state"] == "healthy" && sink.alerts().is_empty() => Ok(()),
+            other => Err((other.cloned(), sink.alerts())),
+        }
+    });
+}
+
+/// Ordered evidence (issue 15): behind a gateway that sends its own keepalive-sized records
+/// (HTTP/2 PINGs every 4 s, each acked by the client at once) and answers no request, a
+/// client that sends a request every 3 s is `stale` `stale_after` after the first one: the
+/// peer's PINGs are no answer.
+#[test]
+fn a_peers_pings_the_client_acks_are_no_answer() {
+    init!();
+    let sink = WebhookSink::start();
+    let (mut server, endpoint, agent, _dir) = local_server(&sink, "", &[]);
+    let mut client = Client::spawn_with(None, &[endpoint.parse().unwrap()], &["--ack-small"]);
+    client.go();
+    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    let conn = client.conns[0];
+    let start = Instant::now();
+    let mut first = None;
+    let mut stale = None;
+    let mut tick = 0u64;
+    while start.elapsed() < secs(STALE + 6.0) && stale.is_none() {
+        if tick.is_multiple_of(3) {
+            client.send(conn, 200);
+            first.get_or_insert_with(SystemTime::now);
+        }
+        if tick % 4 == 2 {
+            assert!(server.send(38) >= 1, "the gateway's PING");
+        }
+        tick += 1;
+        let until = start + secs(tick as f64);
+        while Instant::now() < until {
+            let clients = agent.clients();
+            if let Some(c) = find_pid(&clients, client.pid()).filter(|c| c["state"] == "stale") {
+                stale = Some((c.clone(), SystemTime::now()));
+                break;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let (c, at) = stale.expect("stale while only PINGs came back");
+    assert_within("stale", first.expect("a request"), at, STALE - 1.0, STALE + 2.0);
+    assert!(reason(&c).contains("sent a request"), "{c}");
+}
+
 /// Rule B: a client whose requests came every ~2 s is stale once it has neither sent nor
 /// received for silence_floor (twice its rhythm is less).
 #[test]

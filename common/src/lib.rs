@@ -37,6 +37,68 @@ pub enum EventKind {
     StateChange = 1,
     /// A segment was retransmitted (`tcp/tcp_retransmit_skb`).
     Retransmit = 2,
+    /// A segment arrived on an established connection (`tcp/tcp_probe`): a [`SegmentEvent`].
+    Segment = 3,
+}
+
+/// Inbound payload per segment up to which a segment may be a keepalive-sized record (an
+/// HTTP/2 PING, PING ack, SETTINGS ack, WINDOW_UPDATE or RST_STREAM in one TLS record: 35–46
+/// bytes); the kernel uses it only to coalesce the segments of one long answer.
+pub const KEEPALIVE_RECORD_BYTES: u32 = 48;
+
+/// A segment that continues an answer (payload, nothing sent since) within this long of the
+/// last one sent is not sent again: the answer is already known.
+pub const SEGMENT_COALESCE_NS: u64 = 1_000_000_000;
+
+/// One segment that arrived on a watched established connection, in arrival order: the
+/// *ordered* evidence of requests and answers. `snd_nxt` is how far the client had sent when
+/// it arrived, so bytes sent between two segments are known to lie between them. Sent for
+/// every segment with payload, and for a segment without payload only when the client sent
+/// something since the last one sent (its acknowledgement times the request); the segments of
+/// one long answer are coalesced (see [`SEGMENT_COALESCE_NS`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentEvent {
+    /// Kernel time of arrival (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+    pub timestamp_ns: u64,
+    /// Kernel address of the `struct sock`.
+    pub sk: u64,
+    /// [`EventKind::Segment`] as u32.
+    pub kind: u32,
+    /// Inode number of the socket's network namespace.
+    pub netns: u32,
+    /// The client's `snd_nxt` when the segment arrived (sequence space).
+    pub snd_nxt: u32,
+    /// The client's `snd_una` when the segment arrived (before its acknowledgement counted):
+    /// what was sent but not acknowledged yet lies between the two.
+    pub snd_una: u32,
+    pub _pad: u32,
+    /// Smoothed round-trip time, microseconds.
+    pub srtt_us: u32,
+    /// TCP payload of the segment, bytes.
+    pub data_len: u16,
+    pub family: u16,
+    /// Host byte order.
+    pub sport: u16,
+    /// Host byte order.
+    pub dport: u16,
+    /// IPv4 in the first 4 bytes.
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+}
+
+/// What the kernel remembers per watched socket between segments (map `SEGMENTS`, keyed by
+/// the socket's kernel address).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentState {
+    pub last_sent_ns: u64,
+    /// `snd_nxt` of the last segment sent.
+    pub snd_nxt: u32,
+    pub netns: u32,
+    /// Whether the last segment sent carried more than keepalive-sized payload.
+    pub payload: u32,
+    pub _pad: u32,
 }
 
 /// Index of counters in the `COUNTERS` array map.
@@ -173,6 +235,25 @@ pub struct KernelOffsets {
     pub set_state: SetStateOffsets,
     /// Fields of `tcp/tcp_retransmit_skb`.
     pub retransmit: RetransmitOffsets,
+    /// Fields of `tcp/tcp_probe`.
+    pub probe: ProbeOffsets,
+}
+
+/// Fields of `tcp/tcp_probe`. `saddr`/`daddr` are `struct sockaddr_in` or `sockaddr_in6`
+/// (the address at +4 or +8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeOffsets {
+    pub skaddr: u32,
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u32,
+    pub dport: u32,
+    pub family: u32,
+    pub data_len: u32,
+    pub snd_nxt: u32,
+    pub snd_una: u32,
+    pub srtt: u32,
 }
 
 #[repr(C)]
@@ -228,13 +309,16 @@ mod pod {
     // implicit padding (checked by the size assertions below).
     unsafe impl aya::Pod for super::EndpointKey {}
     unsafe impl aya::Pod for super::SockEvent {}
+    unsafe impl aya::Pod for super::SegmentEvent {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::FailureKey {}
 }
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 18);
 const _: () = assert!(core::mem::size_of::<SockEvent>() == 8 * 3 + 4 * 8 + 2 * 4 + 16 * 3);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 48 + 40);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 48 + 40 + 40);
+const _: () = assert!(core::mem::size_of::<SegmentEvent>() == 8 * 2 + 4 * 6 + 2 * 4 + 16 * 2);
+const _: () = assert!(core::mem::size_of::<SegmentState>() == 8 + 4 * 4);
 const _: () = assert!(core::mem::size_of::<DeferredConnect>() == 16 + COMM_LEN);
 const _: () = assert!(core::mem::size_of::<Budget>() == 16);
 const _: () = assert!(core::mem::size_of::<FailureKey>() == 16 + 16);

@@ -4,6 +4,9 @@
 //! - `sock/inet_sock_set_state`: every TCP state change whose destination matches `ENDPOINTS`
 //!   (connects, establishment, failures, closes), in any network namespace.
 //! - `tcp/tcp_retransmit_skb`: retransmits on sockets whose destination matches `ENDPOINTS`.
+//! - `tcp/tcp_probe`: every segment that arrives on an established socket whose destination
+//!   matches `ENDPOINTS`, with how far the client had sent by then: requests and answers in
+//!   their order (see `SegmentEvent`).
 //!
 //! Cost for the node's unrelated traffic: the first test reads one field of the tracepoint
 //! record (the destination port) with a direct load and looks it up in a port bitmap
@@ -22,15 +25,15 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{lpm_trie::Key, Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
     programs::{RawTracePointContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::warn;
 use lifeline_common::{
     counter, tcp_state, Budget, DeferredConnect, EndpointKey, EventKind, FailureKey, KernelOffsets,
-    SockEvent, AF_INET, AF_INET6, BUDGET_WINDOW_NS, COMM_LEN, CONNECT_BUDGET, ENDPOINT_PORT_BITS,
-    MAX_ENDPOINTS, PORT_WORDS,
+    SegmentEvent, SegmentState, SockEvent, AF_INET, AF_INET6, BUDGET_WINDOW_NS, COMM_LEN, CONNECT_BUDGET,
+    ENDPOINT_PORT_BITS, KEEPALIVE_RECORD_BYTES, MAX_ENDPOINTS, PORT_WORDS, SEGMENT_COALESCE_NS,
 };
 
 const IPPROTO_TCP: u16 = 6;
@@ -74,6 +77,18 @@ static OFFSETS: KernelOffsets = KernelOffsets {
         daddr_v6: 0,
         _pad: 0,
     },
+    probe: lifeline_common::ProbeOffsets {
+        skaddr: 0,
+        saddr: 0,
+        daddr: 0,
+        sport: 0,
+        dport: 0,
+        family: 0,
+        data_len: 0,
+        snd_nxt: 0,
+        snd_una: 0,
+        srtt: 0,
+    },
 };
 
 /// Ports of the apiserver endpoints, one bit per port: the first and, for unrelated sockets,
@@ -113,6 +128,12 @@ static FAILURES: LruPerCpuHashMap<FailureKey, u64> = LruPerCpuHashMap::with_max_
 /// and removed when the socket leaves SYN_SENT.
 #[map]
 static SOFT_ERRORS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(4096, 0);
+
+/// Per watched established socket, by its kernel address: what the last segment sent said
+/// (see `SegmentState`). Entries go when the socket leaves ESTABLISHED or connects anew; a
+/// plain hash (not LRU), so one socket's state is never evicted by another's.
+#[map]
+static SEGMENTS: HashMap<u64, SegmentState> = HashMap::with_max_entries(65536, 0);
 
 fn bump(index: u32) {
     if let Some(count) = COUNTERS.get_ptr_mut(index) {
@@ -432,6 +453,9 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
         }
     }
     emit(EventKind::StateChange, &w, old, new, None);
+    if new != tcp_state::ESTABLISHED {
+        let _ = SEGMENTS.remove(sk);
+    }
     if old == tcp_state::SYN_SENT {
         // Read by `ended_with` for this event; not needed any more.
         let _ = SOFT_ERRORS.remove(sk);
@@ -534,6 +558,111 @@ fn try_tcp_retransmit_skb(ctx: &TracePointContext) -> Result<(), i32> {
         dest,
     };
     emit(EventKind::Retransmit, &w, state, state, None);
+    Ok(())
+}
+
+#[tracepoint]
+pub fn tcp_probe(ctx: TracePointContext) -> u32 {
+    let _ = try_tcp_probe(&ctx);
+    0
+}
+
+/// The address of a `struct sockaddr_in` / `sockaddr_in6` field of the record.
+#[inline(always)]
+fn sockaddr(ctx: &TracePointContext, field: u32, family: u16) -> Result<[u8; 16], i32> {
+    let mut addr = [0u8; 16];
+    // SAFETY (both reads): offsets come from this kernel's tracepoint format file.
+    if family == AF_INET {
+        let a: [u8; 4] = unsafe { ctx.read_at(field as usize + 4)? };
+        addr[..4].copy_from_slice(&a);
+    } else {
+        addr = unsafe { ctx.read_at(field as usize + 8)? };
+    }
+    Ok(addr)
+}
+
+fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
+    let dport = record_u16(ctx, offset!(probe.dport))?;
+    if !port_watched(dport) {
+        return Ok(());
+    }
+    // SAFETY (all reads): offsets come from this kernel's tracepoint format file.
+    let sk: u64 = unsafe { ctx.read_at(offset!(probe.skaddr) as usize)? };
+    let data_len: u16 = unsafe { ctx.read_at(offset!(probe.data_len) as usize)? };
+    let snd_nxt: u32 = unsafe { ctx.read_at(offset!(probe.snd_nxt) as usize)? };
+    // SAFETY: helper with no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let payload = u32::from(data_len) > KEEPALIVE_RECORD_BYTES;
+    let netns = match unsafe { SEGMENTS.get(sk) } {
+        Some(last) => {
+            // Nothing new: an acknowledgement of nothing the client sent, or the next segment
+            // of an answer already reported (within the coalescing window).
+            let sent_since = last.snd_nxt != snd_nxt;
+            if !sent_since
+                && (data_len == 0
+                    || (payload
+                        && last.payload != 0
+                        && now.wrapping_sub(last.last_sent_ns) < SEGMENT_COALESCE_NS))
+            {
+                return Ok(());
+            }
+            last.netns
+        }
+        None => {
+            // First segment of this socket: is it one of the endpoints'?
+            let family: u16 = unsafe { ctx.read_at(offset!(probe.family) as usize)? };
+            if family != AF_INET && family != AF_INET6 {
+                return Ok(());
+            }
+            let dest = Destination {
+                family,
+                dport,
+                saddr: [0; 16],
+                daddr: sockaddr(ctx, offset!(probe.daddr), family)?,
+            };
+            if !is_endpoint(&dest) {
+                return Ok(());
+            }
+            netns_inum(ctx, sk)
+        }
+    };
+    let state = SegmentState {
+        last_sent_ns: now,
+        snd_nxt,
+        netns,
+        payload: u32::from(payload),
+        _pad: 0,
+    };
+    // Full map: the segment is still reported, only not coalesced.
+    let _ = SEGMENTS.insert(sk, state, 0);
+    let family: u16 = unsafe { ctx.read_at(offset!(probe.family) as usize)? };
+    let Some(mut entry) = EVENTS.reserve::<SegmentEvent>(0) else {
+        bump(counter::LOST);
+        return Ok(());
+    };
+    let srtt: u32 = unsafe { ctx.read_at(offset!(probe.srtt) as usize) }.unwrap_or(0);
+    let snd_una: u32 = unsafe { ctx.read_at(offset!(probe.snd_una) as usize) }.unwrap_or(snd_nxt);
+    let sport: u16 = unsafe { ctx.read_at(offset!(probe.sport) as usize) }.unwrap_or(0);
+    let saddr = sockaddr(ctx, offset!(probe.saddr), family).unwrap_or([0; 16]);
+    let daddr = sockaddr(ctx, offset!(probe.daddr), family).unwrap_or([0; 16]);
+    entry.write(SegmentEvent {
+        timestamp_ns: now,
+        sk,
+        kind: EventKind::Segment as u32,
+        netns,
+        snd_nxt,
+        snd_una,
+        _pad: 0,
+        srtt_us: srtt,
+        data_len,
+        family,
+        sport,
+        dport,
+        saddr,
+        daddr,
+    });
+    entry.submit(0);
+    bump(counter::SENT);
     Ok(())
 }
 

@@ -72,7 +72,7 @@ impl Judge {
                     local: c.tuple.local,
                     endpoint: c.endpoint.to_string(),
                     last_payload: c.last_payload.unwrap_or(c.first_seen),
-                    waiting_since: c.waiting(),
+                    waiting_since: c.waiting(now),
                     stalled_since: c.stalled_since,
                     unreadable: !c.readable(now)
                         && now.saturating_duration_since(c.first_seen) > crate::table::SAMPLE_MAX_AGE,

@@ -4,11 +4,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lifeline_common::{EventKind, SockEvent, AF_INET, AF_INET6};
+use lifeline_common::{EventKind, SegmentEvent, SockEvent, AF_INET, AF_INET6};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
-    #[error("ring buffer record of {0} bytes, expected {len}", len = std::mem::size_of::<SockEvent>())]
+    #[error(
+        "ring buffer record of {0} bytes, expected {state} or {segment}",
+        state = std::mem::size_of::<SockEvent>(),
+        segment = std::mem::size_of::<SegmentEvent>()
+    )]
     Size(usize),
     #[error("ring buffer record with unknown kind {0}")]
     Kind(u32),
@@ -21,8 +25,21 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What happened, as decoded from a [`SockEvent`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Change {
-    State { old: u32, new: u32 },
-    Retransmit { state: u32 },
+    State {
+        old: u32,
+        new: u32,
+    },
+    Retransmit {
+        state: u32,
+    },
+    /// A segment arrived on the established connection: `len` bytes of payload, when the
+    /// client had sent up to `snd_nxt` (see [`SegmentEvent`]).
+    Segment {
+        len: u16,
+        snd_nxt: u32,
+        snd_una: u32,
+        srtt_us: u32,
+    },
 }
 
 /// One kernel event about a socket to an apiserver endpoint.
@@ -76,7 +93,47 @@ impl MonotonicClock {
     }
 }
 
+/// The socket's address in its own family (see [`decode`]).
+fn address(family: u16, a: [u8; 16]) -> Result<IpAddr> {
+    match family {
+        AF_INET => Ok(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))),
+        // Kept in the socket's own form: a dual-stack socket (every JVM) connects to
+        // `::ffff:a.b.c.d`, and sock_diag, the start-up scan and SOCK_DESTROY know it only
+        // by that AF_INET6 tuple. Endpoint matching treats the mapped address as IPv4.
+        AF_INET6 => Ok(IpAddr::V6(Ipv6Addr::from(a))),
+        f => Err(Error::Family(f)),
+    }
+}
+
+fn decode_segment(bytes: &[u8], clock: &MonotonicClock) -> Result<KernelEvent> {
+    // SAFETY: the caller checked the length; SegmentEvent is plain old data; unaligned read.
+    let raw: SegmentEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    if raw.kind != EventKind::Segment as u32 {
+        return Err(Error::Kind(raw.kind));
+    }
+    Ok(KernelEvent {
+        at: clock.instant(raw.timestamp_ns),
+        sk: raw.sk,
+        netns: u64::from(raw.netns),
+        change: Change::Segment {
+            len: raw.data_len,
+            snd_nxt: raw.snd_nxt,
+            snd_una: raw.snd_una,
+            srtt_us: raw.srtt_us,
+        },
+        local: SocketAddr::new(address(raw.family, raw.saddr)?, raw.sport),
+        remote: SocketAddr::new(address(raw.family, raw.daddr)?, raw.dport),
+        owner_tgid: None,
+        thread_comm: String::new(),
+        sk_err: 0,
+        bytes_received: 0,
+    })
+}
+
 pub fn decode(bytes: &[u8], clock: &MonotonicClock) -> Result<KernelEvent> {
+    if bytes.len() == std::mem::size_of::<SegmentEvent>() {
+        return decode_segment(bytes, clock);
+    }
     if bytes.len() != std::mem::size_of::<SockEvent>() {
         return Err(Error::Size(bytes.len()));
     }
@@ -90,16 +147,7 @@ pub fn decode(bytes: &[u8], clock: &MonotonicClock) -> Result<KernelEvent> {
         k if k == EventKind::Retransmit as u32 => Change::Retransmit { state: raw.new_state },
         k => return Err(Error::Kind(k)),
     };
-    let ip = |a: [u8; 16]| -> Result<IpAddr> {
-        match raw.family {
-            AF_INET => Ok(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))),
-            // Kept in the socket's own form: a dual-stack socket (every JVM) connects to
-            // `::ffff:a.b.c.d`, and sock_diag, the start-up scan and SOCK_DESTROY know it only
-            // by that AF_INET6 tuple. Endpoint matching treats the mapped address as IPv4.
-            AF_INET6 => Ok(IpAddr::V6(Ipv6Addr::from(a))),
-            f => Err(Error::Family(f)),
-        }
-    };
+    let ip = |a: [u8; 16]| address(raw.family, a);
     let comm_len = raw.comm.iter().position(|b| *b == 0).unwrap_or(raw.comm.len());
     Ok(KernelEvent {
         at: clock.instant(raw.timestamp_ns),

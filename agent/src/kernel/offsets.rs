@@ -11,7 +11,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use lifeline_common::{KernelOffsets, RetransmitOffsets, SetStateOffsets};
+use lifeline_common::{KernelOffsets, ProbeOffsets, RetransmitOffsets, SetStateOffsets};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 const TRACEFS_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
@@ -41,6 +41,7 @@ pub fn discover() -> Result<KernelOffsets> {
     let btf = Btf::from_file(VMLINUX_BTF)?;
     let set_state = TracepointFormat::read("sock", "inet_sock_set_state")?;
     let retransmit = TracepointFormat::read("tcp", "tcp_retransmit_skb")?;
+    let probe = TracepointFormat::read("tcp", "tcp_probe")?;
     // Only for the optional error-report program: a kernel without them still runs the rest
     // (all zero: the program is then not attached, see `programs::Probes::load`).
     let error_report = error_report_offsets(&btf)
@@ -81,6 +82,18 @@ pub fn discover() -> Result<KernelOffsets> {
             saddr_v6: retransmit.offset("saddr_v6")?,
             daddr_v6: retransmit.offset("daddr_v6")?,
             _pad: 0,
+        },
+        probe: ProbeOffsets {
+            skaddr: probe.offset("skaddr")?,
+            saddr: probe.offset("saddr")?,
+            daddr: probe.offset("daddr")?,
+            sport: probe.offset("sport")?,
+            dport: probe.offset("dport")?,
+            family: probe.offset("family")?,
+            data_len: probe.offset("data_len")?,
+            snd_nxt: probe.offset("snd_nxt")?,
+            snd_una: probe.offset("snd_una")?,
+            srtt: probe.offset("srtt")?,
         },
     })
 }

@@ -24,9 +24,10 @@ pub(super) static FILTER_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifeline-filter"));
 
 /// The tracepoints lifeline attaches to: (program name, category, tracepoint).
-pub const TRACEPOINTS: [(&str, &str, &str); 2] = [
+pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
     ("inet_sock_set_state", "sock", "inet_sock_set_state"),
     ("tcp_retransmit_skb", "tcp", "tcp_retransmit_skb"),
+    ("tcp_probe", "tcp", "tcp_probe"),
 ];
 
 /// The raw tracepoint that remembers errors reported on connecting sockets (program and
@@ -229,12 +230,20 @@ impl Probes {
                 .fd()
                 .map_err(|source| filter::Error::Program { name, source })
         };
-        let offsets = [self.offsets.set_state.dport, self.offsets.retransmit.dport];
+        let offsets = [
+            self.offsets.set_state.dport,
+            self.offsets.retransmit.dport,
+            self.offsets.probe.dport,
+        ];
         Filter::attach(
             FILTER_OBJECT,
             offsets,
             ports,
-            [fd(TRACEPOINTS[0].0)?, fd(TRACEPOINTS[1].0)?],
+            [
+                fd(TRACEPOINTS[0].0)?,
+                fd(TRACEPOINTS[1].0)?,
+                fd(TRACEPOINTS[2].0)?,
+            ],
         )
     }
 

@@ -161,7 +161,7 @@ impl Worker {
     /// Applies everything in the ring, one batch per table lock.
     fn drain(&mut self) {
         let mut batch = Vec::with_capacity(BATCH);
-        let mut applied = false;
+        let mut changed = false;
         loop {
             batch.clear();
             take_batch(&mut self.feed.events, &self.clock, &mut batch);
@@ -169,9 +169,14 @@ impl Worker {
                 break;
             }
             self.apply(&batch);
-            applied = true;
+            // Segments only move requests and answers, which the once-a-second judgement
+            // times to the millisecond anyway: judging after every one would cost a snapshot
+            // per segment of a busy client.
+            changed |= batch
+                .iter()
+                .any(|ev| !matches!(ev.change, Change::Segment { .. }));
         }
-        if applied {
+        if changed {
             self.ctx.refresher.request();
         }
     }
@@ -183,11 +188,12 @@ impl Worker {
             .map(|ev| ev.owner_tgid.and_then(|tgid| self.owners.get(tgid, now)))
             .collect();
         let mut counted = Vec::new();
-        let mut retransmits = 0;
+        let (mut retransmits, mut segments) = (0, 0);
         {
             let mut table = self.ctx.table.lock().unwrap_or_else(PoisonError::into_inner);
             for (ev, owner) in batch.iter().zip(owners) {
                 retransmits += u64::from(matches!(ev.change, Change::Retransmit { .. }));
+                segments += u64::from(matches!(ev.change, Change::Segment { .. }));
                 let (pid, endpoint, reason) = match table.apply_event(ev, owner) {
                     Some(Applied::Retransmit {
                         pid: Some(pid),
@@ -208,7 +214,10 @@ impl Worker {
         let m = &self.ctx.metrics;
         m.ebpf_events
             .with_label_values(&["state_change"])
-            .inc_by(batch.len() as u64 - retransmits);
+            .inc_by(batch.len() as u64 - retransmits - segments);
+        if segments > 0 {
+            m.ebpf_events.with_label_values(&["segment"]).inc_by(segments);
+        }
         if retransmits > 0 {
             m.ebpf_events
                 .with_label_values(&["retransmit"])
@@ -240,6 +249,11 @@ impl Worker {
                 let lost = c.lost.saturating_sub(self.ctx.stats.get().lost);
                 if lost > 0 {
                     self.ctx.metrics.ebpf_events_lost.inc_by(lost);
+                    self.ctx
+                        .table
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .segments_lost();
                     tracing::warn!(
                         lost,
                         "the kernel lost events (ring buffer full); the sampler rescans to heal the table"

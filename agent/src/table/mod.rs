@@ -7,12 +7,12 @@
 //! - scans of sock_diag (at start-up, after lost events, periodically), keyed by network
 //!   namespace + 4-tuple, so a later event for the same socket finds the same entry and nothing
 //!   is listed twice; a scan also heals what lost events left behind;
-//! - the once-a-second sampler (`tcp_info` of tracked sockets only).
+//! - the sampler (`tcp_info` of tracked sockets only: counters, ACK progress).
 //!
-//! Evidence kept per connection: the last inbound *payload* and the first *request* (outbound
-//! payload) it has not answered yet, told apart from HTTP/2 keepalives by record size (see
-//! [`KEEPALIVE_RECORD_BYTES`]); retransmits without ACK progress (from the kernel's retransmit
-//! events and from `tcp_info`, which also sees segments dropped on the client's own path).
+//! Evidence kept per connection: requests and answers in their order, from the segments the
+//! kernel reports as they arrive (`ordered.rs`: the last answer, the first request not answered
+//! yet); retransmits without ACK progress (from the kernel's retransmit events and from
+//! `tcp_info`, which also sees segments dropped on the client's own path).
 //! Per process: how its last connection ended (a *loss* only when the peer or the network ended
 //! it, or a GOAWAY prompted the close — never an idle close of its own), its connects in flight
 //! and its recent failures (bounded), and the rhythm of its requests.
@@ -27,6 +27,7 @@ use std::{
 
 use lifeline_common::tcp_state;
 
+use self::ordered::{Ordered, Segment};
 use crate::{
     endpoint::{Endpoint, EndpointSet},
     health::{LossCause, Rhythm},
@@ -34,14 +35,6 @@ use crate::{
     process::ProcessInfo,
     sock_diag::TcpInfo,
 };
-
-/// Bytes per data segment that one keepalive-sized TLS record takes at most: an HTTP/2 PING,
-/// PING ack, SETTINGS ack, WINDOW_UPDATE or RST_STREAM frame (13–17 bytes) in a TLS 1.3
-/// record is 35–39 bytes, in a TLS 1.2 AES-GCM record 42–46. Between two samples, inbound bytes
-/// beyond this allowance per segment are payload (an answer: headers, events, bookmarks are
-/// 100 bytes and more); outbound bytes beyond it by more than one record's worth are a request.
-/// See README "Client states".
-pub const KEEPALIVE_RECORD_BYTES: u64 = 48;
 
 /// How many failed connects a process keeps (the newest): rules look at `connect_window`
 /// only, so a tight refused-connect loop costs a bounded amount of memory and work.
@@ -60,15 +53,14 @@ pub const PROMPT_WINDOW: Duration = Duration::from_secs(5);
 pub const VANISH_GRACE: Duration = Duration::from_secs(1);
 
 /// A connection whose counters have not changed for this long, and that has nothing pending
-/// (no request waiting for an answer, no small record unmatched, no data unacknowledged, no
-/// retransmit), is *quiet*: a watch with nothing to say. Quiet connections are sampled every
+/// (no request waiting for an answer, no small record to tell apart, no data unacknowledged,
+/// no retransmit), is *quiet*: a watch with nothing to say. Quiet connections are sampled every
 /// [`QUIET_EVERY`]; every other connection every second.
 pub const QUIET_AFTER: Duration = Duration::from_secs(10);
 
 /// How often a quiet connection is sampled. What it misses meanwhile costs no precision where
-/// it matters: the first request after a quiet spell is timed by `tcp_info`'s own
-/// `last_data_sent` (milliseconds), answers by `last_data_recv`, and retransmits by their
-/// kernel event; only a stall that no retransmit event reports (segments dropped on the
+/// it matters: requests and answers come from the kernel's segment events, and retransmits
+/// from their own; only a stall that no retransmit event reports (segments dropped on the
 /// client's own path) is seen up to this much later.
 pub const QUIET_EVERY: Duration = Duration::from_secs(5);
 
@@ -175,23 +167,12 @@ pub struct Connection {
     pub sampled_at: Option<Instant>,
     /// When data last arrived at all, keepalives included.
     pub last_receive: Option<Instant>,
-    /// When payload (more than keepalive-sized records) last arrived.
+    /// When an answer (payload, or a small record nothing replied to) last arrived.
     pub last_payload: Option<Instant>,
-    /// When the client last sent a request (outbound payload).
+    /// When the client last sent a request.
     pub last_request: Option<Instant>,
-    /// The first request not answered by inbound payload yet: the client is waiting.
-    pub waiting_since: Option<Instant>,
-    /// Whether the previous sample saw a request too (the client is streaming, not waiting).
-    pub streaming: bool,
-    /// Inbound and outbound data segments (retransmissions aside) when the wait began.
-    pub wait_base: Option<(u32, u32)>,
-    /// A small outbound record the client initiated (not a flow-control reply) in the last
-    /// sample, waiting to see whether inbound segments follow: a PING is followed by its ack,
-    /// a request HPACK made small (a repeated GET is ~40 bytes) by its answer.
-    pub small_pending: Option<SmallOut>,
-    /// Small initiated records that nothing followed, since the last answer, and the first.
-    pub unmatched: u32,
-    pub first_unmatched: Option<Instant>,
+    /// Requests and answers in their order (see `ordered.rs`).
+    pub ordered: Ordered,
     pub retransmits: u64,
     /// Time of the first retransmit since the peer last acknowledged new data (None while
     /// acknowledgements make progress): how long the connection has been talking into a void.
@@ -204,28 +185,14 @@ pub struct Connection {
     pub outstanding: bool,
 }
 
-/// See [`Connection::small_pending`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SmallOut {
-    pub at: Instant,
-    pub segs: u32,
-    /// Inbound data segments when it was sent.
-    pub in_base: u32,
-}
-
-/// Outbound data this soon after the last inbound data is a reply to it (a WINDOW_UPDATE for
-/// received data, a PING or SETTINGS ack), not something the client asks.
-pub const REPLY_WITHIN: Duration = Duration::from_millis(200);
-
 impl Connection {
-    /// Since when the client has been waiting for an answer on this connection: a request
-    /// sized as one unanswered, or two small records it initiated that nothing followed.
-    pub fn waiting(&self) -> Option<Instant> {
-        let small = self.first_unmatched.filter(|_| self.unmatched >= 2);
-        match (self.waiting_since, small) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+    /// Since when the client has been waiting for an answer on this connection, seen at
+    /// `now`: a request sized as one unanswered, or two small records it initiated that
+    /// nothing matched (see `ordered.rs`).
+    pub fn waiting(&self, now: Instant) -> Option<Instant> {
+        let mut ordered = self.ordered.clone();
+        ordered.settle(now);
+        ordered.waiting()
     }
 
     /// Whether its `tcp_info` evidence is current at `now`.
@@ -242,9 +209,7 @@ impl Connection {
             && self.vanished_at.is_none()
             && !self.outstanding
             && self.stalled_since.is_none()
-            && self.waiting().is_none()
-            && self.small_pending.is_none()
-            && self.unmatched == 0
+            && self.ordered.settled()
             && self
                 .last_change
                 .is_some_and(|c| now.saturating_duration_since(c) >= QUIET_AFTER)
@@ -535,6 +500,39 @@ impl ConnectionTable {
             })
             .copied();
         match ev.change {
+            Change::Segment {
+                len,
+                snd_nxt,
+                snd_una,
+                srtt_us,
+            } => {
+                let id = found?;
+                let conn = self.conns.get_mut(&id).expect("found");
+                if conn.sk != Some(ev.sk) {
+                    conn.sk = Some(ev.sk);
+                    self.by_sk.insert(ev.sk, id);
+                }
+                let conn = self.conns.get_mut(&id).expect("found");
+                let segment = Segment {
+                    at: ev.at,
+                    len,
+                    snd_nxt,
+                    snd_una,
+                    srtt: Duration::from_micros(u64::from(srtt_us)),
+                };
+                let request = conn.ordered.apply(segment);
+                if len > 0 {
+                    conn.last_receive = conn.last_receive.max(Some(ev.at));
+                }
+                conn.last_payload = conn.last_payload.max(conn.ordered.last_answer());
+                conn.last_request = conn.last_request.max(conn.ordered.last_request());
+                if let (Some(at), Some(pid)) = (request, conn.owner) {
+                    if let Some(p) = self.processes.get_mut(&pid) {
+                        p.note_request(at);
+                    }
+                }
+                None
+            }
             Change::Retransmit { .. } => {
                 let conn = found.and_then(|id| self.conns.get_mut(&id))?;
                 conn.retransmits += 1;
@@ -739,6 +737,16 @@ impl ConnectionTable {
         self.next_sample_due = None;
     }
 
+    /// The kernel lost events: segments among them, so what was pending may have been
+    /// answered unseen. Every connection's waits are dropped (see `Ordered::lost_evidence`):
+    /// a request after this is timed afresh, and nothing is judged from what was not seen.
+    pub fn segments_lost(&mut self) {
+        for conn in self.conns.values_mut() {
+            conn.ordered.lost_evidence();
+        }
+        self.next_sample_due = None;
+    }
+
     /// Applies one sampler result taken at `now`.
     pub fn apply_sample(&mut self, tuple: &Tuple, sample: Sample, now: Instant) {
         self.apply_sample_to(tuple, sample, now);
@@ -792,11 +800,8 @@ impl ConnectionTable {
                 }
                 let old = conn.tcp_state;
                 conn.tcp_state = tcp_state;
-                let request = tcp.and_then(|tcp| update_evidence(conn, &tcp, now));
-                if let (Some(at), Some(pid)) = (request, conn.owner) {
-                    if let Some(p) = self.processes.get_mut(&pid) {
-                        p.note_request(at);
-                    }
+                if let Some(tcp) = tcp {
+                    update_evidence(conn, &tcp, now);
                 }
                 if old != tcp_state {
                     if let Some(end) = end_of(old, tcp_state, 0) {
@@ -893,12 +898,7 @@ impl ConnectionTable {
                 last_receive: None,
                 last_payload: None,
                 last_request: None,
-                waiting_since: None,
-                streaming: false,
-                wait_base: None,
-                small_pending: None,
-                unmatched: 0,
-                first_unmatched: None,
+                ordered: Ordered::default(),
                 retransmits: 0,
                 stalled_since: None,
                 vanished_at: None,
@@ -1167,99 +1167,18 @@ fn push_failure(p: &mut ProcessRecord, failure: ConnectFailure) {
     }
 }
 
-/// Bytes beyond one keepalive-sized record per segment.
-fn beyond_keepalives(bytes: u64, segments: u64) -> u64 {
-    bytes.saturating_sub(segments * KEEPALIVE_RECORD_BYTES)
-}
-
-/// Folds one `tcp_info` sample into a connection's evidence. Returns when the client sent a
-/// request in this interval, if it did.
-fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) -> Option<Instant> {
-    let ago = |ms: u32| {
-        now.checked_sub(Duration::from_millis(u64::from(ms)))
-            .unwrap_or(now)
-    };
+/// Folds one `tcp_info` sample into a connection's evidence: its counters (for the API, and
+/// to tell a quiet connection), when data last arrived, and whether acknowledgements make
+/// progress. Requests and answers come from the kernel's segment events, in their order, not
+/// from these counters (see `ordered.rs`).
+fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) {
     let sent = tcp.bytes_sent.saturating_sub(tcp.bytes_retrans);
     let segs_out = tcp.data_segs_out.saturating_sub(tcp.total_retrans);
     let first = conn.sampled_at.is_none();
-    let mut request_at = None;
-    if !first || conn.origin == Origin::Event {
-        // Counters since the last sample (for a connection seen from its connect, since 0).
-        let bytes_in = tcp.bytes_received.saturating_sub(conn.bytes_received);
-        let segs_in = u64::from(tcp.data_segs_in.saturating_sub(conn.data_segs_in));
-        let bytes_out = sent.saturating_sub(conn.bytes_sent);
-        let segs_out_d = u64::from(segs_out.saturating_sub(conn.data_segs_out));
-        let t_recv = ago(tcp.last_data_recv_ms);
-        let t_sent = ago(tcp.last_data_sent_ms);
-        if bytes_in > 0 {
-            conn.last_receive = Some(t_recv);
-        }
-        let payload = beyond_keepalives(bytes_in, segs_in) > 0;
-        let request = beyond_keepalives(bytes_out, segs_out_d) > KEEPALIVE_RECORD_BYTES;
-        if payload {
-            conn.last_payload = Some(t_recv);
-        }
-        // An answer is payload, or more inbound data segments than the client's own keepalives
-        // asked for: every PING gets one PING ack, so inbound segments beyond the outbound ones
-        // (the request itself aside) are the server's — a HEADERS-only answer to a watch
-        // request is ~50 bytes, no bigger than keepalives. Counted since the wait began, so an
-        // ack arriving a sample after its PING cancels out.
-        let answered = payload
-            || match (request, conn.wait_base) {
-                (true, _) => segs_in + 1 > segs_out_d,
-                (false, Some((base_in, base_out))) => {
-                    tcp.data_segs_in.saturating_sub(base_in) > segs_out.saturating_sub(base_out)
-                }
-                (false, None) => false,
-            };
-        match (request, answered) {
-            // The answer came after the last thing sent: nothing is pending.
-            (true, true) if t_recv >= t_sent => conn.waiting_since = None,
-            (true, _) => {
-                // Streaming (a request in consecutive samples: an upload) is not waiting;
-                // waiting starts when it stops sending. A request after an answer is a new
-                // wait.
-                if conn.streaming || answered || conn.waiting_since.is_none() {
-                    conn.waiting_since = Some(t_sent);
-                    conn.wait_base = Some((tcp.data_segs_in, segs_out));
-                }
-            }
-            (false, true) => conn.waiting_since = None,
-            (false, false) => {}
-        }
-        if conn.waiting_since.is_none() {
-            conn.wait_base = None;
-        }
-        // Small records the client initiated: followed by inbound segments (a PING's ack, a
-        // small request's answer) they are fine; two that nothing followed are a wait.
-        if let Some(p) = conn.small_pending.take() {
-            if tcp.data_segs_in.saturating_sub(p.in_base) < p.segs {
-                conn.unmatched += 1;
-                conn.first_unmatched.get_or_insert(p.at);
-            }
-        }
-        let last_receive = conn.last_receive;
-        let reply =
-            last_receive.is_some_and(|r| t_sent >= r && t_sent.saturating_duration_since(r) <= REPLY_WITHIN);
-        if segs_out_d > 0 && !request && !reply {
-            let followed_here = t_recv >= t_sent && segs_in >= segs_out_d;
-            if !followed_here {
-                conn.small_pending = Some(SmallOut {
-                    at: t_sent,
-                    segs: segs_out_d as u32,
-                    in_base: tcp.data_segs_in,
-                });
-            }
-        }
-        if payload && t_recv >= conn.first_unmatched.unwrap_or(t_recv) {
-            conn.unmatched = 0;
-            conn.first_unmatched = None;
-        }
-        conn.streaming = request;
-        if request {
-            conn.last_request = Some(t_sent);
-            request_at = Some(t_sent);
-        }
+    if (!first || conn.origin == Origin::Event) && tcp.bytes_received > conn.bytes_received {
+        let ago = Duration::from_millis(u64::from(tcp.last_data_recv_ms));
+        let t_recv = now.checked_sub(ago).unwrap_or(now);
+        conn.last_receive = conn.last_receive.max(Some(t_recv));
     }
     let changed = first
         || tcp.bytes_received != conn.bytes_received
@@ -1288,9 +1207,9 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) -> Option
     }
     conn.bytes_acked = tcp.bytes_acked;
     conn.sampled_at = Some(now);
-    request_at
 }
 
+pub mod ordered;
 pub mod sampler;
 
 #[cfg(test)]

@@ -280,255 +280,72 @@ fn removing_an_endpoint_forgets_its_connections_without_a_loss() {
     assert!(lab.table.process(8).is_none());
 }
 
-/// Cumulative counters of a watch connection: TLS handshake and request out, answer in.
-fn watch_started() -> TcpInfo {
-    counters(2000, 4, 600, 3)
-}
-
-#[test]
-fn keepalives_are_neither_payload_nor_requests() {
-    let mut lab = Lab::new();
-    lab.connect(0, 0xa, 40000, 7);
-    lab.sample(1000, 40000, watch_started());
-    let c = lab.table.connections().next().unwrap().clone();
-    assert_eq!(
-        c.waiting_since, None,
-        "the request was answered in the same second"
-    );
-    assert_eq!(c.last_payload, Some(lab.at(1000)));
-    // A PING and its ack (39 bytes each way, TLS 1.3), 46 with TLS 1.2; a PING and a
-    // WINDOW_UPDATE coalesced into one segment (74 bytes).
-    let mut tcp = watch_started();
-    for (ms, bytes_in, bytes_out, segs_out) in [(31_000, 39, 39, 1), (61_000, 46, 46, 1), (91_000, 39, 74, 1)]
-    {
-        tcp.bytes_received += bytes_in;
-        tcp.data_segs_in += 1;
-        tcp.bytes_sent += bytes_out;
-        tcp.data_segs_out += segs_out;
-        tcp.last_data_recv_ms = 10;
-        tcp.last_data_sent_ms = 20;
-        lab.sample(ms, 40000, tcp);
-        let c = lab.table.connections().next().unwrap();
-        assert_eq!(
-            c.last_payload,
-            Some(lab.at(1000)),
-            "at {ms}: keepalives are not payload"
-        );
-        assert_eq!(c.last_receive, Some(lab.at(ms - 10)));
-        assert_eq!(
-            (c.waiting_since, c.last_request),
-            (None, Some(lab.at(1000))),
-            "at {ms}: nor requests"
-        );
+/// A segment arriving on socket `sk`: `len` bytes of payload after the client sent `sent`.
+fn segment(len: u16, sent: u32) -> Change {
+    Change::Segment {
+        len,
+        snd_nxt: 1_000_000 + sent,
+        snd_una: 1_000_000 + sent,
+        srtt_us: 1000,
     }
 }
 
+fn waiting(lab: &Lab, ms: u64) -> Option<Instant> {
+    lab.table.connections().next().unwrap().waiting(lab.at(ms))
+}
+
 #[test]
-fn a_request_waits_until_payload_answers_it() {
+fn requests_and_answers_come_from_segments_in_their_order() {
     let mut lab = Lab::new();
     lab.connect(0, 0xa, 40000, 7);
-    let mut tcp = watch_started();
-    lab.sample(1000, 40000, tcp);
-    // A watch restart: the old watch's END_STREAM (31) and the new request (180 bytes).
-    tcp.bytes_received += 31;
-    tcp.data_segs_in += 1;
-    tcp.bytes_sent += 180;
-    tcp.data_segs_out += 1;
-    tcp.last_data_recv_ms = 300;
-    tcp.last_data_sent_ms = 200;
-    lab.sample(300_000, 40000, tcp);
-    let c = lab.table.connections().next().unwrap().clone();
-    assert_eq!(c.waiting_since, Some(lab.at(299_800)), "the request is pending");
-    assert_eq!(c.last_request, Some(lab.at(299_800)));
-    // A quiet second, then a retry 30 s later does not move the start of the wait (a retry loop keeps waiting).
-    lab.sample(301_000, 40000, tcp);
-    tcp.bytes_sent += 180;
-    tcp.data_segs_out += 1;
-    tcp.last_data_sent_ms = 100;
-    lab.sample(330_000, 40000, tcp);
-    assert_eq!(
-        lab.table.connections().next().unwrap().waiting_since,
-        Some(lab.at(299_800))
-    );
-    // Response headers (110 bytes) together with a PING ack: payload, the wait is over.
-    tcp.bytes_received += 110 + 39;
-    tcp.data_segs_in += 2;
-    tcp.last_data_recv_ms = 50;
-    lab.sample(331_000, 40000, tcp);
+    lab.apply(100, 0xa, 40000, segment(1400, 500), 0); // the handshake answered
+                                                       // The JVM watch of issue 15: request (acknowledged), the answer, its flow-control reply.
+    lab.apply(10_000, 0xa, 40000, segment(0, 800), 0);
+    assert_eq!(waiting(&lab, 10_001), Some(lab.at(9_999)));
+    lab.apply(10_004, 0xa, 40000, segment(3400, 800), 0);
+    lab.apply(10_009, 0xa, 40000, segment(0, 840), 0);
+    assert_eq!(waiting(&lab, 200_000), None);
     let c = lab.table.connections().next().unwrap();
-    assert_eq!((c.waiting_since, c.last_payload), (None, Some(lab.at(330_950))));
-    // The process's rhythm: requests at 1 s (the connect's), 299.8 s, 329.9 s.
-    let r = lab.table.process(7).unwrap().rhythm;
-    assert_eq!(r.last_request, Some(lab.at(329_900)));
-    assert_eq!(r.gaps, 2);
-    assert_eq!(r.longest_gap, Duration::from_millis(298_800));
+    assert_eq!(c.last_payload, Some(lab.at(10_004)));
+    assert_eq!(c.last_request, Some(lab.at(9_999)));
+    // Sampled counters that sum all three into one interval (a send later than the last
+    // receive) make no wait: they are no evidence of requests any more.
+    let mut tcp = counters(4800, 3, 840, 3);
+    tcp.last_data_recv_ms = 5;
+    tcp.last_data_sent_ms = 0;
+    lab.sample(10_010, 40000, tcp);
+    assert_eq!(waiting(&lab, 200_000), None);
+    // The request is in the process's rhythm (rule B).
+    assert_eq!(
+        lab.table.process(7).unwrap().rhythm.last_request,
+        Some(lab.at(9_999))
+    );
 }
 
 #[test]
-fn a_headers_only_answer_is_an_answer_and_keepalive_acks_are_not() {
-    // kube-proxy at a watch restart (measured on kube-apiserver 1.20): the old watch's
-    // END_STREAM (31 bytes), the new request (150), a HEADERS-only answer (50).
+fn a_connection_older_than_the_agent_learns_its_segments_by_tuple() {
     let mut lab = Lab::new();
-    lab.connect(0, 0xa, 40000, 7);
-    let mut tcp = watch_started();
-    lab.sample(1000, 40000, tcp);
-    tcp.bytes_received += 31 + 50;
-    tcp.data_segs_in += 2;
-    tcp.bytes_sent += 150;
-    tcp.data_segs_out += 1;
-    tcp.last_data_recv_ms = 10;
-    tcp.last_data_sent_ms = 12;
-    lab.sample(300_000, 40000, tcp);
-    assert_eq!(
-        lab.table.connections().next().unwrap().waiting_since,
-        None,
-        "answered"
-    );
-    // The answer alone, 46 bytes, in the request's sample.
-    tcp.bytes_received += 46;
-    tcp.data_segs_in += 1;
-    tcp.bytes_sent += 150;
-    tcp.data_segs_out += 1;
-    lab.sample(600_000, 40000, tcp);
-    assert_eq!(
-        lab.table.connections().next().unwrap().waiting_since,
-        None,
-        "answered"
-    );
-    // Behind a gateway with a dead upstream: the request, then a PING every 30 s whose ack
-    // comes back — sometimes a sample later.
-    tcp.bytes_sent += 150;
-    tcp.data_segs_out += 1;
-    tcp.last_data_sent_ms = 100;
-    lab.sample(601_000, 40000, tcp);
-    let waiting = lab.table.connections().next().unwrap().waiting_since;
-    assert_eq!(waiting, Some(lab.at(600_900)));
-    tcp.bytes_sent += 39;
-    tcp.data_segs_out += 1;
-    lab.sample(631_000, 40000, tcp);
-    tcp.bytes_received += 39;
-    tcp.data_segs_in += 1;
-    lab.sample(632_000, 40000, tcp);
-    tcp.bytes_sent += 39;
-    tcp.data_segs_out += 1;
-    tcp.bytes_received += 39;
-    tcp.data_segs_in += 1;
-    lab.sample(661_000, 40000, tcp);
-    assert_eq!(
-        lab.table.connections().next().unwrap().waiting_since,
-        waiting,
-        "PING acks answer PINGs, not the request"
-    );
-    // A watch event arrives: answered.
-    tcp.bytes_received += 400;
-    tcp.data_segs_in += 1;
-    lab.sample(662_000, 40000, tcp);
-    assert_eq!(lab.table.connections().next().unwrap().waiting_since, None);
-}
-
-/// Adds a data record of `bytes` in (`inbound`) or out, `ms_ago` before the sample.
-fn record(tcp: &mut TcpInfo, inbound: bool, bytes: u64, ms_ago: u32) {
-    if inbound {
-        tcp.bytes_received += bytes;
-        tcp.data_segs_in += 1;
-        tcp.last_data_recv_ms = ms_ago;
-    } else {
-        tcp.bytes_sent += bytes;
-        tcp.data_segs_out += 1;
-        tcp.last_data_sent_ms = ms_ago;
-    }
-}
-
-fn waiting(lab: &Lab) -> Option<Instant> {
-    lab.table.connections().next().unwrap().waiting()
+    let tuple = lab.tuple(40000);
+    assert!(lab
+        .table
+        .insert_scanned(tuple, 77, tcp_state::ESTABLISHED, lab.at(0)));
+    // The first segment only sets where the client's sends stand.
+    lab.apply(1000, 0xa, 40000, segment(0, 5000), 0);
+    assert_eq!(waiting(&lab, 1001), None);
+    lab.apply(3000, 0xa, 40000, segment(0, 5400), 0);
+    assert_eq!(waiting(&lab, 3001), Some(lab.at(2999)));
+    assert_eq!(lab.table.connections().next().unwrap().sk, Some(0xa));
 }
 
 #[test]
-fn small_requests_nothing_answers_are_a_wait_pings_answered_are_not() {
-    // A standby controller behind a gateway with a dead upstream: its lease GET, repeated, is
-    // ~41 bytes once HPACK indexed everything; it times out after 10 s, cancels (RST_STREAM,
-    // 35 bytes) and asks again; its PINGs are answered by the gateway.
+fn lost_events_drop_the_waits_they_may_have_answered() {
     let mut lab = Lab::new();
     lab.connect(0, 0xa, 40000, 7);
-    let mut tcp = watch_started();
-    lab.sample(1000, 40000, tcp);
-    // Healthy first: GET (41) answered by HEADERS + DATA (300).
-    for s in [3, 5, 7] {
-        record(&mut tcp, false, 41, 300);
-        record(&mut tcp, true, 300, 290);
-        lab.sample(s * 1000, 40000, tcp);
-        assert_eq!(waiting(&lab), None, "answered at {s} s");
-    }
-    // The upstream dies: GET at 9.7 s, nothing back.
-    record(&mut tcp, false, 41, 300);
-    lab.sample(10_000, 40000, tcp);
-    lab.sample(11_000, 40000, tcp);
-    assert_eq!(
-        waiting(&lab),
-        None,
-        "one unanswered small record could be anything"
-    );
-    // A PING and its ack at 15 s: followed.
-    record(&mut tcp, false, 39, 500);
-    record(&mut tcp, true, 39, 499);
-    lab.sample(16_000, 40000, tcp);
-    assert_eq!(waiting(&lab), None);
-    // The cancel and the retry at 19.7 s: nothing follows.
-    record(&mut tcp, false, 35, 301);
-    record(&mut tcp, false, 41, 300);
-    lab.sample(20_000, 40000, tcp);
-    lab.sample(21_000, 40000, tcp);
-    assert_eq!(
-        waiting(&lab),
-        Some(lab.at(9700)),
-        "waiting since the first unanswered GET"
-    );
-    // An answer at last (a 503 from the gateway, say): the wait is over.
-    record(&mut tcp, true, 200, 100);
-    lab.sample(22_000, 40000, tcp);
-    assert_eq!(waiting(&lab), None);
-}
-
-#[test]
-fn a_quiet_informer_with_pings_and_window_updates_never_waits() {
-    let mut lab = Lab::new();
-    lab.connect(0, 0xa, 40000, 7);
-    let mut tcp = watch_started();
-    lab.sample(1000, 40000, tcp);
-    for k in 1..=20u64 {
-        let at = k * 30_000;
-        // PING, its ack a sample later sometimes.
-        record(&mut tcp, false, 39, 999);
-        lab.sample(at, 40000, tcp);
-        record(&mut tcp, true, 39, 998);
-        lab.sample(at + 1000, 40000, tcp);
-        // A watch event now and then, and the WINDOW_UPDATE that follows it.
-        if k % 5 == 0 {
-            record(&mut tcp, true, 600, 500);
-            record(&mut tcp, false, 35, 480);
-            lab.sample(at + 2000, 40000, tcp);
-        }
-        assert_eq!(waiting(&lab), None, "at {at} ms");
-    }
-}
-
-#[test]
-fn streaming_an_upload_is_not_waiting() {
-    let mut lab = Lab::new();
-    lab.connect(0, 0xa, 40000, 7);
-    let mut tcp = watch_started();
-    lab.sample(1000, 40000, tcp);
-    for s in 2..100u64 {
-        tcp.bytes_sent += 64 * 1024;
-        tcp.data_segs_out += 2;
-        tcp.last_data_sent_ms = 0;
-        lab.sample(s * 1000, 40000, tcp);
-    }
-    assert_eq!(
-        lab.table.connections().next().unwrap().waiting_since,
-        Some(lab.at(99_000)),
-        "the wait starts at the last chunk, not the first"
-    );
+    lab.apply(100, 0xa, 40000, segment(1400, 500), 0);
+    lab.apply(10_000, 0xa, 40000, segment(0, 900), 0);
+    assert!(waiting(&lab, 10_001).is_some());
+    lab.table.segments_lost();
+    assert_eq!(waiting(&lab, 200_000), None, "not judged from what was not seen");
 }
 
 #[test]
@@ -537,7 +354,7 @@ fn retransmits_without_ack_progress_stall_even_without_the_tracepoint() {
     // kernel; tcp_info shows the data unsent, the backoff growing, no ACK.
     let mut lab = Lab::new();
     lab.connect(0, 0xa, 40000, 7);
-    let mut tcp = watch_started();
+    let mut tcp = counters(2000, 4, 600, 3);
     lab.sample(1000, 40000, tcp);
     tcp.bytes_sent += 100;
     tcp.data_segs_out += 1;
@@ -584,7 +401,7 @@ fn a_full_receive_window_is_not_a_blackhole() {
     // A slow reader: data waits, zero-window probes back off, but the peer acknowledges them.
     let mut lab = Lab::new();
     lab.connect(0, 0xa, 40000, 7);
-    let mut tcp = watch_started();
+    let mut tcp = counters(2000, 4, 600, 3);
     lab.sample(1000, 40000, tcp);
     tcp.notsent_bytes = 65536;
     tcp.backoff = 4;
@@ -708,7 +525,7 @@ fn dual_stack_sockets_keep_their_form_and_match_ipv4_endpoints() {
         }]),
         "sampled in its own form"
     );
-    lab.sample(1000, 40000, watch_started());
+    lab.sample(1000, 40000, counters(2000, 4, 600, 3));
     assert_eq!(lab.table.connections().count(), 1, "its sample found it");
     assert!(lab.table.connections().next().unwrap().readable(lab.at(1000)));
 }
@@ -717,7 +534,7 @@ fn dual_stack_sockets_keep_their_form_and_match_ipv4_endpoints() {
 fn a_forked_child_keeps_the_socket_its_parent_leaves_behind() {
     let mut lab = Lab::new();
     lab.connect(0, 0xa, 40000, 7);
-    lab.sample(1000, 40000, watch_started());
+    lab.sample(1000, 40000, counters(2000, 4, 600, 3));
     lab.table.forget_process(7, lab.at(2000));
     assert!(lab.table.process(7).is_none());
     assert_eq!(
@@ -737,7 +554,7 @@ fn the_agents_own_connections_are_not_listed() {
     let mut lab = Lab::new();
     lab.table = ConnectionTable::new(endpoints(&[APISERVER])).ignoring(7);
     lab.connect(0, 0xa, 40000, 7);
-    lab.sample(1000, 40000, watch_started());
+    lab.sample(1000, 40000, counters(2000, 4, 600, 3));
     assert!(lab.table.process(7).is_none());
     lab.table
         .set_owner(&lab.tuple(40000), process(7, 1), lab.at(1500));
@@ -775,7 +592,7 @@ fn a_quiet_connection_is_sampled_every_few_seconds_anything_pending_every_second
         lab.table.sample_targets(at).is_some_and(|t| t[0].due)
     };
     assert!(due(&mut lab, 0), "never sampled yet");
-    let mut tcp = watch_started();
+    let mut tcp = counters(2000, 4, 600, 3);
     lab.sample(1000, 40000, tcp);
     // Unchanged for less than QUIET_AFTER: every second.
     let quiet_from = 1000 + QUIET_AFTER.as_millis() as u64;
@@ -796,20 +613,25 @@ fn a_quiet_connection_is_sampled_every_few_seconds_anything_pending_every_second
     );
     assert!(!due(&mut lab, last + 3000));
     assert!(due(&mut lab, last + QUIET_EVERY.as_millis() as u64));
-    // The first request after the quiet spell, sampled up to QUIET_EVERY later, is timed by
-    // tcp_info, not by the sample: the wait starts when it was sent.
-    record(&mut tcp, false, 600, 3500);
+    // The first request after the quiet spell comes from the kernel's segments, timed there:
+    // the wait starts when it was sent, and the connection is due every second.
     let sampled = last + QUIET_EVERY.as_millis() as u64;
+    lab.apply(sampled - 3600, 0xa, 40000, segment(0, 600), 0);
+    lab.apply(sampled - 3500, 0xa, 40000, segment(0, 1200), 0);
+    assert_eq!(waiting(&lab, sampled), Some(lab.at(sampled - 3501)));
+    tcp.bytes_sent += 1200;
+    tcp.data_segs_out += 2;
     lab.sample(sampled, 40000, tcp);
-    assert_eq!(waiting(&lab), Some(lab.at(sampled - 3500)));
     assert!(
         due(&mut lab, sampled + 1000),
         "waiting for an answer: every second"
     );
     // Answered: still every second until it has been quiet for QUIET_AFTER again.
-    record(&mut tcp, true, 900, 10);
+    lab.apply(sampled + 500, 0xa, 40000, segment(900, 1200), 0);
+    tcp.bytes_received += 900;
+    tcp.data_segs_in += 1;
     lab.sample(sampled + 1000, 40000, tcp);
-    assert_eq!(waiting(&lab), None);
+    assert_eq!(waiting(&lab, sampled + 1000), None);
     assert!(due(&mut lab, sampled + 2000));
     // Data outstanding (a send not acknowledged yet) is never quiet.
     let mut unacked = tcp;

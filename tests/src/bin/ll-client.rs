@@ -1,7 +1,7 @@
 //! `ll-client`: a test TCP client driven over stdin/stdout by the integration harness.
 //!
 //! ```text
-//! ll-client [--wait-go] [--connect-timeout SECS] [--connect ADDR]... [-- IGNORED...]
+//! ll-client [--wait-go] [--ack-small] [--connect-timeout SECS] [--connect ADDR]... [-- IGNORED...]
 //! ```
 //!
 //! Arguments after `--` are ignored: they only put text on the command line (secrets to be
@@ -11,7 +11,8 @@
 //! `connected LOCAL PEER` (or `failed ADDR ERROR`) for each, then `ready`. With `--wait-go` it
 //! first prints `waiting` and connects only after reading a `go` line, so the harness can move
 //! it into a cgroup before it opens any socket. Every connection is held open and whatever
-//! arrives on it is read and discarded.
+//! arrives on it is read and discarded; with `--ack-small`, a read of at most 48 bytes (a
+//! keepalive-sized record: an HTTP/2 PING) is answered at once with 38 bytes (its ack).
 //!
 //! Commands on stdin, one per line, each answered on stdout:
 //! - `connect ADDR` → `connected LOCAL PEER` | `failed ADDR ERROR`
@@ -28,12 +29,14 @@ use std::time::Duration;
 
 fn main() {
     let mut wait_go = false;
+    let mut ack_small = false;
     let mut initial = Vec::new();
     let mut timeout = Duration::from_secs(5);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--wait-go" => wait_go = true,
+            "--ack-small" => ack_small = true,
             "--connect-timeout" => {
                 let secs: u64 = args
                     .next()
@@ -57,7 +60,7 @@ fn main() {
     }
     let mut conns: Vec<(SocketAddr, TcpStream)> = Vec::new();
     for addr in &initial {
-        connect(addr, timeout, &mut conns);
+        connect(addr, timeout, ack_small, &mut conns);
     }
     println!("ready");
 
@@ -65,7 +68,7 @@ fn main() {
         let line = line.expect("read stdin");
         let mut words = line.split_whitespace();
         match (words.next(), words.next()) {
-            (Some("connect"), Some(addr)) => connect(addr, timeout, &mut conns),
+            (Some("connect"), Some(addr)) => connect(addr, timeout, ack_small, &mut conns),
             (Some("send"), Some(port)) => {
                 let port: u16 = port.parse().expect("send LOCAL_PORT N");
                 let n: usize = words
@@ -100,7 +103,7 @@ fn main() {
     }
 }
 
-fn connect(addr: &str, timeout: Duration, conns: &mut Vec<(SocketAddr, TcpStream)>) {
+fn connect(addr: &str, timeout: Duration, ack_small: bool, conns: &mut Vec<(SocketAddr, TcpStream)>) {
     let target: SocketAddr = match addr.parse() {
         Ok(a) => a,
         Err(e) => return println!("failed {addr} {e}"),
@@ -121,11 +124,16 @@ fn connect(addr: &str, timeout: Duration, conns: &mut Vec<(SocketAddr, TcpStream
         (Err(e), _) | (_, Err(e)) => return println!("failed {addr} {e}"),
     };
     let mut reader = stream.try_clone().expect("clone stream");
+    let mut acker = stream.try_clone().expect("clone stream");
     thread::Builder::new()
         .name("ll-reader".into())
         .spawn(move || {
             let mut buf = [0u8; 16 * 1024];
-            while matches!(reader.read(&mut buf), Ok(n) if n > 0) {}
+            while let Ok(n @ 1..) = reader.read(&mut buf) {
+                if ack_small && n <= 48 {
+                    let _ = acker.write_all(&[b'a'; 38]);
+                }
+            }
         })
         .expect("spawn reader");
     conns.push((local, stream));

@@ -1,0 +1,205 @@
+use super::*;
+
+/// A connection's segments on a fake clock: `seg(ms, len, sent)` is a segment arriving at
+/// `ms` with `len` bytes of payload after the client has sent `sent` bytes in all.
+struct Conn {
+    t0: Instant,
+    ordered: Ordered,
+}
+
+const RTT: Duration = Duration::from_millis(1);
+
+impl Conn {
+    fn new() -> Self {
+        let mut c = Self {
+            t0: Instant::now(),
+            ordered: Ordered::default(),
+        };
+        // The handshake is over: 500 bytes sent (ClientHello, Finished), answered.
+        c.seg(0, 1400, 500);
+        c
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    fn seg(&mut self, ms: u64, len: u16, sent: u32) -> Option<Instant> {
+        let seg = Segment {
+            at: self.at(ms),
+            len,
+            // Any initial sequence number: arithmetic wraps.
+            snd_nxt: 0xffff_ff00_u32.wrapping_add(sent),
+            snd_una: 0xffff_ff00_u32.wrapping_add(sent),
+            srtt: RTT,
+        };
+        self.ordered.apply(seg)
+    }
+
+    fn waiting(&mut self, ms: u64) -> Option<Duration> {
+        self.ordered.settle(self.at(ms));
+        self.ordered.waiting().map(|w| w - self.t0)
+    }
+}
+
+#[test]
+fn an_answer_then_the_clients_flow_control_reply_is_not_a_wait() {
+    // The JVM watch of issue 15: request, the initial ADDED event 4 ms later (3.4 kB), and a
+    // small record 4 ms after that; all inside one second, where summed counters read "a send
+    // after the last receive".
+    let mut c = Conn::new();
+    assert!(c.seg(10_000, 0, 800).is_some(), "the watch request, acknowledged");
+    assert_eq!(c.waiting(10_001), Some(Duration::from_millis(9_999)));
+    c.seg(10_004, 3400, 800);
+    c.seg(10_009, 0, 840); // its WINDOW_UPDATE, acknowledged
+    assert_eq!(c.waiting(100_000), None, "answered; the reply asks nothing");
+    assert!(c.ordered.settled());
+}
+
+#[test]
+fn a_request_nothing_answers_waits_from_when_it_was_sent() {
+    let mut c = Conn::new();
+    // Acknowledged by the peer's TCP (an ACK without payload), never answered.
+    assert_eq!(c.seg(20_000, 0, 900), Some(c.at(19_999)));
+    assert_eq!(c.waiting(200_000), Some(Duration::from_millis(19_999)));
+    // More requests (leader-election renewals every 2 s) do not move the start of the wait.
+    c.seg(22_000, 0, 1300);
+    c.seg(24_000, 0, 1700);
+    assert_eq!(c.waiting(200_000), Some(Duration::from_millis(19_999)));
+    // Payload answers it.
+    c.seg(25_000, 600, 1700);
+    assert_eq!(c.waiting(200_000), None);
+}
+
+#[test]
+fn a_peers_pings_that_the_client_acks_are_no_answer() {
+    // Seed 002 behind a gateway with HTTP/2 keepalive: a request every 3 s, and from then on
+    // only the gateway's own PINGs (every 4 s), each acked by the client at once.
+    let mut c = Conn::new();
+    let mut sent = 500;
+    let mut pings = 0;
+    for ms in (10_000..100_000).step_by(1000) {
+        if ms % 3000 == 1000 {
+            sent += 200;
+            c.seg(ms, 0, sent); // the request, acknowledged
+        }
+        if ms % 4000 == 0 {
+            c.seg(ms, 38, sent); // the gateway's PING
+            sent += 38;
+            c.seg(ms + 40, 0, sent); // the client's PING ack, acknowledged
+            pings += 1;
+        }
+    }
+    assert!(pings > 20);
+    let waited = c.waiting(100_500).expect("still waiting");
+    assert_eq!(waited, Duration::from_millis(9_999), "since the first request");
+}
+
+#[test]
+fn a_small_answer_nothing_replies_to_is_an_answer() {
+    // A watch answered with HEADERS only (~50 bytes): nothing replies to it.
+    let mut c = Conn::new();
+    c.seg(5_000, 0, 700);
+    c.seg(5_002, 45, 700);
+    assert!(c.waiting(5_500).is_some(), "not told apart yet");
+    assert_eq!(c.waiting(6_100), None, "no reply within a second: an answer");
+    // A later segment settles it too, whatever the clock of the judge.
+    let mut c = Conn::new();
+    c.seg(5_000, 0, 700);
+    c.seg(5_002, 45, 700);
+    c.seg(60_000, 0, 700);
+    assert_eq!(c.waiting(60_000), None);
+}
+
+#[test]
+fn small_answers_in_a_row_are_answers() {
+    let mut c = Conn::new();
+    c.seg(5_000, 0, 700);
+    c.seg(5_002, 45, 700);
+    c.seg(5_003, 30, 700);
+    assert!(
+        c.ordered.waiting_since.is_none(),
+        "the first small record answered"
+    );
+}
+
+#[test]
+fn the_clients_own_pings_acked_are_fine_two_unmatched_are_a_wait() {
+    let mut c = Conn::new();
+    // client-go's HTTP/2 health check: a PING after 30 s without a frame, acked at once.
+    c.seg(30_001, 38, 538);
+    assert_eq!(c.waiting(40_000), None);
+    assert!(c.ordered.settled());
+    // Two small records of its own that nothing follows: a request HPACK made tiny. (The
+    // first small record after the handshake's payload is taken for flow control.)
+    let mut c = Conn::new();
+    c.seg(30_000, 0, 540);
+    c.seg(32_000, 0, 580);
+    assert_eq!(c.waiting(40_000), None, "one is not yet a wait");
+    c.seg(34_000, 0, 620);
+    assert_eq!(c.waiting(40_000), Some(Duration::from_millis(31_999)));
+}
+
+#[test]
+fn a_steady_answer_every_ten_seconds_is_never_a_wait() {
+    // kube-scheduler's picked connection of issue 15: ~128 bytes every 10 s, with its
+    // requests and the client's acknowledgements in between.
+    let mut c = Conn::new();
+    let mut sent = 500;
+    for round in 1..60u64 {
+        let ms = round * 10_000;
+        sent += 300;
+        c.seg(ms, 0, sent);
+        c.seg(ms + 3, 128, sent);
+        assert_eq!(c.waiting(ms + 5), None, "round {round}");
+    }
+}
+
+#[test]
+fn an_upload_waits_from_when_it_stops_sending() {
+    let mut c = Conn::new();
+    let mut sent = 500;
+    for ms in (10_000..20_000).step_by(50) {
+        sent += 1400;
+        c.seg(ms, 0, sent);
+    }
+    assert_eq!(c.waiting(20_000), Some(Duration::from_millis(19_949)));
+}
+
+#[test]
+fn lost_events_drop_waits_and_restart_the_sequence() {
+    let mut c = Conn::new();
+    c.seg(10_000, 0, 900);
+    assert!(c.waiting(10_001).is_some());
+    c.ordered.lost_evidence();
+    assert_eq!(c.waiting(10_002), None, "the answer may have come unseen");
+    assert_eq!(c.seg(11_000, 0, 5000), None, "no base to count sends from");
+    assert!(c.seg(12_000, 0, 5400).is_some());
+}
+
+#[test]
+fn the_first_segment_seen_times_what_it_acknowledges() {
+    // A connection that received nothing yet (or older than the agent, or after lost
+    // events): its first segment is the acknowledgement of a request.
+    let mut o = Ordered::default();
+    let t0 = Instant::now();
+    let seg = Segment {
+        at: t0 + Duration::from_secs(30),
+        len: 0,
+        snd_nxt: 1300,
+        snd_una: 1000,
+        srtt: RTT,
+    };
+    assert_eq!(o.apply(seg), Some(seg.at - RTT));
+    assert_eq!(o.waiting(), Some(seg.at - RTT));
+}
+
+#[test]
+fn a_segment_reported_late_is_no_send() {
+    let mut c = Conn::new();
+    c.seg(10_000, 0, 900);
+    c.seg(10_001, 600, 900);
+    // An older snd_nxt (another CPU's event, reported after): nothing was sent.
+    assert_eq!(c.seg(10_002, 0, 880), None);
+    assert_eq!(c.waiting(10_003), None);
+}
