@@ -7,6 +7,8 @@
 //! (the host's, in the DaemonSet), where host clients and the ClusterIP path are.
 //!
 //! The agent's own sockets are not clients: the connection table ignores the agent's pid.
+//! What the probe finds is logged in the agent's own words, once per change
+//! ([`conditions`]): rustls' own warnings stay below the default log level.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
@@ -31,6 +33,8 @@ use crate::{
     endpoint::Endpoint,
     reachability::{Probe, ProbeOutcome},
 };
+
+mod conditions;
 
 pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -70,6 +74,7 @@ async fn run(mut targets: watch::Receiver<Targets>, probes: Probes) {
     let tls = tls_connector();
     let mut every = tokio::time::interval(PROBE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conditions = conditions::Conditions::default();
     loop {
         tokio::select! {
             _ = every.tick() => {}
@@ -77,6 +82,7 @@ async fn run(mut targets: watch::Receiver<Targets>, probes: Probes) {
         }
         let current = targets.borrow_and_update().clone();
         probes.retain(&current);
+        conditions.retain(|e| current.contains_key(e));
         let rounds = current.into_iter().map(|(endpoint, addrs)| {
             let tls = tls.clone();
             async move {
@@ -98,6 +104,9 @@ async fn run(mut targets: watch::Receiver<Targets>, probes: Probes) {
             }
         });
         for (endpoint, outcome) in futures::future::join_all(rounds).await.into_iter().flatten() {
+            if let Some(line) = conditions.observe(endpoint, outcome, Instant::now()) {
+                line.emit();
+            }
             probes.record(
                 endpoint,
                 Probe {
