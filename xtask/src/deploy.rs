@@ -8,8 +8,7 @@ use std::{
     process::Command,
 };
 
-use serde::Deserialize as _;
-use serde_yaml::Value;
+use serde_json::Value;
 
 use crate::{
     image::{LOCAL_NAME, REGISTRY_NAME},
@@ -42,8 +41,9 @@ fn read(path: &Path) -> Result<String> {
     fs::read_to_string(path).map_err(|e| Failed(format!("{}: {e}", path.display())))
 }
 
+/// A YAML file as a JSON value (manifests and rules have string keys only).
 fn yaml(path: &Path) -> Result<Value> {
-    serde_yaml::from_str(&read(path)?).map_err(|e| Failed(format!("{}: {e}", path.display())))
+    serde_saphyr::from_str(&read(path)?).map_err(|e| Failed(format!("{}: {e}", path.display())))
 }
 
 /// prometheusrule.yaml's `spec` is exactly the plain rule file.
@@ -133,9 +133,7 @@ fn kustomize(dir: &Path) -> Result<Vec<Value>> {
         )));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).map_err(|e| Failed(format!("{}: {e}", show(&cmd)))))
-        .collect()
+    serde_saphyr::from_multiple(&text).map_err(|e| Failed(format!("{}: {e}", show(&cmd))))
 }
 
 fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
@@ -146,7 +144,7 @@ fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
+    v.as_array()
         .into_iter()
         .flatten()
         .filter_map(|s| s.as_str().map(str::to_owned))
@@ -213,7 +211,7 @@ fn manifests(deploy: &Path) -> Result {
         || "readOnlyRootFilesystem: true and allowPrivilegeEscalation: false".into(),
     )?;
     let host_paths: Vec<&Value> = pod["volumes"]
-        .as_sequence()
+        .as_array()
         .into_iter()
         .flatten()
         .filter(|v| v.get("hostPath").is_some())
@@ -222,7 +220,7 @@ fn manifests(deploy: &Path) -> Result {
         host_paths.len() == 1 && host_paths[0]["hostPath"]["path"] == "/sys/kernel/tracing",
         || format!("the only hostPath is tracefs, got {host_paths:?}"),
     )?;
-    for mount in container["volumeMounts"].as_sequence().into_iter().flatten() {
+    for mount in container["volumeMounts"].as_array().into_iter().flatten() {
         ensure(
             mount["readOnly"] == true && mount.get("subPath").is_none(),
             || {
@@ -305,7 +303,7 @@ fn monitoring(objects: &[Value], ds: &Value, dir: &Path) -> Result {
     ensure(endpoint["honorLabels"] == true, || {
         "the PodMonitor needs honorLabels: true".into()
     })?;
-    let relabels = endpoint["relabelings"].as_sequence().cloned().unwrap_or_default();
+    let relabels = endpoint["relabelings"].as_array().cloned().unwrap_or_default();
     ensure(
         relabels.iter().any(|r| {
             r["targetLabel"] == "node" && strings(&r["sourceLabels"]) == ["__meta_kubernetes_pod_node_name"]

@@ -27,11 +27,9 @@ pub enum Error {
     Read { path: PathBuf, source: std::io::Error },
     #[error("config file {path} is empty (write `{{}}` for a file with every default)")]
     Empty { path: PathBuf },
-    #[error("config file {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        source: serde_yaml::Error,
-    },
+    /// `KEY: reason at line L, column C` (see [`from_yaml`]).
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
     #[error("config file {path}: {source}")]
     Endpoint { path: PathBuf, source: endpoint::Error },
     #[error("config file {path}: {key}: {reason}")]
@@ -228,6 +226,26 @@ fn required_duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Dur
     parse_duration(&String::deserialize(d)?)
 }
 
+/// `text` as a `T`, or one line naming the key (a dotted path, as `thresholds.stale_after`)
+/// and the reason, with the line and column: `KEY: reason at line L, column C`. serde-saphyr
+/// gives the reason and where; serde_path_to_error, the key.
+pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> std::result::Result<T, String> {
+    let mut options = serde_saphyr::Options::default();
+    // The source excerpt under the message spans several lines; a log line is one.
+    options.with_snippet = false;
+    let mut key = None;
+    serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
+        serde_path_to_error::deserialize(de).map_err(|err| {
+            key = Some(err.path().to_string());
+            err.into_inner()
+        })
+    })
+    .map_err(|err| match key.filter(|k| k != ".") {
+        Some(key) => format!("{key}: {err}"),
+        None => err.to_string(),
+    })
+}
+
 impl ConfigFile {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
@@ -245,9 +263,9 @@ impl ConfigFile {
         if text.lines().all(blank) {
             return Err(Error::Empty { path: path.into() });
         }
-        let file: ConfigFile = serde_yaml::from_str(text).map_err(|source| Error::Parse {
+        let file: ConfigFile = from_yaml(text).map_err(|message| Error::Parse {
             path: path.into(),
-            source,
+            message,
         })?;
         file.validate(path)?;
         Ok(file)

@@ -21,9 +21,29 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber: `RUST_LOG` filter (default `info`), stderr, `format`.
+/// The agent at `info`, the libraries it uses below that: their warnings are about peers
+/// (rustls warns at every probe of an endpoint that does not speak TLS, every 5 s) that the
+/// agent reports itself, in its own words and at its own pace. A target names a prefix
+/// (`hyper` also covers `hyper_util` and `hyper_rustls`, `kube` covers `kube_client` and
+/// `kube_runtime`); the kernel programs' own log lines have the target `lifeline_ebpf`.
+pub const DEFAULT_FILTER: &str =
+    "info,rustls=error,tokio_rustls=error,hyper=error,h2=error,tower=error,kube=error,aya=warn";
+
+/// [`DEFAULT_FILTER`] with `user`'s directives (`RUST_LOG`) over it: a level alone replaces
+/// the agent's `info`, a target's level replaces that target's (`RUST_LOG=rustls=warn` shows
+/// rustls' warnings again; `RUST_LOG=debug` raises the agent, not the libraries). Invalid
+/// directives are ignored, with a line on stderr.
+pub fn filter(user: Option<&str>) -> EnvFilter {
+    let directives = match user.map(str::trim) {
+        Some(user) if !user.is_empty() => format!("{DEFAULT_FILTER},{user}"),
+        _ => DEFAULT_FILTER.to_owned(),
+    };
+    EnvFilter::builder().parse_lossy(directives)
+}
+
+/// Installs the global subscriber: [`filter`] with `RUST_LOG`, stderr, `format`.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let filter = filter(std::env::var(EnvFilter::DEFAULT_ENV).ok().as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(EscapeControls(io::stderr))
@@ -132,6 +152,76 @@ mod tests {
         fn make_writer(&'a self) -> Captured {
             self.clone()
         }
+    }
+
+    /// Text lines logged through [`filter`]`(user)`.
+    fn filtered(user: Option<&str>, emit: impl FnOnce()) -> Vec<String> {
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(filter(user))
+            .with_writer(captured.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, emit);
+        let bytes = captured.0.lock().unwrap().clone();
+        String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn chatter() {
+        tracing::warn!(
+            target: "rustls::check",
+            "Received a ClientHello handshake message while expecting [ServerHello, HelloRetryRequest]"
+        );
+        tracing::warn!(target: "h2::proto::connection", "h2 warns");
+        tracing::warn!(target: "hyper_util::client::legacy", "hyper_util warns");
+        tracing::warn!(target: "kube_runtime::watcher", "kube warns");
+        tracing::info!(target: "lifeline::host::prober", "endpoint 127.0.0.1:6443 does not answer TLS");
+        tracing::debug!(target: "lifeline::table", "agent debug");
+        tracing::warn!(target: "lifeline_ebpf", "kernel program warns");
+    }
+
+    #[test]
+    fn libraries_stay_below_the_agents_default_level_unless_asked_for() {
+        let shown = |lines: &[String]| -> Vec<String> {
+            lines
+                .iter()
+                .map(|l| l.split_once(": ").map_or(l.clone(), |(_, m)| m.to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            shown(&filtered(None, chatter)),
+            [
+                "endpoint 127.0.0.1:6443 does not answer TLS",
+                "kernel program warns"
+            ]
+        );
+        assert_eq!(
+            shown(&filtered(Some(""), chatter)),
+            shown(&filtered(None, chatter)),
+            "an empty RUST_LOG"
+        );
+        // Raising the agent's level leaves the libraries where they were.
+        assert_eq!(
+            shown(&filtered(Some("debug"), chatter)),
+            [
+                "endpoint 127.0.0.1:6443 does not answer TLS",
+                "agent debug",
+                "kernel program warns"
+            ]
+        );
+        // Naming a library raises it.
+        let lines = filtered(Some("rustls=warn"), chatter);
+        assert!(
+            lines[0].contains("WARN rustls::check: Received a ClientHello"),
+            "{lines:?}"
+        );
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        // Lowering the agent's level works too.
+        assert_eq!(shown(&filtered(Some("warn"), chatter)), ["kernel program warns"]);
     }
 
     fn logged(format: LogFormat, emit: impl FnOnce()) -> String {

@@ -6,11 +6,13 @@
 //! Evidence, newest wins:
 //!
 //! - the agent's own probe of the endpoint ([`crate::prober`]): TCP connect, TLS handshake,
-//!   `GET /readyz`. Refused, timed out or unroutable, or a 5xx answer: failure. Connected (with
-//!   or without TLS) and answered below 500, or not speaking TLS at all: success. TLS up but no
-//!   HTTP answer in time says nothing (a gateway may hold the request). A probe's failures
-//!   count only once a probe has reached the endpoint: an agent that never could (its network
-//!   namespace has no path that its clients have) measures itself, not the endpoint;
+//!   `GET /readyz`. Refused, timed out or unroutable, a TLS handshake that gets no answer in
+//!   time (a stopped, deadlocked or overloaded apiserver: its kernel still accepts), or a 5xx
+//!   answer: failure. Connected and answered below 500, or answered something that is not TLS:
+//!   success. TLS up but no HTTP answer in time says nothing (a gateway may hold the request).
+//!   A probe's failures count only once a probe has reached the endpoint (a TCP connection
+//!   accepted): an agent that never could (its network namespace has no path that its clients
+//!   have) measures itself, not the endpoint;
 //! - processes on the node: a connection established to it is success (payload on an old one
 //!   is not: a draining apiserver whose listener is closed still sends on its watches); failed
 //!   connects by at least [`FAILING_PROCESSES`] different processes within `connect_window`,
@@ -42,7 +44,11 @@ pub enum ProbeOutcome {
     Timeout,
     /// No route (EHOSTUNREACH, ENETUNREACH).
     NoRoute,
-    /// Connected, but the endpoint does not speak TLS (a plain TCP service): it is there.
+    /// Connected, but the TLS handshake got no answer in time: the kernel accepts, the
+    /// apiserver does not answer (stopped, deadlocked, overloaded).
+    TlsTimeout,
+    /// Connected, and the endpoint answered something that is not TLS, or closed (a plain
+    /// TCP service): it is there.
     NoTls,
     /// TLS up, but no HTTP answer in time: no evidence either way (a gateway holding the
     /// request for a dead upstream, or a slow apiserver).
@@ -55,11 +61,23 @@ impl ProbeOutcome {
     /// `Some(true)`: success evidence, `Some(false)`: failure, `None`: neither.
     pub fn reachable(self) -> Option<bool> {
         match self {
-            ProbeOutcome::Refused | ProbeOutcome::Timeout | ProbeOutcome::NoRoute => Some(false),
+            ProbeOutcome::Refused
+            | ProbeOutcome::Timeout
+            | ProbeOutcome::NoRoute
+            | ProbeOutcome::TlsTimeout => Some(false),
             ProbeOutcome::NoTls => Some(true),
             ProbeOutcome::NoAnswer => None,
             ProbeOutcome::Answered(code) => Some(code < 500),
         }
+    }
+
+    /// Whether the probe got through to something at the endpoint (its TCP connection was
+    /// accepted): its failures are then about the endpoint, not about the agent's own path.
+    pub fn connected(self) -> bool {
+        !matches!(
+            self,
+            ProbeOutcome::Refused | ProbeOutcome::Timeout | ProbeOutcome::NoRoute
+        )
     }
 
     pub fn describe(self) -> String {
@@ -67,6 +85,10 @@ impl ProbeOutcome {
             ProbeOutcome::Refused => "the agent's probe was refused".into(),
             ProbeOutcome::Timeout => "the agent's probe got no answer to its SYN".into(),
             ProbeOutcome::NoRoute => "the agent's probe found no route".into(),
+            ProbeOutcome::TlsTimeout => format!(
+                "the agent's probe connected but the TLS handshake got no answer in {}s",
+                crate::prober::STEP_TIMEOUT.as_secs()
+            ),
             ProbeOutcome::NoTls => "the agent's probe connected".into(),
             ProbeOutcome::NoAnswer => "the agent's probe got no HTTP answer".into(),
             ProbeOutcome::Answered(code) => format!("the agent's probe of /readyz got HTTP {code}"),
@@ -149,7 +171,7 @@ impl Reachability {
                 let probe = probes
                     .get(endpoint)
                     .filter(|p| now.saturating_duration_since(p.at) <= PROBE_MAX_AGE);
-                if probe.is_some_and(|p| p.outcome.reachable() == Some(true)) {
+                if probe.is_some_and(|p| p.outcome.connected()) {
                     self.probe_reached.insert(*endpoint);
                 }
                 let trusted = self.probe_reached.contains(endpoint);

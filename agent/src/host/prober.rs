@@ -1,14 +1,20 @@
 //! The agent's own probe of each apiserver endpoint, for [`crate::reachability`]: every
 //! [`PROBE_EVERY`], a TCP connect, a TLS handshake (any certificate: the question is whether
 //! something answers, not whom to trust — nothing is sent but the probe) and
-//! `GET /readyz`, each bounded by [`STEP_TIMEOUT`]. It runs in the agent's network namespace
+//! `GET /readyz`, each bounded by [`STEP_TIMEOUT`]. A handshake that gets no answer in that
+//! time is a failure (the kernel accepts for an apiserver that is stopped or deadlocked); one
+//! that gets an answer that is not TLS is a plain TCP service, which is there. It runs in the agent's network namespace
 //! (the host's, in the DaemonSet), where host clients and the ClusterIP path are.
 //!
 //! The agent's own sockets are not clients: the connection table ignores the agent's pid.
+//! What the probe finds is logged in the agent's own words, once per change
+//! ([`conditions`]): rustls' own warnings stay below the default log level.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
-    sync::{Arc, Mutex, PoisonError},
+    pin::Pin,
+    sync::{Arc, Mutex, OnceLock, PoisonError},
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
@@ -18,7 +24,7 @@ use rustls::{
     DigitallySignedStruct, SignatureScheme,
 };
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf},
     net::TcpStream,
     sync::watch,
 };
@@ -27,6 +33,8 @@ use crate::{
     endpoint::Endpoint,
     reachability::{Probe, ProbeOutcome},
 };
+
+mod conditions;
 
 pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -66,6 +74,7 @@ async fn run(mut targets: watch::Receiver<Targets>, probes: Probes) {
     let tls = tls_connector();
     let mut every = tokio::time::interval(PROBE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conditions = conditions::Conditions::default();
     loop {
         tokio::select! {
             _ = every.tick() => {}
@@ -73,6 +82,7 @@ async fn run(mut targets: watch::Receiver<Targets>, probes: Probes) {
         }
         let current = targets.borrow_and_update().clone();
         probes.retain(&current);
+        conditions.retain(|e| current.contains_key(e));
         let rounds = current.into_iter().map(|(endpoint, addrs)| {
             let tls = tls.clone();
             async move {
@@ -94,6 +104,9 @@ async fn run(mut targets: watch::Receiver<Targets>, probes: Probes) {
             }
         });
         for (endpoint, outcome) in futures::future::join_all(rounds).await.into_iter().flatten() {
+            if let Some(line) = conditions.observe(endpoint, outcome, Instant::now()) {
+                line.emit();
+            }
             probes.record(
                 endpoint,
                 Probe {
@@ -129,10 +142,16 @@ pub async fn probe(addr: SocketAddr, tls: &tokio_rustls::TlsConnector) -> ProbeO
         Ok(Ok(tcp)) => tcp,
     };
     let name = ServerName::IpAddress(addr.ip().into());
+    let first = Arc::new(OnceLock::new());
+    let tcp = FirstByte {
+        inner: tcp,
+        first: first.clone(),
+    };
     let mut stream = match tokio::time::timeout(STEP_TIMEOUT, tls.connect(name, tcp)).await {
         Ok(Ok(stream)) => stream,
-        // Connected but no TLS: something listens there.
-        Ok(Err(_)) | Err(_) => return ProbeOutcome::NoTls,
+        // It answered something that is not TLS, or closed: something listens there.
+        Ok(Err(_)) => return ProbeOutcome::NoTls,
+        Err(_) => return handshake_timed_out(first.get().copied()),
     };
     let request = format!(
         "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: lifeline-probe\r\nConnection: close\r\n\r\n"
@@ -156,6 +175,59 @@ pub async fn probe(addr: SocketAddr, tls: &tokio_rustls::TlsConnector) -> ProbeO
     match tokio::time::timeout(STEP_TIMEOUT, exchange).await {
         Ok(Ok(Some(code))) => ProbeOutcome::Answered(code),
         _ => ProbeOutcome::NoAnswer,
+    }
+}
+
+/// A TLS handshake that did not finish in time, by the first byte the peer sent: none (the
+/// kernel accepted, nothing answers: a stopped, deadlocked or overloaded apiserver) or the
+/// start of a TLS handshake record that never completed is a failure; anything else came from
+/// a peer that speaks another protocol (a few bytes, fewer than a TLS record header, leave
+/// rustls waiting for more).
+fn handshake_timed_out(first: Option<u8>) -> ProbeOutcome {
+    const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+    match first {
+        None | Some(TLS_HANDSHAKE_RECORD) => ProbeOutcome::TlsTimeout,
+        Some(_) => ProbeOutcome::NoTls,
+    }
+}
+
+/// The probe's TCP stream, noting the first byte the peer sends: once a handshake has timed
+/// out (and the stream is gone with it), that tells a silent peer from a talkative one.
+struct FirstByte {
+    inner: TcpStream,
+    first: Arc<OnceLock<u8>>,
+}
+
+impl AsyncRead for FirstByte {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Some(&byte) = buf.filled().get(before) {
+            let _ = self.first.set(byte);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for FirstByte {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -250,5 +322,50 @@ mod tests {
             }
         });
         assert_eq!(probe(addr, &tls).await, ProbeOutcome::NoTls);
+    }
+
+    /// A server that accepts and then writes `reply` (nothing if empty) and holds the
+    /// connection open.
+    async fn server(reply: &'static [u8]) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut s, _)) = listener.accept().await {
+                s.write_all(reply).await.unwrap();
+                held.push(s);
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_silent_handshake_fails_an_answer_that_is_not_tls_does_not() {
+        let tls = tls_connector();
+        let (stuck, half_tls, garbage, short) = (
+            // A stopped apiserver: its kernel accepts, nothing answers the ClientHello.
+            server(b"").await,
+            // A TLS record header, and then nothing: an overloaded TLS server.
+            server(&[0x16, 0x03, 0x03]).await,
+            // Something else, answering in its own protocol.
+            server(b"SSH-2.0-OpenSSH_9.6\r\n").await,
+            // Fewer bytes than a TLS record header: rustls waits for more, in vain.
+            server(b"?\n").await,
+        );
+        let outcomes = tokio::join!(
+            probe(stuck, &tls),
+            probe(half_tls, &tls),
+            probe(garbage, &tls),
+            probe(short, &tls),
+        );
+        assert_eq!(
+            outcomes,
+            (
+                ProbeOutcome::TlsTimeout,
+                ProbeOutcome::TlsTimeout,
+                ProbeOutcome::NoTls,
+                ProbeOutcome::NoTls
+            )
+        );
     }
 }

@@ -6,14 +6,18 @@
 //! ```
 //!
 //! Prints `listening LOCAL` once bound, then `accepted PEER` for each connection it accepts
-//! (and reads and discards whatever the peer sends). Commands on stdin, one per line:
+//! (and reads and discards whatever the peer sends; a connection that opens with a TLS
+//! handshake is closed, as a plain TCP service would). Commands on stdin, one per line:
 //! - `send N` → writes N bytes to every open accepted connection, answers `sent N to K`
 //! - `exit` (or end of stdin) → exits 0.
 use std::io::{BufRead, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
+
+/// The first byte of a TLS handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -32,7 +36,18 @@ fn main() {
             let mut reader = stream.try_clone().expect("clone stream");
             thread::spawn(move || {
                 let mut buf = [0u8; 16 * 1024];
-                while matches!(reader.read(&mut buf), Ok(n) if n > 0) {}
+                let mut first = true;
+                while let Ok(n @ 1..) = reader.read(&mut buf) {
+                    // A TLS ClientHello (the agent's own reachability probe) gets what a plain
+                    // TCP service gives it: the connection closes. Left unanswered, it would
+                    // look like a stopped apiserver (the kernel accepts, nothing answers the
+                    // handshake), which the probe rightly counts as unreachable.
+                    if first && buf[..n].starts_with(&[TLS_HANDSHAKE_RECORD]) {
+                        let _ = reader.shutdown(Shutdown::Both);
+                        break;
+                    }
+                    first = false;
+                }
             });
             stream
                 .set_write_timeout(Some(Duration::from_secs(5)))

@@ -236,3 +236,29 @@ fn flags_and_file_merge_with_sources() {
         ]
     );
 }
+
+#[test]
+fn a_parse_error_is_one_line_with_the_dotted_key_the_line_and_the_column() {
+    let text = "receivers:\n  - name: a\n    webhook:\n      url: \"http://x\"\n      timeout: soon\n";
+    let err = parse(text).expect_err(text).to_string();
+    assert!(
+        err.starts_with(
+            "config file /etc/lifeline.yaml: receivers[0].webhook.timeout: \"soon\" is not a duration"
+        ),
+        "{err}"
+    );
+    assert!(err.ends_with("at line 5, column 16"), "{err}");
+    assert_eq!(
+        from_yaml::<ConfigFile>("endpoints: []\nlisten: here\n").unwrap_err(),
+        "listen: invalid socket address syntax at line 2, column 9"
+    );
+    // A file that is not a mapping has no key to name.
+    let err = from_yaml::<ConfigFile>("[1, 2]").unwrap_err();
+    assert!(
+        err.ends_with("at line 1, column 1") && !err.starts_with('.'),
+        "{err}"
+    );
+    // No source excerpt under the message: a log line is one line.
+    let err = parse("endpoints: [a, b\n").unwrap_err().to_string();
+    assert!(!err.contains('\n'), "{err:?}");
+}

@@ -46,9 +46,42 @@ fn probe_outcomes() {
         ProbeOutcome::Refused,
         ProbeOutcome::Timeout,
         ProbeOutcome::NoRoute,
+        ProbeOutcome::TlsTimeout,
     ] {
         assert_eq!(down.reachable(), Some(false));
     }
+}
+
+#[test]
+fn a_stuck_apiserver_is_unreachable_and_becomes_an_outage() {
+    // SIGSTOPped or deadlocked: the kernel accepts the probe's connection, nothing answers
+    // its ClientHello. The clients' connections were established before it stopped, and the
+    // agent started after: its probe never saw the endpoint answer.
+    let c = Clock(Instant::now());
+    let mut r = Reachability::default();
+    let clients = ProcessEvidence {
+        last_success: Some(c.at(0)),
+        ..Default::default()
+    };
+    let mut first = None;
+    for t in (5..=40).step_by(5) {
+        let s = assess(
+            &mut r,
+            probe(&c, t, ProbeOutcome::TlsTimeout),
+            clients.clone(),
+            c.at(t + 3),
+        );
+        let since = s.unreachable_since().unwrap_or_else(|| panic!("t={t}: {s:?}"));
+        assert_eq!(since, *first.get_or_insert(since), "t={t}");
+        assert_eq!(s.outage, t + 3 >= 35, "t={t}");
+        match s.status {
+            Status::Unreachable { reason, .. } => {
+                assert!(reason.contains("TLS handshake got no answer"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(first, Some(c.at(5)));
 }
 
 #[test]
