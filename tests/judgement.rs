@@ -181,6 +181,36 @@ fn an_idle_close_of_its_own_is_not_a_loss_a_peer_close_is() {
     );
 }
 
+/// Issue 15: the client's own close is not a loss, whatever the peer sends after it: a peer
+/// still writing gets an RST for its next write, and the agent's own probe, which the server
+/// closes every few seconds (`ll-server` closes a TLS handshake at once), says nothing about
+/// the endpoint going away.
+#[test]
+fn the_clients_own_close_is_no_loss_whatever_the_peer_sends_after_it() {
+    init!();
+    let sink = WebhookSink::start();
+    let (mut server, endpoint, agent, _dir) = local_server(&sink, "", &[]);
+    let mut client = Client::spawn(None, &[endpoint.parse().unwrap()]);
+    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    assert!(server.send(600) >= 1);
+    client.close(client.conns[0]);
+    for _ in 0..5 {
+        server.send(600);
+        thread::sleep(Duration::from_millis(200));
+    }
+    hold(
+        secs(GRACE + 6.0),
+        "the client that closed healthy, no alert",
+        || {
+            let clients = agent.clients();
+            match find_pid(&clients, client.pid()) {
+                Some(c) if c["state"] == "healthy" && sink.alerts().is_empty() => Ok(()),
+                other => Err((other.cloned(), sink.alerts())),
+            }
+        },
+    );
+}
+
 /// A client whose connection is lost and whose new connect goes into a blackhole (its SYNs
 /// unanswered, a connect takes minutes to fail) is trying: `unreachable`, never `disconnected`.
 #[test]

@@ -400,6 +400,73 @@ fn f_full_outage_raises_one_alert_for_the_endpoint() {
     });
 }
 
+/// f2. A stuck apiserver (issue 15): stopped (SIGSTOP) for longer than outage_after, the kernel
+///     still accepts its connections but nothing answers, not even the TLS handshake — a
+///     deadlocked or overloaded apiserver looks the same. One LifelineApiserverOutage for its
+///     endpoint (the agent's probe fails its TLS handshake), no per-client alert though the
+///     clients' requests go unanswered; it resolves when the apiserver runs again.
+#[test]
+fn f2_stuck_apiserver_is_an_outage_not_one_alert_per_client() {
+    init!();
+    const OUTAGE: u64 = 10;
+    let lab = Lab::new(&["api", "client"]);
+    let api = lab.apiserver("api");
+    let outage_flag = format!("{OUTAGE}s");
+    let agent = lab.agent(&["--outage-after", &outage_flag]);
+    let _clients = stuck_and_redialers(&lab, &agent);
+
+    // SAFETY: kill has no memory-safety preconditions; the pid is our child.
+    unsafe { libc::kill(api.pid() as i32, libc::SIGSTOP) };
+    let fault = SystemTime::now();
+    let outage = wait_until(secs(OUTAGE + 20), "LifelineApiserverOutage", || {
+        let found = lab.sink.named("LifelineApiserverOutage");
+        found
+            .first()
+            .cloned()
+            .ok_or_else(|| (agent.get("/api/v1/endpoints").1, lab.sink.alerts()))
+    });
+    let fired = SystemTime::now();
+    assert_eq!(outage["status"], "firing");
+    let endpoint = lab.topo.host("api").addr(PORT).to_string();
+    assert_eq!(outage["labels"]["endpoint"], endpoint.as_str());
+    // Unreachable at the first probe after the stop (every 5 s) once its handshake has gone
+    // unanswered for 3 s, then outage_after (+ the 2 s every bound here allows).
+    assert_detected(
+        "the outage alert",
+        fault,
+        fired,
+        OUTAGE as f64,
+        OUTAGE as f64 + 5.0 + 3.0 + 2.0,
+    );
+    // The clients' requests go unanswered meanwhile: whatever they become, no per-client
+    // alert goes out during the outage.
+    thread::sleep(secs(15 + SETTLE + 1));
+    let per_client: Vec<Value> = lab
+        .sink
+        .alerts()
+        .into_iter()
+        .filter(|a| a["labels"]["alertname"] != "LifelineApiserverOutage")
+        .collect();
+    assert!(
+        per_client.is_empty(),
+        "no per-client alert during the outage: {per_client:#?}"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(api.pid() as i32, libc::SIGCONT) };
+    wait_until(secs(20), "the outage resolved", || {
+        let resolved = lab
+            .sink
+            .named("LifelineApiserverOutage")
+            .into_iter()
+            .any(|a| a["status"] == "resolved");
+        if resolved {
+            Ok(())
+        } else {
+            Err(lab.sink.alerts())
+        }
+    });
+}
+
 /// g. The agent restarted mid-run: the new one lists every client and connection at once, and
 ///    raises nothing.
 #[test]

@@ -48,6 +48,15 @@ pub const FAILURE_MEMORY: Duration = Duration::from_secs(600);
 /// endpoint was closed by the peer or a connect to it failed.
 pub const PROMPT_WINDOW: Duration = Duration::from_secs(5);
 
+/// A connection closed by the peer says that its endpoint is going away (see
+/// [`PROMPT_WINDOW`]) only if it lived at least this long: request-and-close connections (a
+/// health probe's `GET /readyz` answered with `Connection: close`, the kubelet's probes of a
+/// static apiserver pod) are closed by the server every few seconds on a healthy node.
+pub const PROMPT_MIN_AGE: Duration = Duration::from_secs(5);
+
+/// The agent's own sockets remembered at most (its probes and API watches: a handful).
+const OWN_SOCKETS_MAX: usize = 1024;
+
 /// A tracked socket that a sample no longer finds is removed after this long, unless a kernel
 /// event about its end arrives meanwhile (the event knows who ended it; the sample does not).
 pub const VANISH_GRACE: Duration = Duration::from_secs(1);
@@ -355,6 +364,10 @@ pub struct ConnectionTable {
     /// This agent's own pid: its own connections (apiserver watch, reachability probes) are
     /// not a client's.
     own_pid: Option<u32>,
+    /// Kernel addresses of this agent's own sockets, learned from their connects (the only
+    /// events that name their process): their later events, in softirq, name nobody, and a
+    /// probe's connection that the server closes must not read as the endpoint going away.
+    own_sockets: std::collections::HashSet<u64>,
     /// Per endpoint, the last time a connection to it was closed by the peer or a connect to
     /// it failed: the endpoint was going away.
     disruptions: HashMap<Endpoint, Instant>,
@@ -482,8 +495,37 @@ impl ConnectionTable {
     /// `owner_tgid` (None when the event ran in softirq or the process is already gone).
     pub fn apply_event(&mut self, ev: &KernelEvent, owner: Option<ProcessInfo>) -> Option<Applied> {
         self.next_sample_due = None;
+        let connect = matches!(
+            ev.change,
+            Change::State {
+                old: tcp_state::CLOSE,
+                new: tcp_state::SYN_SENT
+            }
+        );
         if owner.is_some() && owner.as_ref().map(|o| o.pid) == self.own_pid {
+            if connect {
+                if self.own_sockets.len() >= OWN_SOCKETS_MAX {
+                    self.own_sockets.clear();
+                }
+                self.own_sockets.insert(ev.sk);
+            }
             return None;
+        }
+        if self.own_sockets.contains(&ev.sk) {
+            match ev.change {
+                // The address was freed and taken by a client's socket.
+                _ if connect => {
+                    self.own_sockets.remove(&ev.sk);
+                }
+                Change::State {
+                    new: tcp_state::CLOSE,
+                    ..
+                } => {
+                    self.own_sockets.remove(&ev.sk);
+                    return None;
+                }
+                _ => return None,
+            }
         }
         let tuple = Tuple {
             netns: ev.netns,
@@ -1009,8 +1051,9 @@ impl ConnectionTable {
     fn end_connection(&mut self, id: ConnId, end: Option<End>, at: Instant) {
         let Some(end) = end else { return };
         let (endpoint, owner) = (self.conns[&id].endpoint, self.conns[&id].owner);
+        let lived = at.saturating_duration_since(self.conns[&id].first_seen);
         if let End::Lost(cause) = end {
-            if cause != LossCause::Aborted {
+            if cause != LossCause::Aborted && lived >= PROMPT_MIN_AGE {
                 self.disruptions.insert(endpoint, at);
                 self.promote_local_closes(endpoint, at);
             }

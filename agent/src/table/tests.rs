@@ -169,6 +169,53 @@ fn a_close_of_its_own_while_the_endpoint_goes_away_is_a_loss() {
 }
 
 #[test]
+fn a_close_of_its_own_is_not_promoted_by_probes_the_server_closes() {
+    // Issue 15: on a real node, the agent's own probe (GET /readyz, Connection: close) and the
+    // kubelet's probes of the apiserver are closed by the server every few seconds. A client's
+    // idle close next to them lost nothing.
+    let mut lab = Lab::new();
+    lab.table = std::mem::take(&mut lab.table).ignoring(99);
+    lab.connect(0, 0xa, 40000, 7);
+    // The agent's probe: its connect names the agent; what follows runs in softirq.
+    let probe = lab.ev(
+        9_000,
+        0xe,
+        0,
+        state(tcp_state::CLOSE, tcp_state::SYN_SENT),
+        Some(99),
+    );
+    lab.table.apply_event(&probe, Some(process(99, 1)));
+    lab.apply(
+        9_001,
+        0xe,
+        41000,
+        state(tcp_state::SYN_SENT, tcp_state::ESTABLISHED),
+        0,
+    );
+    lab.peer_close(9_050, 0xe, 41000);
+    assert!(lab.table.connections().all(|c| c.sk != Some(0xe)), "not listed");
+    // Another process's request-and-close connection, closed by the server at once.
+    lab.connect(9_100, 0xf, 41001, 8);
+    lab.peer_close(9_300, 0xf, 41001);
+    lab.close(10_000, 0xa, 40000);
+    assert_eq!(
+        loss(&lab, 7),
+        None,
+        "its own close, whatever the server closed nearby"
+    );
+    // The agent's socket address, freed and taken by a client's connect, is the client's.
+    lab.apply(
+        11_000,
+        0xe,
+        41000,
+        state(tcp_state::ESTABLISHED, tcp_state::CLOSE),
+        0,
+    );
+    lab.connect(12_000, 0xe, 41002, 9);
+    assert!(lab.table.connections().any(|c| c.sk == Some(0xe)));
+}
+
+#[test]
 fn failed_connects_carry_the_reason_the_kernel_recorded() {
     let mut lab = Lab::new();
     let cases = [
