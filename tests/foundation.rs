@@ -473,3 +473,213 @@ fn metrics_carry_spec_names_without_pid() {
         }
     });
 }
+
+/// 13. A suite leaves the host's iptables rules and routes as it found them (issue 18): after
+///     its tests pass, fail, or it is interrupted (SIGINT, SIGTERM); a suite killed outright
+///     leaves its rules to the next suite, which removes them when it ends; while two overlap,
+///     the first to end leaves the rules to the other; a REJECT of all of 10.0.0.0/8 that
+///     earlier versions left is removed; a host whose default gateway is in a test range is
+///     refused and left untouched. Each "suite" is this binary running `containment_child`
+///     alone in a namespace of its own that looks like a host (a default route), so the
+///     comparison is exact while other suites use the real host.
+#[test]
+fn suites_leave_the_host_as_they_found_it() {
+    use lifeline_integration::containment::{network_state, state_changes, ROUTE_PROTO};
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+
+    init!();
+    let host = |addr: &str, gateway: &str| {
+        let ns = NetNs::new();
+        // A link with the host's address and gateway (a veth pair within the namespace).
+        ns.run(&["ip", "link", "add", "ll0", "type", "veth", "peer", "name", "ll1"]);
+        for dev in ["ll0", "ll1"] {
+            // No IPv6 link-local address: its routes would appear only after DAD, mid-comparison.
+            ns.run(&["ip", "link", "set", dev, "addrgenmode", "none"]);
+            ns.run(&["ip", "link", "set", dev, "up"]);
+        }
+        ns.run(&["ip", "addr", "add", addr, "dev", "ll0"]);
+        ns.run(&["ip", "route", "add", "default", "via", gateway]);
+        ns
+    };
+    let suite = |ns: &NetNs, mode: &str| {
+        let mut cmd = ns.command(std::env::current_exe().expect("this test binary"));
+        cmd.args(["containment_child", "--exact", "--nocapture", "--test-threads=1"])
+            .env("LL_CONTAINMENT_CHILD", mode)
+            .stdin(Stdio::null());
+        // Signals this test sends end the child even where this process ignores them (a
+        // background job ignores SIGINT; the harness then installs no handler, rightly).
+        // SAFETY: signal(2) is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+                Ok(())
+            })
+        };
+        cmd
+    };
+    let finished = |ns: &NetNs, mode: &str| {
+        let out = suite(ns, mode).output().expect("run the child suite");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    // A suite that waits once contained.
+    let started = |ns: &NetNs| {
+        let mut child = suite(ns, "wait")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the child suite");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        // libtest prints `test containment_child ... ` on the same line first.
+        while !seen.last().is_some_and(|l: &String| l.ends_with(CONTAINED)) {
+            match rx.recv_timeout(secs(30.0)) {
+                Ok(line) => seen.push(line),
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("the child suite was not contained ({e}): {seen:?}");
+                }
+            }
+        }
+        child
+    };
+    let unchanged = |ns: &NetNs, before: &str, after_what: &str| {
+        let changes = state_changes(before, &network_state(Some(ns)));
+        assert!(
+            changes.is_empty(),
+            "{after_what}, the namespace changed: {changes:#?}"
+        );
+    };
+    let contained = |ns: &NetNs| {
+        let routes = ns.run(&["ip", "route", "show", "proto", ROUTE_PROTO]).stdout;
+        !routes.is_empty()
+    };
+
+    let ns = host("198.51.100.2/24", "198.51.100.1");
+    let before = network_state(Some(&ns));
+
+    let (passed, out) = finished(&ns, "pass");
+    assert!(passed && out.contains(CONTAINED), "{out}");
+    unchanged(&ns, &before, "after a passing suite");
+
+    let (passed, out) = finished(&ns, "panic");
+    assert!(!passed && out.contains(CONTAINED), "{out}");
+    unchanged(&ns, &before, "after a failing suite");
+
+    for (sig, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
+        let mut child = started(&ns);
+        // SAFETY: plain syscall on the child this test started.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let status = child.wait().expect("wait for the child suite");
+        assert!(!status.success(), "{name}: {status}");
+        unchanged(&ns, &before, &format!("after a suite ended by {name}"));
+    }
+
+    let mut killed = started(&ns);
+    killed.kill().expect("SIGKILL the child suite");
+    killed.wait().expect("wait for the child suite");
+    assert!(contained(&ns), "a suite killed outright cannot remove its rules");
+    let (passed, out) = finished(&ns, "pass");
+    assert!(passed, "{out}");
+    unchanged(&ns, &before, "after a suite that followed a killed one");
+
+    let mut first = started(&ns);
+    let (passed, out) = finished(&ns, "pass");
+    assert!(passed, "{out}");
+    assert!(
+        contained(&ns),
+        "a suite ending left another one without its rules"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    first.wait().expect("wait for the child suite");
+    unchanged(&ns, &before, "after two overlapping suites");
+
+    // What earlier versions installed (in this namespace only: it would cut the host's resolver
+    // off if it is in 10.0.0.0/8).
+    ns.run(&[
+        "iptables",
+        "-w",
+        "-I",
+        "OUTPUT",
+        "-o",
+        "ll0",
+        "-d",
+        "10.0.0.0/8",
+        "-m",
+        "conntrack",
+        "!",
+        "--ctstate",
+        "DNAT",
+        "-j",
+        "REJECT",
+    ]);
+    let (passed, out) = finished(&ns, "pass");
+    assert!(passed, "{out}");
+    unchanged(
+        &ns,
+        &before,
+        "after a suite on a host with the old REJECT of 10.0.0.0/8",
+    );
+
+    let refused = host("10.250.255.2/24", "10.250.255.1");
+    let before = network_state(Some(&refused));
+    let (passed, out) = finished(&refused, "pass");
+    assert!(
+        !passed && out.contains("the default gateway 10.250.255.1 is in 10.250.0.0/16"),
+        "{out}"
+    );
+    unchanged(&refused, &before, "after a suite refused to run");
+
+    // The host itself, as this suite runs: contained, its resolver not.
+    let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    for resolver in resolv.lines().filter_map(|l| l.trim().strip_prefix("nameserver")) {
+        let route = run(Command::new("ip").args(["route", "get", resolver.trim()]));
+        let route = String::from_utf8_lossy(&route.stdout).into_owned();
+        assert!(!route.starts_with("blackhole"), "{resolver}: {route}");
+    }
+}
+
+/// What `containment_child` prints once contained.
+const CONTAINED: &str = "test traffic contained";
+
+/// Run by [`suites_leave_the_host_as_they_found_it`] as a suite of its own: contained, it
+/// prints [`CONTAINED`], then passes, panics or waits as `LL_CONTAINMENT_CHILD` says. Without
+/// that variable (any ordinary run) it does nothing.
+#[test]
+fn containment_child() {
+    let Ok(mode) = std::env::var("LL_CONTAINMENT_CHILD") else {
+        return;
+    };
+    init!();
+    let routes = run(std::process::Command::new("ip").args(["route", "show", "table", "main"]));
+    let routes = String::from_utf8_lossy(&routes.stdout).into_owned();
+    assert!(routes.contains("blackhole 10.250.0.0/16 proto 76"), "{routes}");
+    let chain = run(std::process::Command::new("iptables").args(["-w", "-S", "LIFELINE-TESTS"]));
+    assert!(
+        String::from_utf8_lossy(&chain.stdout).contains("-d 10.96.0.0/12"),
+        "{chain:?}"
+    );
+    println!("{CONTAINED}");
+    match mode.as_str() {
+        "pass" => {}
+        "panic" => panic!("a failing test (as asked)"),
+        "wait" => thread::sleep(Duration::from_secs(600)),
+        other => panic!("LL_CONTAINMENT_CHILD={other}?"),
+    }
+}

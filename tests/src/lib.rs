@@ -12,7 +12,8 @@
 //! The harness, in the order a test uses it (everything is re-exported here, so the suites name
 //! it `lifeline_integration::…`):
 //!
-//! - `setup`: [`init!`], [`require_root`], [`TempDir`], [`unique`], [`free_port`], [`run`];
+//! - `setup`: [`init!`], [`require_root`] (which also sets up [`containment`]), [`TempDir`],
+//!   [`unique`], [`free_port`], [`run`];
 //! - `wait`: [`wait_until`], [`hold`], and [`Pretty`] / [`Shown`] for panic messages;
 //! - `netns`: [`NetNs`], [`VethPair`], [`ContainerCgroup`];
 //! - `programs`: the helper programs [`Client`] and [`Server`];
@@ -33,6 +34,9 @@ mod wait;
 
 /// The fake kube-apiserver itself: everything `ll-apiserver` runs.
 pub mod apiserver;
+/// Keeping test traffic on this machine while a suite runs, and removing what that takes when
+/// it ends; what a namespace's packet handling looks like, to compare before and after.
+pub mod containment;
 /// What the Kubernetes clients written in Rust share (`ll-kube-watch`, `ll-stuck`, tests).
 pub mod kube_client;
 /// The fake kube-apiserver (`ll-apiserver`) and the real clients run against it.

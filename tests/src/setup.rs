@@ -4,7 +4,7 @@
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::thread;
@@ -18,7 +18,8 @@ pub fn init_with(client: &str, server: &str) {
     let _ = BINS.set((client.into(), server.into()));
 }
 
-/// Panics unless the effective user is root; then keeps test traffic on this machine.
+/// Panics unless the effective user is root; then keeps test traffic on this machine
+/// ([`containment`](crate::containment): undone when the suite ends).
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
@@ -27,61 +28,7 @@ pub fn require_root() {
         "lifeline's integration tests load eBPF programs and create network namespaces and \
          cgroups: run them as root (e.g. `sudo -E cargo test -p lifeline-integration`)"
     );
-    contain_test_traffic();
-}
-
-/// The address ranges the suites give their namespaces. The agent probes every endpoint it
-/// watches from the host's namespace; where the host has no route of its own to a test
-/// namespace, that probe must fail here rather than leave the machine by the default route.
-pub const TEST_RANGES: [&str; 4] = ["10.250.0.0/16", "10.251.0.0/16", "10.252.0.0/16", "fd00:250::/32"];
-
-/// Keeps test traffic on this machine (once per process): blackhole routes for [`TEST_RANGES`]
-/// (more specific routes a test adds, like a topology's link to the host, still win), and a
-/// REJECT for any 10.0.0.0/8 packet that would leave by the default route's interface without
-/// having been translated — a ClusterIP (10.96.0.0/12) that kube-proxy translates to a local
-/// address passes, one probed while no kube-proxy runs does not leave the machine.
-pub fn contain_test_traffic() {
-    static DONE: OnceLock<()> = OnceLock::new();
-    DONE.get_or_init(|| {
-        for range in TEST_RANGES {
-            let family = if range.contains(':') { "-6" } else { "-4" };
-            run(Command::new("ip").args([family, "route", "replace", "blackhole", range]));
-        }
-        let routes = run(Command::new("ip").args(["-4", "route", "show", "default"]));
-        let text = String::from_utf8_lossy(&routes.stdout).into_owned();
-        let dev = text
-            .split_whitespace()
-            .skip_while(|w| *w != "dev")
-            .nth(1)
-            .map(str::to_owned);
-        if let Some(dev) = dev {
-            // Exempt what NAT rewrote (kube-proxy's DNAT of a ClusterIP to a local address is
-            // still 10.x and, to this hook, still bound for the default interface).
-            let rule = [
-                "OUTPUT",
-                "-o",
-                dev.as_str(),
-                "-d",
-                "10.0.0.0/8",
-                "-m",
-                "conntrack",
-                "!",
-                "--ctstate",
-                "DNAT",
-                "-j",
-                "REJECT",
-            ];
-            let present = Command::new("iptables")
-                .args(["-w", "-C"])
-                .args(rule)
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if !present {
-                run(Command::new("iptables").args(["-w", "-I"]).args(rule));
-            }
-        }
-    });
+    crate::containment::contain();
 }
 
 pub(crate) fn bins() -> &'static (PathBuf, PathBuf) {

@@ -14,6 +14,7 @@ use std::{
     fs,
     path::Path,
     process::{Child, Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
     thread,
     time::{Duration, Instant},
 };
@@ -26,9 +27,14 @@ const API_IP: &str = "10.251.0.1";
 const LISTEN: &str = "127.0.0.1:9477";
 const DIR: &str = "/tmp/lifeline-demo";
 
-/// Everything the demo started; dropped (killed and removed) on exit.
+/// The demo's addresses: routed into a blackhole in the host's namespace while it runs.
+const DEMO_RANGE: &str = "10.251.0.0/16";
+
+/// Everything the demo started; dropped (killed and removed) on exit, Ctrl-C included.
 struct Topology {
     children: Vec<Child>,
+    /// Whether the demo added the blackhole route for [`DEMO_RANGE`] (not when one was there).
+    route: bool,
 }
 
 impl Drop for Topology {
@@ -40,7 +46,28 @@ impl Drop for Topology {
         for ns in [API_NS, CLIENT_NS] {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
+        if self.route {
+            let _ = Command::new("ip")
+                .args(["route", "del", "blackhole", DEMO_RANGE])
+                .status();
+        }
     }
+}
+
+/// Set by SIGINT or SIGTERM: the demo stops and cleans up.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Sleeps `d`, or less if asked to stop; whether asked to stop.
+fn sleep_unless_stopped(d: Duration) -> bool {
+    let until = Instant::now() + d;
+    while Instant::now() < until && !STOP.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(100));
+    }
+    STOP.load(Ordering::SeqCst)
 }
 
 fn ip(args: &[&str]) -> Result {
@@ -97,7 +124,14 @@ pub fn demo(no_setup: bool, seconds: Option<u64>) -> Result {
             .status();
     }
     fs::create_dir_all(format!("{DIR}/certs")).map_err(|e| Failed(format!("{DIR}: {e}")))?;
-    let mut topo = Topology { children: Vec::new() };
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::signal(sig, on_stop as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+    let mut topo = Topology {
+        children: Vec::new(),
+        route: false,
+    };
     ip(&["netns", "add", API_NS])?;
     ip(&["netns", "add", CLIENT_NS])?;
     ip(&[
@@ -115,8 +149,26 @@ pub fn demo(no_setup: bool, seconds: Option<u64>) -> Result {
     ])?;
     ip(&["-n", CLIENT_NS, "addr", "add", "10.251.0.2/24", "dev", "lldemo1"])?;
     // The agent (in the host's namespace) probes the demo apiserver; without a route of its own
-    // there, that probe must fail here, not leave the machine by the default route.
-    ip(&["route", "replace", "blackhole", "10.251.0.0/16"])?;
+    // there, that probe must fail here, not leave the machine by the default route. Removed at
+    // the end unless it was there before (a suite's, while one runs).
+    topo.route = Command::new("ip")
+        .args(["route", "add", "blackhole", DEMO_RANGE])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !topo.route {
+        let shown = Command::new("ip")
+            .args(["route", "show", "exact", DEMO_RANGE])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        if !shown.starts_with("blackhole") {
+            return Err(Failed(format!(
+                "this host routes {DEMO_RANGE} ({}), the demo's addresses",
+                shown.trim()
+            )));
+        }
+    }
     for (ns, dev) in [(API_NS, "lldemo0"), (CLIENT_NS, "lldemo1")] {
         ip(&["-n", ns, "link", "set", dev, "up"])?;
         ip(&["-n", ns, "link", "set", "lo", "up"])?;
@@ -155,10 +207,15 @@ pub fn demo(no_setup: bool, seconds: Option<u64>) -> Result {
     );
     let started = Instant::now();
     loop {
-        thread::sleep(Duration::from_secs(5));
+        if sleep_unless_stopped(Duration::from_secs(5)) {
+            eprintln!("demo: stopping; removing what it set up");
+            return Ok(());
+        }
         if let Ok(Some(status)) = topo.children[0].try_wait() {
             eprintln!("demo: the apiserver exited ({status}); restarting it in 3 s, like a rolling restart");
-            thread::sleep(Duration::from_secs(3));
+            if sleep_unless_stopped(Duration::from_secs(3)) {
+                return Ok(());
+            }
             topo.children[0] = start_apiserver(&bin)?;
         }
         let _ = Command::new(bin.join("lifeline"))

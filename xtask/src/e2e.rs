@@ -5,7 +5,7 @@
 //! `kubectl apply -k deploy/local/`, and the agent's checks (README "Tests").
 use std::{path::Path, process::Command};
 
-use crate::{cargo, image, run, Failed, Result};
+use crate::{cargo, hoststate, image, run, Failed, Result};
 
 /// The kubectl the suite drives the cluster with (its kustomize reads `deploy/`: 1.21 or newer).
 const KUBECTL: &str = "/usr/bin/kubectl";
@@ -34,8 +34,12 @@ pub fn e2e() -> Result {
 
 /// `cargo test --test e2e` with the archive at `archive` (the suite's output shown: it prints
 /// each step and a timeline).
+/// It leaves the host's iptables rules and routes as it found them (kube-proxy's and the CNI
+/// plugin's included).
 fn suite(archive: &Path) -> Result {
-    run(cargo().env("LIFELINE_IMAGE", archive).args([
+    hoststate::remove_legacy_reject();
+    let before = hoststate::snapshot()?;
+    let ran = run(cargo().env("LIFELINE_IMAGE", archive).args([
         "test",
         "-p",
         "lifeline-integration",
@@ -44,5 +48,6 @@ fn suite(archive: &Path) -> Result {
         "--",
         "--test-threads=1",
         "--nocapture",
-    ]))
+    ]));
+    crate::both(ran, hoststate::unchanged(&before, "the end-to-end suite"))
 }

@@ -23,6 +23,7 @@ mod bench;
 mod demo;
 mod deploy;
 mod e2e;
+mod hoststate;
 mod image;
 mod kubernetes;
 mod setup;
@@ -200,8 +201,11 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "--include-ignored",
     ]))?;
     let chosen = |name: &str| suite.is_none_or(|s| name.contains(s));
+    // Each suite leaves the host's iptables rules and routes as it found them.
+    hoststate::remove_legacy_reject();
     for name in SUITES.iter().filter(|n| chosen(n)) {
-        run(cargo().args([
+        let before = hoststate::snapshot()?;
+        let ran = run(cargo().args([
             "test",
             "-p",
             "lifeline-integration",
@@ -209,13 +213,22 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
             name,
             "--",
             "--test-threads=2",
-        ]))?;
+        ]));
+        both(ran, hoststate::unchanged(&before, &format!("suite {name}")))?;
     }
     // Last: the image built and installed on a real node.
     if chosen(E2E) {
         e2e::e2e()?;
     }
     Ok(())
+}
+
+/// The first error of `first` and `second`; both shown when both failed.
+pub fn both(first: Result, second: Result) -> Result {
+    if let (Err(_), Err(Failed(why))) = (&first, &second) {
+        eprintln!("xtask: {why}");
+    }
+    first.and(second)
 }
 
 /// The end-to-end suite's name (`tests/e2e.rs`), run by [`e2e::e2e`] after [`SUITES`].

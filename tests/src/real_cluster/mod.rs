@@ -231,6 +231,58 @@ pub fn remove_kube_chains() {
     }
 }
 
+/// Removes what the CNI bridge plugin's `ipMasq` left in the host's nat table for pods of
+/// `pod_cidr` the kubelet did not tear down: the POSTROUTING jump per pod address and the
+/// `CNI-*` chain it jumps to. Pods of other networks (other pod ranges) are left alone.
+pub fn remove_cni_masquerade(pod_cidr: &str) {
+    let saved = output(Command::new("iptables-save").args(["-t", "nat"]));
+    let script = cni_masquerade_removal(&String::from_utf8_lossy(&saved.stdout), pod_cidr);
+    if script.is_empty() {
+        return;
+    }
+    let mut restore = Command::new("iptables-restore")
+        .args(["-w", "--noflush"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn iptables-restore: {e}"));
+    use std::io::Write;
+    let _ = restore.stdin.take().expect("stdin").write_all(script.as_bytes());
+    let _ = restore.wait();
+}
+
+/// The `iptables-restore --noflush` input deleting [`remove_cni_masquerade`]'s rules and
+/// chains from the nat table `saved`; empty if there are none.
+fn cni_masquerade_removal(saved: &str, pod_cidr: &str) -> String {
+    let mut deletes = Vec::new();
+    let mut chains = Vec::new();
+    for rule in saved.lines().filter_map(|l| l.strip_prefix("-A POSTROUTING ")) {
+        let mut words = rule.split_whitespace();
+        let source = words
+            .clone()
+            .skip_while(|w| *w != "-s")
+            .nth(1)
+            .and_then(|s| s.trim_end_matches("/32").parse::<std::net::IpAddr>().ok());
+        let target = words.by_ref().skip_while(|w| *w != "-j").nth(1);
+        if let (Some(source), Some(target)) = (source, target) {
+            if target.starts_with("CNI-") && crate::containment::in_range(source, pod_cidr) {
+                deletes.push(format!("-D POSTROUTING {rule}\n"));
+                chains.push(target.to_owned());
+            }
+        }
+    }
+    if deletes.is_empty() {
+        return String::new();
+    }
+    let mut script = String::from("*nat\n");
+    script.extend(deletes);
+    for chain in &chains {
+        script.push_str(&format!("-F {chain}\n-X {chain}\n"));
+    }
+    script.push_str("COMMIT\n");
+    script
+}
+
 /// From one table of `iptables-save` output: the rules of non-KUBE chains that jump to a
 /// `KUBE-*` chain (as `CHAIN ARGS...` for `-D`), and the `KUBE-*` chains.
 fn kube_rules(saved: &str) -> (Vec<String>, Vec<String>) {
@@ -274,6 +326,21 @@ fn split_rule(rule: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cni_masquerade_of_this_node_only() {
+        let saved = "*nat\n:POSTROUTING ACCEPT [0:0]\n:CNI-0a1b - [0:0]\n:CNI-ffff - [0:0]\n\
+-A POSTROUTING -s 10.232.7.5/32 -m comment --comment \"name: \\\"lifeline\\\" id: \\\"c1\\\"\" -j CNI-0a1b\n\
+-A POSTROUTING -s 10.88.0.3/32 -m comment --comment \"name: \\\"podman\\\"\" -j CNI-ffff\n\
+-A CNI-0a1b -d 10.232.7.0/24 -j ACCEPT\nCOMMIT\n";
+        let script = cni_masquerade_removal(saved, "10.232.7.0/24");
+        assert_eq!(
+            script,
+            "*nat\n-D POSTROUTING -s 10.232.7.5/32 -m comment --comment \"name: \\\"lifeline\\\" id: \\\"c1\\\"\" -j CNI-0a1b\n\
+-F CNI-0a1b\n-X CNI-0a1b\nCOMMIT\n"
+        );
+        assert_eq!(cni_masquerade_removal(saved, "10.232.8.0/24"), "");
+    }
 
     #[test]
     fn kube_rules_finds_jumps_and_chains() {

@@ -460,5 +460,6 @@ impl Drop for Node {
             let _ = fs::remove_dir(&dir);
         }
         let _ = Command::new("ip").args(["link", "del", &self.bridge]).output();
+        super::remove_cni_masquerade(&self.pod_cidr);
     }
 }

@@ -1,0 +1,556 @@
+//! Keeping test traffic on this machine, and leaving the machine as the suites found it.
+//!
+//! The agent probes every endpoint it watches from the host's network namespace; where the host
+//! has no route of its own to a test address, that probe must fail here rather than leave the
+//! machine by the default route. While a suite runs, its network namespace (the host's, for the
+//! suites) holds exactly:
+//!
+//! - a blackhole route (protocol [`ROUTE_PROTO`], table main) for each of [`TEST_RANGES`]: more
+//!   specific routes a test adds (a topology's link to the host, a CNI bridge) and the host's
+//!   own addresses still win;
+//! - chain [`CHAIN`] in iptables' filter table, jumped to first from OUTPUT: a REJECT of what is
+//!   sent to [`SERVICE_RANGE`] without having been translated (a ClusterIP kube-proxy
+//!   translates to a backend passes; one probed while no kube-proxy runs does not leave).
+//!
+//! Nothing else of 10.0.0.0/8 (where a resolver or a package mirror may be) is touched, and
+//! [`contain`] refuses, changing nothing, when a resolver of `/etc/resolv.conf` or a default
+//! gateway lies in one of those ranges.
+//!
+//! A suite is one process running many tests, and several suites may run at once on a machine.
+//! Each process registers as a holder (a file in [`STATE_DIR`] named by network namespace, pid
+//! and start time, under an `flock`); the last holder of a namespace to leave removes the
+//! rules: at exit (`atexit`, after the last test, whether tests failed or not), or on SIGINT,
+//! SIGTERM or SIGHUP. A suite killed outright leaves them: installing adopts them (it is
+//! idempotent) and the next suite to end in that namespace removes them.
+use std::fs;
+use std::io::{self, Write};
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Mutex, Once, OnceLock};
+use std::thread;
+
+use crate::netns::NetNs;
+
+/// The address ranges the suites give their namespaces and addresses: the veth pairs
+/// (10.250), the demo (10.251), the scenario topologies (10.252), hardening's host links
+/// (10.249), the real cluster's advertised address on `lo` (10.231) and its pods (10.232), and
+/// the IPv6 veth addresses.
+pub const TEST_RANGES: [&str; 7] = [
+    "10.231.0.0/16",
+    "10.232.0.0/16",
+    "10.249.0.0/16",
+    "10.250.0.0/16",
+    "10.251.0.0/16",
+    "10.252.0.0/16",
+    "fd00:250::/32",
+];
+
+/// The service (ClusterIP) range of the real cluster and of the fake apiserver's `kubernetes`
+/// Service (10.96.0.1).
+pub const SERVICE_RANGE: &str = "10.96.0.0/12";
+
+/// The iptables chain (filter table) holding the REJECT for [`SERVICE_RANGE`].
+pub const CHAIN: &str = "LIFELINE-TESTS";
+
+/// The routing protocol number the blackhole routes carry: what marks them as the suites'.
+pub const ROUTE_PROTO: &str = "76";
+
+/// Where the holders are registered (tmpfs: gone at reboot, like the routes). Removed when the
+/// last holder leaves.
+pub const STATE_DIR: &str = "/run/lifeline-tests";
+
+/// The rule in [`CHAIN`].
+const SERVICE_REJECT: [&str; 9] = [
+    "-d",
+    SERVICE_RANGE,
+    "-m",
+    "conntrack",
+    "!",
+    "--ctstate",
+    "DNAT",
+    "-j",
+    "REJECT",
+];
+
+/// This process's holder file name, once registered.
+static HOLDER: OnceLock<String> = OnceLock::new();
+/// Set once the rules were released (at exit or on a signal, whichever comes first).
+static RELEASED: AtomicBool = AtomicBool::new(false);
+/// Write end of the pipe the signal handler writes the signal number to.
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+/// Keeps test traffic on this machine, once per process (see the module's documentation);
+/// what it installs is removed when the last suite process of this network namespace ends.
+pub fn contain() {
+    static DONE: Mutex<bool> = Mutex::new(false);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if *done {
+        return;
+    }
+    let lock = StateLock::take();
+    if let Some(why) = unsafe_here() {
+        panic!(
+            "the suites will not contain their traffic here, changing nothing: {why}; they route \
+             {TEST_RANGES:?} into a blackhole and reject {SERVICE_RANGE} while they run"
+        );
+    }
+    let name = HOLDER.get_or_init(|| holder_name(std::process::id()).expect("this process's start time"));
+    fs::write(lock.dir.join(name), "").expect("register as a holder");
+    static HOOKS: Once = Once::new();
+    HOOKS.call_once(register_exit_hooks);
+    remove_legacy_reject();
+    install();
+    *done = true;
+}
+
+/// What makes containing test traffic here unsafe: a resolver or a default gateway in a range
+/// the suites contain.
+fn unsafe_here() -> Option<String> {
+    let contained = TEST_RANGES.iter().chain([&SERVICE_RANGE]);
+    let resolv = fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let resolvers = resolv
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().split('%').next()?.parse::<IpAddr>().ok())
+        .map(|a| (a, "the resolver"));
+    let mut gateways = Vec::new();
+    for family in ["-4", "-6"] {
+        let out = quiet(Command::new("ip").args([family, "route", "show", "default"]));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut words = text.split_whitespace();
+        while let Some(w) = words.next() {
+            if w == "via" {
+                if let Some(a) = words.next().and_then(|a| a.parse::<IpAddr>().ok()) {
+                    gateways.push((a, "the default gateway"));
+                }
+            }
+        }
+    }
+    for (addr, what) in resolvers.chain(gateways) {
+        if let Some(range) = contained.clone().find(|r| in_range(addr, r)) {
+            return Some(format!("{what} {addr} is in {range}"));
+        }
+    }
+    None
+}
+
+/// Whether `addr` lies in `range` (`a.b.c.d/n` or an IPv6 prefix).
+pub fn in_range(addr: IpAddr, range: &str) -> bool {
+    let (net, len) = range.split_once('/').expect("a prefix");
+    let len: u32 = len.parse().expect("a prefix length");
+    match (addr, net.parse::<IpAddr>().expect("a prefix address")) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+fn family(range: &str) -> &'static str {
+    if range.contains(':') {
+        "-6"
+    } else {
+        "-4"
+    }
+}
+
+/// Installs the routes and the chain; adopts what is already there (a killed suite's).
+fn install() {
+    for range in TEST_RANGES {
+        let fam = family(range);
+        let add =
+            quiet(Command::new("ip").args([fam, "route", "add", "blackhole", range, "proto", ROUTE_PROTO]));
+        if !add.status.success() {
+            let shown = quiet(Command::new("ip").args([fam, "route", "show", "exact", range]));
+            let shown = String::from_utf8_lossy(&shown.stdout).trim().to_owned();
+            // A blackhole already: this suite's from a killed run, or an older version's.
+            assert!(
+                shown.starts_with("blackhole"),
+                "cannot route {range} into a blackhole ({}): this host routes it ({shown}), and \
+                 the suites give it to their test namespaces",
+                String::from_utf8_lossy(&add.stderr).trim()
+            );
+        }
+    }
+    let _ = quiet(Command::new("iptables").args(["-w", "-N", CHAIN]));
+    if !ok(Command::new("iptables")
+        .args(["-w", "-C", CHAIN])
+        .args(SERVICE_REJECT))
+    {
+        must(
+            Command::new("iptables")
+                .args(["-w", "-A", CHAIN])
+                .args(SERVICE_REJECT),
+        );
+    }
+    if !ok(Command::new("iptables").args(["-w", "-C", "OUTPUT", "-j", CHAIN])) {
+        must(Command::new("iptables").args(["-w", "-I", "OUTPUT", "1", "-j", CHAIN]));
+    }
+}
+
+/// Removes all of it: every jump to the chain, the chain, the routes with [`ROUTE_PROTO`].
+fn uninstall() {
+    while ok(Command::new("iptables").args(["-w", "-D", "OUTPUT", "-j", CHAIN])) {}
+    let _ = quiet(Command::new("iptables").args(["-w", "-F", CHAIN]));
+    let _ = quiet(Command::new("iptables").args(["-w", "-X", CHAIN]));
+    for range in TEST_RANGES {
+        let fam = family(range);
+        let _ =
+            quiet(Command::new("ip").args([fam, "route", "del", "blackhole", range, "proto", ROUTE_PROTO]));
+    }
+}
+
+/// Whether `line` (of `iptables-save`) is the rule earlier versions of the suites installed
+/// and never removed: a REJECT of all of 10.0.0.0/8 leaving by the default interface, which
+/// cuts off a resolver or a mirror there.
+pub fn is_legacy_reject(line: &str) -> bool {
+    line.starts_with("-A OUTPUT ")
+        && line.contains(" -d 10.0.0.0/8 ")
+        && line.contains("! --ctstate DNAT")
+        && line.contains(" -j REJECT")
+}
+
+/// Removes [`is_legacy_reject`] rules.
+fn remove_legacy_reject() {
+    let saved = quiet(Command::new("iptables-save").args(["-t", "filter"]));
+    for line in String::from_utf8_lossy(&saved.stdout).lines() {
+        if is_legacy_reject(line) {
+            let rule: Vec<&str> = line["-A ".len()..].split_whitespace().collect();
+            if ok(Command::new("iptables").args(["-w", "-D"]).args(&rule)) {
+                // Past libtest's capture: shown whatever the test's outcome.
+                let _ = writeln!(
+                    io::stderr(),
+                    "removed what an earlier version of the suites left: iptables {line}"
+                );
+            }
+        }
+    }
+}
+
+/// Unregisters this process; the last holder of its network namespace removes the rules.
+/// Runs at most once.
+fn release() {
+    let Some(me) = HOLDER.get() else { return };
+    if RELEASED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let lock = StateLock::take();
+    let _ = fs::remove_file(lock.dir.join(me));
+    let netns = me.split('.').next().unwrap_or_default();
+    let holders = live_holders(&lock.dir);
+    if !holders.iter().any(|h| h.split('.').next() == Some(netns)) {
+        uninstall();
+    }
+    if holders.is_empty() {
+        lock.remove();
+    }
+}
+
+extern "C" fn release_at_exit() {
+    let _ = std::panic::catch_unwind(release);
+}
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let byte = sig as u8;
+    // SAFETY: write(2) is async-signal-safe; the pipe outlives the process's handlers.
+    unsafe {
+        libc::write(
+            SIGNAL_PIPE.load(Ordering::Relaxed),
+            (&byte as *const u8).cast(),
+            1,
+        )
+    };
+}
+
+/// `atexit(release)`, and SIGINT/SIGTERM/SIGHUP (where not ignored) release and then die of
+/// the signal as they would have.
+fn register_exit_hooks() {
+    // SAFETY: registers a plain function; it catches any panic.
+    unsafe { libc::atexit(release_at_exit) };
+    let mut fds = [0; 2];
+    // SAFETY: fds is two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return;
+    }
+    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
+    let read_end = fds[0];
+    thread::spawn(move || {
+        let mut byte = 0u8;
+        // SAFETY: reads one byte into a local.
+        let n = unsafe { libc::read(read_end, (&mut byte as *mut u8).cast(), 1) };
+        if n == 1 {
+            let sig = libc::c_int::from(byte);
+            release();
+            // SAFETY: back to the default action, then the signal again: the process ends as
+            // it would have without the handler.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+                libc::raise(sig);
+            }
+        }
+    });
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: plain sigaction calls with initialised structures.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, std::ptr::null(), &mut old);
+            if old.sa_sigaction != libc::SIG_DFL {
+                continue;
+            }
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// `<netns inode>.<pid>.<start time>` of a process, if it exists and is not a zombie.
+fn holder_name(pid: u32) -> Option<String> {
+    let netns = fs::metadata(format!("/proc/{pid}/ns/net")).ok()?.ino();
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    Some(format!("{netns}.{pid}.{}", fields.get(19)?))
+}
+
+/// The holders still running, after removing the files of those that are not.
+fn live_holders(dir: &Path) -> Vec<String> {
+    let mut live = Vec::new();
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.split('.');
+        let (Some(_), Some(pid), Some(_), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        // Same pid, same start time: the same process (its namespace is where it registered).
+        let alive = pid
+            .parse()
+            .ok()
+            .and_then(holder_name)
+            .is_some_and(|now| now.split('.').nth(2) == name.split('.').nth(2));
+        if alive {
+            live.push(name);
+        } else {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+    live
+}
+
+/// An exclusive `flock` on `STATE_DIR/lock`, for registering and releasing.
+struct StateLock {
+    dir: PathBuf,
+    file: fs::File,
+}
+
+impl StateLock {
+    fn take() -> StateLock {
+        let dir = PathBuf::from(STATE_DIR);
+        let path = dir.join("lock");
+        loop {
+            fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {STATE_DIR}: {e}"));
+            let file = match fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+            {
+                Ok(file) => file,
+                // Removed between creating the directory and opening: again.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => panic!("open {}: {e}", path.display()),
+            };
+            // SAFETY: flock on a descriptor we own.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            assert_eq!(rc, 0, "flock {}: {}", path.display(), io::Error::last_os_error());
+            // The last holder removes the file under the lock: locked a removed one, again.
+            let same = fs::metadata(&path).is_ok_and(|m| file.metadata().is_ok_and(|f| f.ino() == m.ino()));
+            if same {
+                return StateLock { dir, file };
+            }
+        }
+    }
+
+    /// Removes the lock file and the directory (no holder left), still holding the lock.
+    fn remove(self) {
+        let _ = fs::remove_file(self.dir.join("lock"));
+        let _ = fs::remove_dir(&self.dir);
+        drop(self.file);
+    }
+}
+
+/// What the suites may change of a network namespace's (the host's, for `None`) packet
+/// handling: `iptables-save` and `ip6tables-save` without counters, comments or tables that hold
+/// nothing (iptables-nft creates a table on first use), the IPv4 and IPv6 routes of every table
+/// (without lifetimes) and the policy rules. Compared before and after a suite.
+pub fn network_state(ns: Option<&NetNs>) -> String {
+    let mut state = String::new();
+    let sections: [&[&str]; 6] = [
+        &["iptables-save"],
+        &["ip6tables-save"],
+        &["ip", "-4", "route", "show", "table", "all"],
+        &["ip", "-6", "route", "show", "table", "all"],
+        &["ip", "-4", "rule", "show"],
+        &["ip", "-6", "rule", "show"],
+    ];
+    for args in sections {
+        let mut cmd = match ns {
+            Some(ns) => ns.command(args[0]),
+            None => Command::new(args[0]),
+        };
+        let out = crate::setup::run(cmd.args(&args[1..]));
+        let text = String::from_utf8_lossy(&out.stdout);
+        state.push_str(&format!("## {}\n", args.join(" ")));
+        let body = if args[0].ends_with("-save") {
+            normalize_saved(&text)
+        } else {
+            normalize_routes(&text)
+        };
+        state.push_str(&body);
+    }
+    state
+}
+
+/// `iptables-save` output without comments and counters, and without tables whose chains are
+/// all built in, accept by default and hold no rule.
+pub fn normalize_saved(text: &str) -> String {
+    let mut out = String::new();
+    let mut table: Vec<String> = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let line = match line.strip_prefix(':') {
+            Some(chain) => {
+                let chain = chain.rsplit_once(" [").map_or(chain, |(c, _)| c);
+                format!(":{chain}")
+            }
+            None => line.to_owned(),
+        };
+        let commit = line == "COMMIT";
+        table.push(line);
+        if commit {
+            // Only built-in chains have a policy (a user chain's is `-`).
+            let empty = table.iter().all(|l| {
+                l.starts_with('*') || l == "COMMIT" || (l.starts_with(':') && l.ends_with(" ACCEPT"))
+            });
+            if !empty {
+                for l in &table {
+                    out.push_str(l);
+                    out.push('\n');
+                }
+            }
+            table.clear();
+        }
+    }
+    out
+}
+
+/// `ip route` output without the lifetimes of expiring routes.
+pub fn normalize_routes(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let mut kept = Vec::new();
+        while let Some(w) = words.next() {
+            if w == "expires" {
+                words.next();
+                continue;
+            }
+            kept.push(w);
+        }
+        out.push_str(&kept.join(" "));
+        out.push('\n');
+    }
+    out
+}
+
+/// The lines only in `before` (`- `) and only in `after` (`+ `), in order.
+pub fn state_changes(before: &str, after: &str) -> Vec<String> {
+    let mut left: Vec<&str> = after.lines().collect();
+    let mut changes = Vec::new();
+    for line in before.lines() {
+        match left.iter().position(|l| *l == line) {
+            Some(i) => {
+                left.remove(i);
+            }
+            None => changes.push(format!("- {line}")),
+        }
+    }
+    changes.extend(left.iter().map(|l| format!("+ {l}")));
+    changes
+}
+
+fn quiet(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"))
+}
+
+fn ok(cmd: &mut Command) -> bool {
+    quiet(cmd).status.success()
+}
+
+fn must(cmd: &mut Command) {
+    let out = quiet(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        let a = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(in_range(a("10.96.0.10"), SERVICE_RANGE));
+        assert!(in_range(a("10.111.255.255"), SERVICE_RANGE));
+        assert!(!in_range(a("10.112.0.1"), SERVICE_RANGE));
+        assert!(!in_range(a("10.255.255.53"), SERVICE_RANGE));
+        assert!(TEST_RANGES.iter().all(|r| !in_range(a("10.255.255.53"), r)));
+        assert!(in_range(a("fd00:250:7::1"), "fd00:250::/32"));
+        assert!(!in_range(a("fd00::1"), "fd00:250::/32"));
+        assert!(!in_range(a("10.250.0.1"), "fd00:250::/32"));
+        assert!(in_range(a("1.2.3.4"), "0.0.0.0/0"));
+    }
+
+    #[test]
+    fn legacy_rule_and_normalized_saves() {
+        assert!(is_legacy_reject(
+            "-A OUTPUT -d 10.0.0.0/8 -o eth0 -m conntrack ! --ctstate DNAT -j REJECT --reject-with icmp-port-unreachable"
+        ));
+        assert!(!is_legacy_reject(
+            "-A LIFELINE-TESTS -d 10.96.0.0/12 -m conntrack ! --ctstate DNAT -j REJECT --reject-with icmp-port-unreachable"
+        ));
+        let empty = "# Generated by iptables-save\n*filter\n:INPUT ACCEPT [3:120]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [9:360]\nCOMMIT\n# Completed\n";
+        assert_eq!(normalize_saved(empty), "");
+        let chain = "*filter\n:INPUT ACCEPT [3:120]\n:LIFELINE-TESTS - [0:0]\nCOMMIT\n";
+        assert_eq!(
+            normalize_saved(chain),
+            "*filter\n:INPUT ACCEPT\n:LIFELINE-TESTS -\nCOMMIT\n"
+        );
+        let policy = "*filter\n:INPUT DROP [3:120]\nCOMMIT\n";
+        assert_eq!(normalize_saved(policy), "*filter\n:INPUT DROP\nCOMMIT\n");
+        assert_eq!(
+            normalize_routes("2001:db8::/64 dev eth0 proto ra metric 100 expires 1799sec pref medium\n"),
+            "2001:db8::/64 dev eth0 proto ra metric 100 pref medium\n"
+        );
+        assert_eq!(state_changes("a\nb\n", "b\nc\n"), ["- a", "+ c"]);
+    }
+}
