@@ -1,11 +1,15 @@
 // A JDK java.net.http.HttpClient watch loop: the JVM client of the real-cluster tier.
 //
 //     java JavaWatch.java --server https://HOST:PORT --ca CA.pem --token-file FILE [--namespace NS]
+//                         [--resource pods|configmaps|...] [--list true|false]
 //
 // HTTP/2 over TLS (trusting the CA), a bearer token. Like a client-go reflector it lists the
 // pods, watches from the list's resourceVersion with a random 5-10 min timeoutSeconds, and when
 // the watch ends or fails, waits 1 s and lists again; the client is kept, so requests share one
-// pooled HTTP/2 connection, and a lost connection is dialed again on the next request.
+// pooled HTTP/2 connection, and a lost connection is dialed again on the next request. With
+// `--list false` it watches without listing first (no resourceVersion: the apiserver starts
+// the watch with an ADDED event per existing object), as many hand-written operators do, and
+// re-watches with a 300 s timeoutSeconds when a watch ends.
 // The JVM opens AF_INET6 sockets even to IPv4 servers (::ffff:a.b.c.d).
 //
 // stdout: `LIST <rv> <HTTP version>`, `WATCH <HTTP version>`, one `EVENT <type>` per
@@ -36,6 +40,8 @@ public class JavaWatch {
     public static void main(String[] argv) throws Exception {
         Map<String, String> args = new HashMap<>();
         args.put("--namespace", "default");
+        args.put("--resource", "pods");
+        args.put("--list", "true");
         for (int i = 0; i + 1 < argv.length; i += 2) {
             args.put(argv[i], argv[i + 1]);
         }
@@ -51,9 +57,26 @@ public class JavaWatch {
                 .sslContext(trusting(Path.of(args.get("--ca"))))
                 .connectTimeout(Duration.ofSeconds(5))
                 .build();
-        String pods = args.get("--server") + "/api/v1/namespaces/" + args.get("--namespace") + "/pods";
+        String pods = args.get("--server") + "/api/v1/namespaces/" + args.get("--namespace") + "/"
+                + args.get("--resource");
+        boolean listFirst = !"false".equals(args.get("--list"));
         while (true) {
             try {
+                if (!listFirst) {
+                    String watchUrl = pods + "?watch=1&allowWatchBookmarks=true&timeoutSeconds=300";
+                    HttpResponse<java.util.stream.Stream<String>> watch =
+                            http.send(get(watchUrl, token), HttpResponse.BodyHandlers.ofLines());
+                    if (watch.statusCode() != 200) {
+                        throw new IllegalStateException("watch: HTTP " + watch.statusCode());
+                    }
+                    System.out.println("WATCH " + watch.version());
+                    watch.body().forEach(line -> {
+                        Matcher t = TYPE.matcher(line);
+                        System.out.println("EVENT " + (t.find() ? t.group(1) : "?"));
+                    });
+                    System.out.println("WATCH_END");
+                    continue;
+                }
                 HttpResponse<String> list = http.send(get(pods + "?limit=500", token), HttpResponse.BodyHandlers.ofString());
                 if (list.statusCode() != 200) {
                     throw new IllegalStateException("list: HTTP " + list.statusCode() + " " + list.body());

@@ -182,9 +182,12 @@ fn process_evidence(
         if c.tcp_state != tcp_state::ESTABLISHED || c.owner.is_none() {
             continue;
         }
-        // A connection established is success; payload on an old one is not (an apiserver
-        // draining its watches while its listener is closed still sends on them).
-        let success = c.first_seen;
+        // A new connection answered is success: established is not (a stopped apiserver's
+        // kernel still completes TCP handshakes), and payload on an old one is not (an
+        // apiserver draining its watches while its listener is closed still sends on them).
+        let Some(success) = c.first_answer else {
+            continue;
+        };
         let e = out.entry(c.endpoint).or_default();
         e.last_success = e.last_success.max(Some(success));
     }

@@ -13,8 +13,10 @@
 //!   A probe's failures count only once a probe has reached the endpoint (a TCP connection
 //!   accepted): an agent that never could (its network namespace has no path that its clients
 //!   have) measures itself, not the endpoint;
-//! - processes on the node: a connection established to it is success (payload on an old one
-//!   is not: a draining apiserver whose listener is closed still sends on its watches); failed
+//! - processes on the node: a new connection answered (its first payload, the TLS handshake's
+//!   as a rule) is success — established is not (a stopped apiserver's kernel still completes
+//!   TCP handshakes), and payload on an old one is not (a draining apiserver whose listener is
+//!   closed still sends on its watches); failed
 //!   connects by at least [`FAILING_PROCESSES`] different processes within `connect_window`,
 //!   none of which then succeeded, is failure.
 //!
@@ -106,7 +108,7 @@ pub struct Probe {
 /// What the node's processes showed about one endpoint, from the connection table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessEvidence {
-    /// The last connection established to it.
+    /// The last new connection to it that was answered.
     pub last_success: Option<Instant>,
     /// Failed connects within `connect_window`: (pid, when), newest per pid.
     pub failures: BTreeMap<u32, Instant>,

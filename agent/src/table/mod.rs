@@ -182,6 +182,10 @@ pub struct Connection {
     pub last_request: Option<Instant>,
     /// Requests and answers in their order (see `ordered.rs`).
     pub ordered: Ordered,
+    /// When the first answer arrived on a connection the agent saw being made (its TLS
+    /// handshake's, as a rule): the endpoint answered, not only its kernel (a stopped apiserver
+    /// still completes TCP handshakes). None for connections older than the agent.
+    pub first_answer: Option<Instant>,
     pub retransmits: u64,
     /// Time of the first retransmit since the peer last acknowledged new data (None while
     /// acknowledgements make progress): how long the connection has been talking into a void.
@@ -567,6 +571,9 @@ impl ConnectionTable {
                     conn.last_receive = conn.last_receive.max(Some(ev.at));
                 }
                 conn.last_payload = conn.last_payload.max(conn.ordered.last_answer());
+                if conn.origin == Origin::Event && conn.first_answer.is_none() {
+                    conn.first_answer = conn.ordered.last_answer();
+                }
                 conn.last_request = conn.last_request.max(conn.ordered.last_request());
                 if let (Some(at), Some(pid)) = (request, conn.owner) {
                     if let Some(p) = self.processes.get_mut(&pid) {
@@ -941,6 +948,7 @@ impl ConnectionTable {
                 last_payload: None,
                 last_request: None,
                 ordered: Ordered::default(),
+                first_answer: None,
                 retransmits: 0,
                 stalled_since: None,
                 vanished_at: None,

@@ -16,6 +16,9 @@ pub const JAVA: &str = "/usr/bin/java";
 pub enum Kind {
     /// `tests/clients/JavaWatch.java`: list + watch re-dial loop on one HTTP/2 client.
     Jvm,
+    /// `JavaWatch.java --resource configmaps --list false`: a watch of ConfigMaps that never
+    /// lists first (its first answer is the ADDED event of `kube-root-ca.crt`), re-watched.
+    JvmWatchOnly,
     /// `tests/clients/py-watch.py --timeout-seconds 0`: a watch without a timeout, re-dialed.
     PyWatch,
     /// `ll-kube-watch`: the kube crate's watcher (re-dials with backoff).
@@ -28,7 +31,7 @@ impl Kind {
     /// The process name (`/proc/PID/comm`) the agent reports.
     pub fn comm(self) -> &'static str {
         match self {
-            Kind::Jvm => "java",
+            Kind::Jvm | Kind::JvmWatchOnly => "java",
             Kind::PyWatch => "python3",
             Kind::KubeWatch => "ll-kube-watch",
             Kind::Stuck => "ll-stuck",
@@ -66,7 +69,7 @@ impl fmt::Debug for RealClient {
 pub fn start(cp: &ControlPlane, kind: Kind, server: &str) -> RealClient {
     let kubeconfig = cp.kubeconfig(User::Admin, server);
     let cmd = match kind {
-        Kind::Jvm => {
+        Kind::Jvm | Kind::JvmWatchOnly => {
             let token = token_file(cp);
             let mut cmd = Command::new(system_bin(JAVA, "openjdk-17-jdk-headless"));
             // A small heap, the serial collector and the quick compiler only: 2 shared cores.
@@ -77,6 +80,9 @@ pub fn start(cp: &ControlPlane, kind: Kind, server: &str) -> RealClient {
                 .arg(cp.ca_pem())
                 .arg("--token-file")
                 .arg(token);
+            if kind == Kind::JvmWatchOnly {
+                cmd.args(["--resource", "configmaps", "--list", "false"]);
+            }
             cmd
         }
         Kind::PyWatch => {
@@ -126,7 +132,7 @@ pub fn wait_talking(client: &RealClient, timeout: Duration) {
             .wait_line(timeout, what, |l| !l.stderr && pred(&l.text));
     };
     match client.kind {
-        Kind::Jvm => line("a `WATCH HTTP_2` line", |t| t == "WATCH HTTP_2"),
+        Kind::Jvm | Kind::JvmWatchOnly => line("a `WATCH HTTP_2` line", |t| t == "WATCH HTTP_2"),
         Kind::KubeWatch => line("INIT_DONE", |t| t == "INIT_DONE"),
         Kind::Stuck => line("a LIST line", |t| t.starts_with("LIST ")),
         Kind::PyWatch => {

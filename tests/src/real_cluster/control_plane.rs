@@ -504,6 +504,21 @@ subjects: [{{kind: ServiceAccount, name: default, namespace: {ns}}}]
     /// Stops the apiserver with `how`, waits for the old process to exit (a SIGTERMed one with
     /// open watches takes up to its 60 s request timeout), starts a new one with the same
     /// flags, and waits for `/readyz`.
+    /// Stops the apiserver (SIGSTOP) for `duration`, then lets it run again (SIGCONT): a
+    /// stuck apiserver, as a deadlocked or overloaded one looks from outside. Its kernel still
+    /// accepts connections; nothing answers them, not even a TLS handshake.
+    pub fn pause_apiserver(&mut self, duration: Duration) {
+        let api = self.apiserver.as_ref().expect("the apiserver runs");
+        api.signal(libc::SIGSTOP);
+        std::thread::sleep(duration);
+        let api = self.apiserver.as_ref().expect("the apiserver runs");
+        api.signal(libc::SIGCONT);
+        eprintln!(
+            "apiserver stopped (SIGSTOP) for {:.0} s, running again",
+            duration.as_secs_f64()
+        );
+    }
+
     pub fn restart_apiserver(&mut self, how: Stop) -> Restart {
         let mut old = self.apiserver.take().expect("the apiserver runs");
         let signalled_at = SystemTime::now();

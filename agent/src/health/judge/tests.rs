@@ -16,8 +16,22 @@ fn judge() -> Judge {
 fn the_snapshot_carries_identity_verdict_endpoint_and_connections() {
     let mut lab = Lab::new();
     lab.connect(0, 0xa, 40000, 7);
-    lab.sample(19_000, 40000, counters(2000, 4, 600, 3));
     let mut j = judge();
+    let snap = j.tick(&lab.table, &BTreeMap::new(), &no_pod, lab.at(100));
+    assert_eq!(
+        snap.endpoints[0].status,
+        Status::Unknown,
+        "established says nothing: a stopped apiserver's kernel completes TCP handshakes"
+    );
+    // Its TLS handshake answered.
+    let answer = crate::kernel::events::Change::Segment {
+        len: 1400,
+        snd_nxt: 600,
+        snd_una: 600,
+        srtt_us: 100,
+    };
+    lab.apply(200, 0xa, 40000, answer, 0);
+    lab.sample(19_000, 40000, counters(2000, 4, 600, 3));
     let snap = j.tick(&lab.table, &BTreeMap::new(), &no_pod, lab.at(20_000));
     assert_eq!(snap.clients.len(), 1);
     let c = &snap.clients[0];
@@ -30,7 +44,7 @@ fn the_snapshot_carries_identity_verdict_endpoint_and_connections() {
     assert_eq!(
         snap.endpoints[0].status,
         Status::Reachable,
-        "a connection was established to it"
+        "a new connection to it was answered"
     );
 }
 
