@@ -38,8 +38,34 @@ pub fn snapshot() -> Result<String> {
     Ok(state)
 }
 
-/// Fails naming every line that `what` added (`+`) or removed (`-`) since `before`.
+/// How long a difference may take to go away: the kernel destroys a deleted network
+/// namespace, and with it the host end of its veth pairs (their routes), asynchronously, once
+/// the last process in it is gone; on a loaded machine that takes seconds after a suite exits.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Fails naming every line that `what` added (`+`) or removed (`-`) since `before`, once the
+/// difference has outlasted [`SETTLE`].
 pub fn unchanged(before: &str, what: &str) -> Result {
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        let changes = changes(before)?;
+        if changes.is_empty() {
+            eprintln!("xtask: {what} left the host's iptables rules and routes as it found them");
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Failed(format!(
+                "{what} changed the host's iptables rules or routes (or something else on this \
+                 machine did meanwhile):\n{}",
+                changes.join("\n")
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// Every line added (`+`) or removed (`-`) since `before`.
+fn changes(before: &str) -> Result<Vec<String>> {
     let after = snapshot()?;
     let mut left: Vec<&str> = after.lines().collect();
     let mut changes = Vec::new();
@@ -52,16 +78,7 @@ pub fn unchanged(before: &str, what: &str) -> Result {
         }
     }
     changes.extend(left.iter().map(|l| format!("+ {l}")));
-    if changes.is_empty() {
-        eprintln!("xtask: {what} left the host's iptables rules and routes as it found them");
-        Ok(())
-    } else {
-        Err(Failed(format!(
-            "{what} changed the host's iptables rules or routes (or something else on this \
-             machine did meanwhile):\n{}",
-            changes.join("\n")
-        )))
-    }
+    Ok(changes)
 }
 
 /// Removes the REJECT of all of 10.0.0.0/8 that earlier versions of the suites installed on
