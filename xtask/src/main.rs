@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | test | bench | image | e2e | demo`.
+//! Project tasks: `cargo xtask setup | test | bench | image | e2e | vm-test | demo`.
 //!
 //! - `setup`: makes a fresh machine of this kind ready (idempotent): apt packages the suites
 //!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
@@ -9,6 +9,7 @@
 //!   `docs/benchmarks.md`).
 //! - `image`: the agent's OCI image archive, built without a container engine.
 //! - `e2e`: the image installed with `deploy/` on a real single-node cluster, and checked there.
+//! - `vm-test`: the agent on another kernel (Debian 12's 6.1 by default) in a qemu guest.
 //! - `demo`: setup, build, a small self-contained topology (an "apiserver" in a network
 //!   namespace and client processes), and the agent showing its table until Ctrl-C.
 use std::{
@@ -27,6 +28,7 @@ mod hoststate;
 mod image;
 mod kubernetes;
 mod setup;
+mod vm;
 
 #[derive(Parser)]
 #[command(name = "xtask")]
@@ -79,6 +81,27 @@ enum Task {
     /// The image installed with deploy/ on a real single-node Kubernetes 1.20 cluster built on
     /// this machine, and checked there (as root; builds the image first).
     E2e,
+    /// The agent on another kernel, in a qemu guest: `lifeline check`, then detection on
+    /// loopback (as root; installs qemu and busybox, extracts the kernel from its Debian
+    /// package into /var/tmp/lifeline-vm once).
+    VmTest {
+        /// `debian-6.1` (Debian 12's cloud kernel), `host` (/boot/vmlinuz-$(uname -r)), or a
+        /// kernel image's path.
+        #[arg(long, default_value = "debian-6.1")]
+        kernel: String,
+        /// With `--kernel PATH`: its /lib/modules/RELEASE directory (for inet_diag, tcp_diag).
+        #[arg(long)]
+        modules: Option<PathBuf>,
+        /// Run this shell command in the guest instead of the default test.
+        #[arg(long)]
+        command: Option<String>,
+        /// Use the binaries already built.
+        #[arg(long)]
+        no_build: bool,
+        /// Fail (and kill the guest) if it has not finished within this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
     /// Set up, build, and run the agent against a self-contained demo topology.
     Demo {
         /// Skip `setup`.
@@ -242,6 +265,19 @@ fn main() -> ExitCode {
         Task::Bench { only } => bench::bench(&only),
         Task::CheckDeploy => deploy::check(),
         Task::E2e => e2e::e2e(),
+        Task::VmTest {
+            kernel,
+            modules,
+            command,
+            no_build,
+            timeout,
+        } => vm::vm_test(&vm::Options {
+            modules,
+            command,
+            no_build,
+            timeout: std::time::Duration::from_secs(timeout),
+            ..vm::Options::new(&kernel)
+        }),
         Task::Image {
             out,
             names,

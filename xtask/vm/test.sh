@@ -1,0 +1,98 @@
+# The vm-test guest's test (busybox sh, as root): `lifeline check`, then the agent detecting
+# clients on loopback, their traffic and their loss. Stops at the first failure, exit 1.
+PORT=16443
+SERVER=127.0.0.1:$PORT
+
+fail() {
+    echo "FAIL: $*"
+    echo "--- lifeline status"
+    lifeline status 2>&1
+    echo "--- agent log (last 40 lines)"
+    tail -n 40 /tmp/agent.log 2>/dev/null
+    exit 1
+}
+
+now() { cut -d' ' -f1 /proc/uptime; }
+
+# wait_for SECONDS WHAT COMMAND...: runs COMMAND every 0.2 s until it succeeds.
+wait_for() {
+    limit=$1 what=$2
+    shift 2
+    t0=$(now)
+    while ! "$@" >/dev/null 2>&1; do
+        if awk -v a="$t0" -v b="$(now)" -v l="$limit" 'BEGIN { exit !(b - a > l) }'; then
+            fail "$what: not within ${limit}s"
+        fi
+        usleep 200000
+    done
+    echo "ok: $what ($(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s)"
+}
+
+# client_is PID STATE [TCP]: `lifeline status` lists PID in STATE (with a connection to the
+# server in TCP state). Columns: PID COMM STATE SINCE POD LOCAL REMOTE ENDPOINT TCP RX_BYTES
+# RX_AGE RETRANS REASON.
+client_is() {
+    lifeline status | awk -v p="$1" -v s="$2" -v t="${3:-}" -v r="$SERVER" '
+        $1 == p && $3 == s && (t == "" || ($7 == r && $9 == t)) { found = 1 }
+        END { exit !found }'
+}
+
+# received PID: its connection shows bytes received and when the last payload came.
+received() {
+    lifeline status | awk -v p="$1" '$1 == p && $10 > 0 && $11 != "-" { found = 1 } END { exit !found }'
+}
+
+both() { "$1" "$early" $2 $3 && "$1" "$late" $2 $3; }
+
+echo "== lifeline check"
+lifeline check || fail "lifeline check exited $?"
+
+echo "== detection: lifeline run, ll-server and two ll-clients on loopback"
+mkfifo /tmp/server.in /tmp/early.in /tmp/late.in
+ll-server --listen $SERVER </tmp/server.in >/tmp/server.out 2>&1 &
+server=$!
+exec 3>/tmp/server.in
+wait_for 10 "ll-server listening" grep -q listening /tmp/server.out
+
+# One client connects before the agent starts (found by its start-up scan: sock_diag) ...
+ll-client --connect $SERVER </tmp/early.in >/tmp/early.out 2>&1 &
+early=$!
+exec 4>/tmp/early.in
+wait_for 10 "early ll-client connected" grep -q '^connected' /tmp/early.out
+
+lifeline run --endpoint $SERVER --listen 127.0.0.1:9477 \
+    --disconnect-grace 3s --min-client-age 1s --stale-after 4s >/tmp/agent.log 2>&1 &
+agent=$!
+wait_for 60 "agent ready (/readyz)" wget -q -O /dev/null http://127.0.0.1:9477/readyz
+
+# ... and one after (seen connecting: sock/inet_sock_set_state).
+ll-client --connect $SERVER </tmp/late.in >/tmp/late.out 2>&1 &
+late=$!
+exec 5>/tmp/late.in
+wait_for 10 "late ll-client connected" grep -q '^connected' /tmp/late.out
+wait_for 20 "both clients listed healthy, ESTABLISHED to $SERVER" both client_is healthy ESTABLISHED
+lifeline status
+
+# The server answers: payload on both connections (tcp/tcp_probe; bytes from sock_diag's tcp_info).
+echo "send 1000" >&3
+wait_for 10 "payload received on both connections" both received
+
+# The late client sends a request that gets no answer: stale after --stale-after (the ordered
+# evidence of tcp/tcp_probe: the server's ACK arrives after the request, no payload follows).
+late_port=$(awk '/^connected/ { n = split($2, a, ":"); print a[n]; exit }' /tmp/late.out)
+echo "send $late_port 500" >&5
+wait_for 20 "late client stale (request unanswered for 4s)" client_is "$late" stale ESTABLISHED
+client_is "$early" healthy ESTABLISHED || fail "early client not healthy while the late one is stale"
+lifeline status
+
+# The server dies: both lose it (FIN → CLOSE_WAIT) and are disconnected after the 3 s grace.
+kill -9 $server
+wait_for 20 "both clients disconnected after the server died" both client_is disconnected
+lifeline status
+
+kill $agent
+wait $agent
+rc=$?
+[ "$rc" = 0 ] || fail "agent exited $rc on SIGTERM"
+echo "ok: agent exited 0 on SIGTERM"
+echo "PASS"
