@@ -3,8 +3,8 @@
 //! - `setup`: makes a fresh machine of this kind ready (idempotent): apt packages the suites
 //!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
 //! - `test`: the whole test command of the README and CI: format and lint checks, unit tests
-//!   (root ones included), then the root integration suites with the real eBPF programs, and
-//!   last the end-to-end test (`e2e`).
+//!   (root ones included), then the agent in a Debian 12 6.1 guest (`vm-test`), the root
+//!   integration suites with the real eBPF programs, and last the end-to-end test (`e2e`).
 //! - `bench`: what the agent costs, in figures measured in one run (written to
 //!   `docs/benchmarks.md`).
 //! - `image`: the agent's OCI image archive, built without a container engine.
@@ -41,12 +41,14 @@ struct Cli {
 enum Task {
     /// Install every prerequisite (idempotent; run as root).
     Setup,
-    /// fmt + clippy + unit tests + root integration suites + the end-to-end test (as root).
+    /// fmt + clippy + unit tests + the Debian 6.1 guest + root integration suites + the
+    /// end-to-end test (as root).
     Test {
         /// Skip the fmt and clippy checks.
         #[arg(long)]
         no_lint: bool,
-        /// Only run suites whose name contains this (`e2e` for the end-to-end test).
+        /// Only run suites whose name contains this (`e2e` for the end-to-end test,
+        /// `vm-debian-6.1` for the guest run).
         #[arg(long)]
         suite: Option<String>,
     },
@@ -224,6 +226,12 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "--include-ignored",
     ]))?;
     let chosen = |name: &str| suite.is_none_or(|s| name.contains(s));
+    // The agent on Debian 12's 6.1 kernel, in a qemu guest (its kernel package extracted once
+    // into /var/tmp/lifeline-vm): `lifeline check` and detection there, not only on this
+    // machine's kernel. The static binary it builds is the one `e2e`'s image uses.
+    if chosen(VM) {
+        vm::vm_test(&vm::Options::new("debian-6.1"))?;
+    }
     // Each suite leaves the host's iptables rules and routes as it found them.
     hoststate::remove_legacy_reject();
     for name in SUITES.iter().filter(|n| chosen(n)) {
@@ -253,6 +261,9 @@ pub fn both(first: Result, second: Result) -> Result {
     }
     first.and(second)
 }
+
+/// The guest run's name for `--suite` ([`vm::vm_test`] on Debian 12's 6.1 kernel).
+const VM: &str = "vm-debian-6.1";
 
 /// The end-to-end suite's name (`tests/e2e.rs`), run by [`e2e::e2e`] after [`SUITES`].
 const E2E: &str = "e2e";

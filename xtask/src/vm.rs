@@ -97,6 +97,12 @@ pub struct Outcome {
     pub code: i32,
 }
 
+/// What `cargo xtask setup` prepares: the packages, and Debian 12's 6.1 kernel in [`ROOT`].
+pub fn setup() -> Result {
+    crate::setup::apt(&APT_PACKAGES)?;
+    debian_61().map(|_| ())
+}
+
 /// Boots the kernel, runs the test in it; fails unless the test exits 0.
 pub fn vm_test(options: &Options) -> Result {
     let outcome = run_guest(options)?;

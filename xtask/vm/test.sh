@@ -45,7 +45,12 @@ received() {
 both() { "$1" "$early" $2 $3 && "$1" "$late" $2 $3; }
 
 echo "== lifeline check"
-lifeline check || fail "lifeline check exited $?"
+lifeline check >/tmp/check.out 2>&1
+rc=$?
+cat /tmp/check.out
+[ "$rc" = 0 ] || fail "lifeline check exited $rc"
+# As root with every mount in place, nothing may leave the agent blind either.
+! grep -q '\[WARN\]' /tmp/check.out || fail "lifeline check warns: $(grep '\[WARN\]' /tmp/check.out)"
 
 echo "== detection: lifeline run, ll-server and two ll-clients on loopback"
 mkfifo /tmp/server.in /tmp/early.in /tmp/late.in
