@@ -86,7 +86,7 @@ exec 6>/tmp/pod.in
 wait_for 10 "pod's ll-client connected" grep -q '^connected' /tmp/pod.out
 
 lifeline run --endpoint $SERVER --endpoint $POD_SERVER --listen 127.0.0.1:9477 \
-    --disconnect-grace 3s --min-client-age 1s --stale-after 4s >/tmp/agent.log 2>&1 &
+    --disconnect-grace 3s --min-client-age 1s --stale-after 4s --blackhole-after 3s >/tmp/agent.log 2>&1 &
 agent=$!
 wait_for 60 "agent ready (/readyz)" wget -q -O /dev/null http://127.0.0.1:9477/readyz
 
@@ -110,6 +110,20 @@ wait_for 20 "late client stale (request unanswered for 4s)" client_is "$late" st
 client_is "$early" healthy ESTABLISHED || fail "early client not healthy while the late one is stale"
 client_is "$pod" healthy ESTABLISHED || fail "pod's client not healthy while the late one is stale"
 lifeline status
+
+# The pod's path breaks (the host end of its veth down): its request is retransmitted and
+# never acknowledged, so it is blackholed after --blackhole-after (tcp/tcp_retransmit_skb).
+pod_port=$(awk '/^connected/ { n = split($2, a, ":"); print a[n]; exit }' /tmp/pod.out)
+ip link set v0 down
+echo "send $pod_port 500" >&6
+wait_for 20 "pod's client blackholed (retransmits, no ACK for 3s)" client_is "$pod" blackholed ESTABLISHED
+lifeline status
+# The path is back and the server answers: healthy again.
+ip link set v0 up
+ip addr add 10.99.0.1/24 dev v0 2>/dev/null
+wait_for 30 "pod's request acknowledged once its path is back" sh -c 'lifeline status | awk -v p='"$pod"' "\$1 == p && \$3 != \"blackholed\" { f = 1 } END { exit !f }"'
+echo "send 100" >&3
+wait_for 20 "pod's client healthy again" client_is "$pod" healthy ESTABLISHED
 
 # The server dies: all lose it (FIN → CLOSE_WAIT) and are disconnected after the 3 s grace.
 kill -9 $server
