@@ -244,6 +244,9 @@ pub struct KernelOffsets {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProbeOffsets {
+    /// 0 when the record has no `skaddr` (older kernels: 6.1 has none, 6.18 has it): the
+    /// socket is then known by `sock_cookie`, its network namespace is not read (0), and
+    /// userspace finds its connection by its addresses.
     pub skaddr: u32,
     pub saddr: u32,
     pub daddr: u32,
@@ -254,6 +257,12 @@ pub struct ProbeOffsets {
     pub snd_nxt: u32,
     pub snd_una: u32,
     pub srtt: u32,
+    /// The record's `sock_cookie`; set only when `skaddr` is 0.
+    pub sock_cookie: u32,
+    /// `struct sock_common.skc_cookie` (set by the kernel once tcp_probe asked for the
+    /// cookie): read at close to forget a socket's segment state kept by cookie; set only
+    /// when `skaddr` is 0.
+    pub sock_common_skc_cookie: u32,
 }
 
 #[repr(C)]
@@ -316,7 +325,7 @@ mod pod {
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 18);
 const _: () = assert!(core::mem::size_of::<SockEvent>() == 8 * 3 + 4 * 8 + 2 * 4 + 16 * 3);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 48 + 40 + 40);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 48 + 40 + 48);
 const _: () = assert!(core::mem::size_of::<SegmentEvent>() == 8 * 2 + 4 * 6 + 2 * 4 + 16 * 2);
 const _: () = assert!(core::mem::size_of::<SegmentState>() == 8 + 4 * 4);
 const _: () = assert!(core::mem::size_of::<DeferredConnect>() == 16 + COMM_LEN);

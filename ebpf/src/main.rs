@@ -88,6 +88,8 @@ static OFFSETS: KernelOffsets = KernelOffsets {
         snd_nxt: 0,
         snd_una: 0,
         srtt: 0,
+        sock_cookie: 0,
+        sock_common_skc_cookie: 0,
     },
 };
 
@@ -259,6 +261,18 @@ fn is_endpoint(dest: &Destination) -> bool {
         },
     );
     ENDPOINTS.get(&key).is_some()
+}
+
+/// The `SEGMENTS` key of socket `sk`: its address, or, where `tcp/tcp_probe` has no `skaddr`,
+/// its cookie (`sk->__sk_common.skc_cookie`, 0 if never asked for: then nothing was kept).
+#[inline(always)]
+fn segment_key(sk: u64) -> u64 {
+    if offset!(probe.skaddr) != 0 {
+        return sk;
+    }
+    let at = sk + u64::from(offset!(probe.sock_common_skc_cookie));
+    // SAFETY: bpf_probe_read_kernel tolerates any address; the offset comes from the BTF.
+    unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0)
 }
 
 /// Inode of the socket's network namespace: `sk->__sk_common.skc_net.net->ns.inum`.
@@ -454,7 +468,7 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
     }
     emit(EventKind::StateChange, &w, old, new, None);
     if new != tcp_state::ESTABLISHED {
-        let _ = SEGMENTS.remove(sk);
+        let _ = SEGMENTS.remove(segment_key(sk));
     }
     if old == tcp_state::SYN_SENT {
         // Read by `ended_with` for this event; not needed any more.
@@ -587,13 +601,21 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     // SAFETY (all reads): offsets come from this kernel's tracepoint format file.
-    let sk: u64 = unsafe { ctx.read_at(offset!(probe.skaddr) as usize)? };
+    // A record without `skaddr` (older kernels): the socket is known by its cookie, and its
+    // network namespace is not read (userspace matches the segment by its addresses).
+    let (sk, key) = if offset!(probe.skaddr) != 0 {
+        let sk: u64 = unsafe { ctx.read_at(offset!(probe.skaddr) as usize)? };
+        (sk, sk)
+    } else {
+        let cookie: u64 = unsafe { ctx.read_at(offset!(probe.sock_cookie) as usize)? };
+        (0, cookie)
+    };
     let data_len: u16 = unsafe { ctx.read_at(offset!(probe.data_len) as usize)? };
     let snd_nxt: u32 = unsafe { ctx.read_at(offset!(probe.snd_nxt) as usize)? };
     // SAFETY: helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let payload = u32::from(data_len) > KEEPALIVE_RECORD_BYTES;
-    let netns = match unsafe { SEGMENTS.get(sk) } {
+    let netns = match unsafe { SEGMENTS.get(key) } {
         Some(last) => {
             // Nothing new: an acknowledgement of nothing the client sent, or the next segment
             // of an answer already reported (within the coalescing window).
@@ -623,7 +645,11 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
             if !is_endpoint(&dest) {
                 return Ok(());
             }
-            netns_inum(ctx, sk)
+            if sk != 0 {
+                netns_inum(ctx, sk)
+            } else {
+                0
+            }
         }
     };
     let state = SegmentState {
@@ -634,7 +660,7 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
         _pad: 0,
     };
     // Full map: the segment is still reported, only not coalesced.
-    let _ = SEGMENTS.insert(sk, state, 0);
+    let _ = SEGMENTS.insert(key, state, 0);
     let family: u16 = unsafe { ctx.read_at(offset!(probe.family) as usize)? };
     let Some(mut entry) = EVENTS.reserve::<SegmentEvent>(0) else {
         bump(counter::LOST);

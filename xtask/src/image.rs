@@ -147,7 +147,7 @@ fn stage_rootfs(files: &[LayerFile]) -> Result {
 }
 
 /// `rustc -vV`'s host triple: the image is for the machine it is built on.
-fn host_target() -> Result<String> {
+pub(crate) fn host_target() -> Result<String> {
     let out = output(Command::new("rustc").arg("-vV"))?;
     out.lines()
         .find_map(|l| l.strip_prefix("host: "))
@@ -167,7 +167,7 @@ fn oci_arch(target: &str) -> Result<&'static str> {
 
 /// `cargo build --release` for the host triple named explicitly, with glibc linked in: the
 /// explicit `--target` keeps the static flag off build scripts and off the eBPF build.
-fn build_static(target: &str) -> Result {
+pub(crate) fn build_static(target: &str) -> Result {
     let var = format!(
         "CARGO_TARGET_{}_RUSTFLAGS",
         target.to_uppercase().replace('-', "_")
@@ -182,13 +182,13 @@ fn build_static(target: &str) -> Result {
     ]))
 }
 
-fn static_binary(target: &str) -> PathBuf {
+pub(crate) fn static_binary(target: &str) -> PathBuf {
     workspace().join("target").join(target).join("release/lifeline")
 }
 
 /// Fails unless `binary` is an ELF executable without a program interpreter (`PT_INTERP`): a
 /// dynamically linked one would not start in an image without a C library.
-fn ensure_static(binary: &Path) -> Result {
+pub(crate) fn ensure_static(binary: &Path) -> Result {
     let bytes = read(binary)?;
     match elf_interpreter(&bytes) {
         Ok(None) => Ok(()),

@@ -1,14 +1,15 @@
-//! Project tasks: `cargo xtask setup | test | bench | image | e2e | demo`.
+//! Project tasks: `cargo xtask setup | test | bench | image | e2e | vm-test | demo`.
 //!
 //! - `setup`: makes a fresh machine of this kind ready (idempotent): apt packages the suites
 //!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
 //! - `test`: the whole test command of the README and CI: format and lint checks, unit tests
-//!   (root ones included), then the root integration suites with the real eBPF programs, and
-//!   last the end-to-end test (`e2e`).
+//!   (root ones included), then the agent in a Debian 12 6.1 guest (`vm-test`), the root
+//!   integration suites with the real eBPF programs, and last the end-to-end test (`e2e`).
 //! - `bench`: what the agent costs, in figures measured in one run (written to
 //!   `docs/benchmarks.md`).
 //! - `image`: the agent's OCI image archive, built without a container engine.
 //! - `e2e`: the image installed with `deploy/` on a real single-node cluster, and checked there.
+//! - `vm-test`: the agent on another kernel (Debian 12's 6.1 by default) in a qemu guest.
 //! - `demo`: setup, build, a small self-contained topology (an "apiserver" in a network
 //!   namespace and client processes), and the agent showing its table until Ctrl-C.
 use std::{
@@ -27,6 +28,7 @@ mod hoststate;
 mod image;
 mod kubernetes;
 mod setup;
+mod vm;
 
 #[derive(Parser)]
 #[command(name = "xtask")]
@@ -39,12 +41,14 @@ struct Cli {
 enum Task {
     /// Install every prerequisite (idempotent; run as root).
     Setup,
-    /// fmt + clippy + unit tests + root integration suites + the end-to-end test (as root).
+    /// fmt + clippy + unit tests + the Debian 6.1 guest + root integration suites + the
+    /// end-to-end test (as root).
     Test {
         /// Skip the fmt and clippy checks.
         #[arg(long)]
         no_lint: bool,
-        /// Only run suites whose name contains this (`e2e` for the end-to-end test).
+        /// Only run suites whose name contains this (`e2e` for the end-to-end test,
+        /// `vm-debian-6.1` for the guest run).
         #[arg(long)]
         suite: Option<String>,
     },
@@ -79,6 +83,27 @@ enum Task {
     /// The image installed with deploy/ on a real single-node Kubernetes 1.20 cluster built on
     /// this machine, and checked there (as root; builds the image first).
     E2e,
+    /// The agent on another kernel, in a qemu guest: `lifeline check`, then detection on
+    /// loopback (as root; installs qemu and busybox, extracts the kernel from its Debian
+    /// package into /var/tmp/lifeline-vm once).
+    VmTest {
+        /// `debian-6.1` (Debian 12's cloud kernel), `host` (/boot/vmlinuz-$(uname -r)), or a
+        /// kernel image's path.
+        #[arg(long, default_value = "debian-6.1")]
+        kernel: String,
+        /// With `--kernel PATH`: its /lib/modules/RELEASE directory (for inet_diag, tcp_diag).
+        #[arg(long)]
+        modules: Option<PathBuf>,
+        /// Run this shell command in the guest instead of the default test.
+        #[arg(long)]
+        command: Option<String>,
+        /// Use the binaries already built.
+        #[arg(long)]
+        no_build: bool,
+        /// Fail (and kill the guest) if it has not finished within this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
     /// Set up, build, and run the agent against a self-contained demo topology.
     Demo {
         /// Skip `setup`.
@@ -201,6 +226,12 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "--include-ignored",
     ]))?;
     let chosen = |name: &str| suite.is_none_or(|s| name.contains(s));
+    // The agent on Debian 12's 6.1 kernel, in a qemu guest (its kernel package extracted once
+    // into /var/tmp/lifeline-vm): `lifeline check` and detection there, not only on this
+    // machine's kernel. The static binary it builds is the one `e2e`'s image uses.
+    if chosen(VM) {
+        vm::vm_test(&vm::Options::new("debian-6.1"))?;
+    }
     // Each suite leaves the host's iptables rules and routes as it found them.
     hoststate::remove_legacy_reject();
     for name in SUITES.iter().filter(|n| chosen(n)) {
@@ -231,6 +262,9 @@ pub fn both(first: Result, second: Result) -> Result {
     first.and(second)
 }
 
+/// The guest run's name for `--suite` ([`vm::vm_test`] on Debian 12's 6.1 kernel).
+const VM: &str = "vm-debian-6.1";
+
 /// The end-to-end suite's name (`tests/e2e.rs`), run by [`e2e::e2e`] after [`SUITES`].
 const E2E: &str = "e2e";
 
@@ -242,6 +276,19 @@ fn main() -> ExitCode {
         Task::Bench { only } => bench::bench(&only),
         Task::CheckDeploy => deploy::check(),
         Task::E2e => e2e::e2e(),
+        Task::VmTest {
+            kernel,
+            modules,
+            command,
+            no_build,
+            timeout,
+        } => vm::vm_test(&vm::Options {
+            modules,
+            command,
+            no_build,
+            timeout: std::time::Duration::from_secs(timeout),
+            ..vm::Options::new(&kernel)
+        }),
         Task::Image {
             out,
             names,

@@ -44,6 +44,8 @@ pub fn setup() -> Result {
     kubectl_1_20()?;
     tracefs()?;
     crate::kubernetes::setup()?;
+    // `cargo xtask vm-test`: qemu, busybox and Debian 12's 6.1 kernel (kept in /var/tmp).
+    crate::vm::setup()?;
     eprintln!("setup: done");
     Ok(())
 }

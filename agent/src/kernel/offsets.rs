@@ -42,6 +42,21 @@ pub fn discover() -> Result<KernelOffsets> {
     let set_state = TracepointFormat::read("sock", "inet_sock_set_state")?;
     let retransmit = TracepointFormat::read("tcp", "tcp_retransmit_skb")?;
     let probe = TracepointFormat::read("tcp", "tcp_probe")?;
+    // Older kernels (6.1) have no `skaddr` in tcp_probe's record: the program keys sockets by
+    // the record's `sock_cookie` instead, and forgets them at close by `skc_cookie`.
+    let probe_skaddr = probe.offset("skaddr").ok();
+    let (probe_cookie, skc_cookie) = match probe_skaddr {
+        Some(_) => (0, 0),
+        None => {
+            tracing::info!(
+                "tcp/tcp_probe has no skaddr on this kernel: its segments are keyed by sock_cookie and matched to connections by their addresses"
+            );
+            (
+                probe.offset("sock_cookie")?,
+                member_offset(&btf, "sock_common", "skc_cookie")?,
+            )
+        }
+    };
     // Only for the optional error-report program: a kernel without them still runs the rest
     // (all zero: the program is then not attached, see `programs::Probes::load`).
     let error_report = error_report_offsets(&btf)
@@ -84,7 +99,7 @@ pub fn discover() -> Result<KernelOffsets> {
             _pad: 0,
         },
         probe: ProbeOffsets {
-            skaddr: probe.offset("skaddr")?,
+            skaddr: probe_skaddr.unwrap_or(0),
             saddr: probe.offset("saddr")?,
             daddr: probe.offset("daddr")?,
             sport: probe.offset("sport")?,
@@ -94,6 +109,8 @@ pub fn discover() -> Result<KernelOffsets> {
             snd_nxt: probe.offset("snd_nxt")?,
             snd_una: probe.offset("snd_una")?,
             srtt: probe.offset("srtt")?,
+            sock_cookie: probe_cookie,
+            sock_common_skc_cookie: skc_cookie,
         },
     })
 }

@@ -495,6 +495,19 @@ impl ConnectionTable {
         self.processes.get(&pid)
     }
 
+    /// The connection with these addresses in whatever namespace, if exactly one has them.
+    fn by_addresses(&self, local: SocketAddr, remote: SocketAddr) -> Option<ConnId> {
+        let mut found = self
+            .by_tuple
+            .iter()
+            .filter(|(t, _)| t.local == local && t.remote == remote)
+            .map(|(_, id)| *id);
+        match (found.next(), found.next()) {
+            (Some(id), None) => Some(id),
+            _ => None,
+        }
+    }
+
     /// Applies one kernel event. `owner` is the process the caller resolved from the event's
     /// `owner_tgid` (None when the event ran in softirq or the process is already gone).
     pub fn apply_event(&mut self, ev: &KernelEvent, owner: Option<ProcessInfo>) -> Option<Applied> {
@@ -544,7 +557,16 @@ impl ConnectionTable {
                     .then(|| self.by_tuple.get(&tuple))
                     .flatten()
             })
-            .copied();
+            .copied()
+            .or_else(|| {
+                // A segment from a kernel whose tcp_probe has no `skaddr` names neither the
+                // socket nor its namespace: the one connection with these addresses, if only
+                // one has them.
+                let segment = matches!(ev.change, Change::Segment { .. });
+                (segment && ev.sk == 0)
+                    .then(|| self.by_addresses(ev.local, ev.remote))
+                    .flatten()
+            });
         match ev.change {
             Change::Segment {
                 len,
@@ -554,7 +576,7 @@ impl ConnectionTable {
             } => {
                 let id = found?;
                 let conn = self.conns.get_mut(&id).expect("found");
-                if conn.sk != Some(ev.sk) {
+                if ev.sk != 0 && conn.sk != Some(ev.sk) {
                     conn.sk = Some(ev.sk);
                     self.by_sk.insert(ev.sk, id);
                 }

@@ -709,3 +709,30 @@ fn a_quiet_connection_is_sampled_every_few_seconds_anything_pending_every_second
         .apply_sample(&lab.tuple(40000), Sample::Gone, lab.at(sampled + 94_000));
     assert!(due(&mut lab, sampled + 95_000), "vanished: confirm at once");
 }
+
+#[test]
+fn segments_without_socket_or_namespace_match_the_one_connection_with_their_addresses() {
+    // A kernel whose tcp_probe record has no `skaddr` (6.1): sk 0, netns 0.
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut ev = lab.ev(100, 0, 40000, segment(1400, 500), None);
+    ev.netns = 0;
+    lab.table.apply_event(&ev, None);
+    let c = lab.table.connections().next().unwrap();
+    assert_eq!(c.last_payload, Some(lab.at(100)));
+    assert_eq!(c.sk, Some(0xa), "the socket's address is kept");
+    // The same addresses in two namespaces: which one it was is not known, so neither.
+    let mut other = lab.tuple(40000);
+    other.netns = NETNS + 1;
+    assert!(lab
+        .table
+        .insert_scanned(other, 8, tcp_state::ESTABLISHED, lab.at(101)));
+    assert_eq!(lab.table.connections().count(), 2);
+    let mut ev = lab.ev(200, 0, 40000, segment(1400, 500), None);
+    ev.netns = 0;
+    lab.table.apply_event(&ev, None);
+    assert!(lab
+        .table
+        .connections()
+        .all(|c| c.last_payload != Some(lab.at(200))));
+}
