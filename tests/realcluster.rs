@@ -316,6 +316,45 @@ impl Bench {
         });
     }
 
+    /// The alerts since the `skip`th: the outage alert fired for endpoints the clients use,
+    /// and was resolved; no per-client alert (they give way to it). `during` names the fault.
+    fn check_one_outage(&self, skip: usize, during: &str, findings: &mut Findings) {
+        let alerts: Vec<Value> = self.sink.alerts().into_iter().skip(skip).collect();
+        let endpoints = [
+            self.cp.loopback_endpoint(),
+            self.cp.advertise_endpoint(),
+            self.cp.cluster_ip_endpoint(),
+        ]
+        .map(|e| e.to_string());
+        let outage: Vec<&Value> = alerts
+            .iter()
+            .filter(|a| a["labels"]["alertname"] == "LifelineApiserverOutage")
+            .collect();
+        findings.check(outage.iter().any(|a| a["status"] == "firing"), || {
+            format!("no LifelineApiserverOutage with {during}; alerts: {alerts:#?}")
+        });
+        for a in &outage {
+            let endpoint = a["labels"]["endpoint"].as_str().unwrap_or("");
+            findings.check(endpoints.iter().any(|e| e == endpoint), || {
+                format!("outage alert for endpoint {endpoint:?}, not one of {endpoints:?}: {a}")
+            });
+            findings.check(
+                a["status"] == "resolved"
+                    || alerts
+                        .iter()
+                        .any(|r| r["status"] == "resolved" && r["labels"] == a["labels"]),
+                || format!("the outage alert ({during}) was not resolved once the apiserver was back: {a}"),
+            );
+        }
+        let per_client: Vec<&Value> = alerts
+            .iter()
+            .filter(|a| a["labels"]["alertname"] != "LifelineApiserverOutage")
+            .collect();
+        findings.check(per_client.is_empty(), || {
+            format!("per-client alerts with {during} (they give way to the outage alert): {per_client:#?}")
+        });
+    }
+
     /// Records an alert for every alert the sink received (none is expected).
     fn check_no_alerts(&self, findings: &mut Findings, during: &str) {
         for a in self.sink.alerts() {
@@ -599,43 +638,11 @@ fn check_restarts(bench: &mut Bench, grace: u64, findings: &mut Findings) {
     // their lease) back off between lists; none may alert meanwhile (they are `unreachable`
     // through an endpoint that came back: held for connect_window).
     bench.wait_redialed(&restart, secs(75), findings);
-    let alerts: Vec<Value> = bench.sink.alerts().into_iter().skip(alerts_before).collect();
-    let endpoints = [
-        bench.cp.loopback_endpoint(),
-        bench.cp.advertise_endpoint(),
-        bench.cp.cluster_ip_endpoint(),
-    ]
-    .map(|e| e.to_string());
-    let outage: Vec<&Value> = alerts
-        .iter()
-        .filter(|a| a["labels"]["alertname"] == "LifelineApiserverOutage")
-        .collect();
-    findings.check(outage.iter().any(|a| a["status"] == "firing"), || {
-        format!(
-            "no LifelineApiserverOutage while no apiserver accepted connections for {:.0} s; alerts: {alerts:#?}",
-            restart.ready_after.as_secs_f64()
-        )
-    });
-    for a in &outage {
-        let endpoint = a["labels"]["endpoint"].as_str().unwrap_or("");
-        findings.check(endpoints.iter().any(|e| e == endpoint), || {
-            format!("outage alert for endpoint {endpoint:?}, not one of {endpoints:?}: {a}")
-        });
-        findings.check(
-            a["status"] == "resolved"
-                || alerts
-                    .iter()
-                    .any(|r| r["status"] == "resolved" && r["labels"] == a["labels"]),
-            || format!("the outage alert was not resolved once the apiserver was back: {a}"),
-        );
-    }
-    let per_client: Vec<&Value> = alerts
-        .iter()
-        .filter(|a| a["labels"]["alertname"] != "LifelineApiserverOutage")
-        .collect();
-    findings.check(per_client.is_empty(), || {
-        format!("per-client alerts during the outage (they give way to the outage alert): {per_client:#?}")
-    });
+    let during = format!(
+        "no apiserver accepting connections for {:.0} s",
+        restart.ready_after.as_secs_f64()
+    );
+    bench.check_one_outage(alerts_before, &during, findings);
 
     // A stuck apiserver (issue 15): stopped for 70 s, its kernel still accepts connections but
     // nothing answers, not even the TLS handshake. An outage of the endpoints the clients use
@@ -646,30 +653,7 @@ fn check_restarts(bench: &mut Bench, grace: u64, findings: &mut Findings) {
     bench.cp.pause_apiserver(secs(70));
     thread::sleep(secs(grace + SETTLE + 5));
     bench.wait_judged_healthy(&bench.expected(), findings);
-    let alerts: Vec<Value> = bench.sink.alerts().into_iter().skip(alerts_before).collect();
-    let stuck_outage: Vec<&Value> = alerts
-        .iter()
-        .filter(|a| a["labels"]["alertname"] == "LifelineApiserverOutage")
-        .collect();
-    findings.check(stuck_outage.iter().any(|a| a["status"] == "firing"), || {
-        format!("no LifelineApiserverOutage while the apiserver was stopped for 70 s; alerts: {alerts:#?}")
-    });
-    for a in &stuck_outage {
-        findings.check(
-            a["status"] == "resolved"
-                || alerts
-                    .iter()
-                    .any(|r| r["status"] == "resolved" && r["labels"] == a["labels"]),
-            || format!("the stuck apiserver's outage alert was not resolved once it ran again: {a}"),
-        );
-    }
-    let per_client: Vec<&Value> = alerts
-        .iter()
-        .filter(|a| a["labels"]["alertname"] != "LifelineApiserverOutage")
-        .collect();
-    findings.check(per_client.is_empty(), || {
-        format!("per-client alerts while the apiserver was stuck: {per_client:#?}")
-    });
+    bench.check_one_outage(alerts_before, "the apiserver stopped for 70 s", findings);
     for exit in bench.cp.exits() {
         eprintln!(
             "(restarted by the harness: {} pid {} {})",

@@ -15,6 +15,52 @@ use std::{
 use lifeline_integration::{scenario::*, *};
 use serde_json::Value;
 
+/// Waits up to `timeout` for the outage alert of `api`'s endpoint: the alert and when it came.
+fn wait_outage_fired(lab: &Lab, agent: &Agent, timeout: std::time::Duration) -> (Value, SystemTime) {
+    let outage = wait_until(timeout, "LifelineApiserverOutage", || {
+        let found = lab.sink.named("LifelineApiserverOutage");
+        found
+            .first()
+            .cloned()
+            .ok_or_else(|| (agent.get("/api/v1/endpoints").1, lab.sink.alerts()))
+    });
+    let fired = SystemTime::now();
+    assert_eq!(outage["status"], "firing");
+    let endpoint = lab.topo.host("api").addr(PORT).to_string();
+    assert_eq!(outage["labels"]["endpoint"], endpoint.as_str());
+    (outage, fired)
+}
+
+/// Waits up to 20 s for the outage alert's resolution.
+fn wait_outage_resolved(lab: &Lab) {
+    wait_until(secs(20), "the outage resolved", || {
+        let resolved = lab
+            .sink
+            .named("LifelineApiserverOutage")
+            .into_iter()
+            .any(|a| a["status"] == "resolved");
+        if resolved {
+            Ok(())
+        } else {
+            Err(lab.sink.alerts())
+        }
+    });
+}
+
+/// No alert but the outage's reached the sink: per-client alerts give way to it.
+fn assert_no_per_client_alert(lab: &Lab) {
+    let per_client: Vec<Value> = lab
+        .sink
+        .alerts()
+        .into_iter()
+        .filter(|a| a["labels"]["alertname"] != "LifelineApiserverOutage")
+        .collect();
+    assert!(
+        per_client.is_empty(),
+        "no per-client alert during the outage: {per_client:#?}"
+    );
+}
+
 /// `ll-stuck`, the kube watcher and the python watch on host `client`, talking to `api`, once
 /// all three are judged healthy.
 fn stuck_and_redialers(lab: &Lab, agent: &Agent) -> [Watched; 3] {
@@ -328,19 +374,10 @@ fn f_full_outage_raises_one_alert_for_the_endpoint() {
 
     api.kill();
     let fault = SystemTime::now();
-    let outage = wait_until(secs(GRACE + OUTAGE + 10), "LifelineApiserverOutage", || {
-        let found = lab.sink.named("LifelineApiserverOutage");
-        found
-            .first()
-            .cloned()
-            .ok_or_else(|| (agent.get("/api/v1/endpoints").1, lab.sink.alerts()))
-    });
-    let fired = SystemTime::now();
-    assert_eq!(outage["status"], "firing");
+    let (outage, fired) = wait_outage_fired(&lab, &agent, secs(GRACE + OUTAGE + 10));
     assert_eq!(outage["labels"]["node"], "lab");
     assert_eq!(outage["labels"]["severity"], "critical");
     let endpoint = lab.topo.host("api").addr(PORT).to_string();
-    assert_eq!(outage["labels"]["endpoint"], endpoint.as_str());
     // Unreachable once two re-dialing processes failed (within a second or two), then
     // outage_after.
     assert_detected(
@@ -358,16 +395,7 @@ fn f_full_outage_raises_one_alert_for_the_endpoint() {
             .then_some(())
     });
     thread::sleep(secs(SETTLE + 1));
-    let per_client: Vec<Value> = lab
-        .sink
-        .alerts()
-        .into_iter()
-        .filter(|a| a["labels"]["alertname"] != "LifelineApiserverOutage")
-        .collect();
-    assert!(
-        per_client.is_empty(),
-        "no per-client alert during the outage: {per_client:#?}"
-    );
+    assert_no_per_client_alert(&lab);
     assert_eq!(
         lab.sink.named("LifelineApiserverOutage").len(),
         1,
@@ -386,18 +414,7 @@ fn f_full_outage_raises_one_alert_for_the_endpoint() {
     );
     // Back: the re-dialing clients reconnect, the outage resolves.
     let _api = lab.apiserver("api");
-    wait_until(secs(20), "the outage resolved", || {
-        let resolved = lab
-            .sink
-            .named("LifelineApiserverOutage")
-            .into_iter()
-            .any(|a| a["status"] == "resolved");
-        if resolved {
-            Ok(())
-        } else {
-            Err(lab.sink.alerts())
-        }
-    });
+    wait_outage_resolved(&lab);
 }
 
 /// f2. A stuck apiserver (issue 15): stopped (SIGSTOP) for longer than outage_after, the kernel
@@ -418,17 +435,8 @@ fn f2_stuck_apiserver_is_an_outage_not_one_alert_per_client() {
     // SAFETY: kill has no memory-safety preconditions; the pid is our child.
     unsafe { libc::kill(api.pid() as i32, libc::SIGSTOP) };
     let fault = SystemTime::now();
-    let outage = wait_until(secs(OUTAGE + 20), "LifelineApiserverOutage", || {
-        let found = lab.sink.named("LifelineApiserverOutage");
-        found
-            .first()
-            .cloned()
-            .ok_or_else(|| (agent.get("/api/v1/endpoints").1, lab.sink.alerts()))
-    });
+    wait_outage_fired(&lab, &agent, secs(OUTAGE + 20));
     let fired = SystemTime::now();
-    assert_eq!(outage["status"], "firing");
-    let endpoint = lab.topo.host("api").addr(PORT).to_string();
-    assert_eq!(outage["labels"]["endpoint"], endpoint.as_str());
     // Unreachable at the first probe after the stop (every 5 s) once its handshake has gone
     // unanswered for 3 s, then outage_after (+ the 2 s every bound here allows).
     assert_detected(
@@ -441,30 +449,10 @@ fn f2_stuck_apiserver_is_an_outage_not_one_alert_per_client() {
     // The clients' requests go unanswered meanwhile: whatever they become, no per-client
     // alert goes out during the outage.
     thread::sleep(secs(15 + SETTLE + 1));
-    let per_client: Vec<Value> = lab
-        .sink
-        .alerts()
-        .into_iter()
-        .filter(|a| a["labels"]["alertname"] != "LifelineApiserverOutage")
-        .collect();
-    assert!(
-        per_client.is_empty(),
-        "no per-client alert during the outage: {per_client:#?}"
-    );
+    assert_no_per_client_alert(&lab);
     // SAFETY: as above.
     unsafe { libc::kill(api.pid() as i32, libc::SIGCONT) };
-    wait_until(secs(20), "the outage resolved", || {
-        let resolved = lab
-            .sink
-            .named("LifelineApiserverOutage")
-            .into_iter()
-            .any(|a| a["status"] == "resolved");
-        if resolved {
-            Ok(())
-        } else {
-            Err(lab.sink.alerts())
-        }
-    });
+    wait_outage_resolved(&lab);
 }
 
 /// g. The agent restarted mid-run: the new one lists every client and connection at once, and

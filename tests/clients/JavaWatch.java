@@ -63,18 +63,7 @@ public class JavaWatch {
         while (true) {
             try {
                 if (!listFirst) {
-                    String watchUrl = pods + "?watch=1&allowWatchBookmarks=true&timeoutSeconds=300";
-                    HttpResponse<java.util.stream.Stream<String>> watch =
-                            http.send(get(watchUrl, token), HttpResponse.BodyHandlers.ofLines());
-                    if (watch.statusCode() != 200) {
-                        throw new IllegalStateException("watch: HTTP " + watch.statusCode());
-                    }
-                    System.out.println("WATCH " + watch.version());
-                    watch.body().forEach(line -> {
-                        Matcher t = TYPE.matcher(line);
-                        System.out.println("EVENT " + (t.find() ? t.group(1) : "?"));
-                    });
-                    System.out.println("WATCH_END");
+                    watch(http, pods + "?watch=1&allowWatchBookmarks=true&timeoutSeconds=300", token);
                     continue;
                 }
                 HttpResponse<String> list = http.send(get(pods + "?limit=500", token), HttpResponse.BodyHandlers.ofString());
@@ -87,24 +76,28 @@ public class JavaWatch {
                 }
                 System.out.println("LIST " + rv.group(1) + " " + list.version());
                 int timeout = 300 + ThreadLocalRandom.current().nextInt(300);
-                String watchUrl = pods + "?watch=1&allowWatchBookmarks=true&resourceVersion=" + rv.group(1)
-                        + "&timeoutSeconds=" + timeout;
-                HttpResponse<java.util.stream.Stream<String>> watch =
-                        http.send(get(watchUrl, token), HttpResponse.BodyHandlers.ofLines());
-                if (watch.statusCode() != 200) {
-                    throw new IllegalStateException("watch: HTTP " + watch.statusCode());
-                }
-                System.out.println("WATCH " + watch.version());
-                watch.body().forEach(line -> {
-                    Matcher t = TYPE.matcher(line);
-                    System.out.println("EVENT " + (t.find() ? t.group(1) : "?"));
-                });
-                System.out.println("WATCH_END");
+                watch(http, pods + "?watch=1&allowWatchBookmarks=true&resourceVersion=" + rv.group(1)
+                        + "&timeoutSeconds=" + timeout, token);
             } catch (Exception e) {
                 System.err.println("ERROR " + e);
                 Thread.sleep(1000);
             }
         }
+    }
+
+    /** One watch until the server ends it: `WATCH`, an `EVENT` per line, `WATCH_END`. */
+    private static void watch(HttpClient http, String url, String token) throws Exception {
+        HttpResponse<java.util.stream.Stream<String>> watch =
+                http.send(get(url, token), HttpResponse.BodyHandlers.ofLines());
+        if (watch.statusCode() != 200) {
+            throw new IllegalStateException("watch: HTTP " + watch.statusCode());
+        }
+        System.out.println("WATCH " + watch.version());
+        watch.body().forEach(line -> {
+            Matcher t = TYPE.matcher(line);
+            System.out.println("EVENT " + (t.find() ? t.group(1) : "?"));
+        });
+        System.out.println("WATCH_END");
     }
 
     private static HttpRequest get(String url, String token) {

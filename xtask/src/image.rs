@@ -528,7 +528,8 @@ fn read(path: &Path) -> Result<Vec<u8>> {
     fs::read(path).map_err(|e| Failed(format!("{}: {e}", path.display())))
 }
 
-fn output(cmd: &mut Command) -> Result<String> {
+/// What `cmd` printed on stdout; an error naming it, its status and its stderr if it failed.
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().map_err(|e| Failed(format!("{}: {e}", show(cmd))))?;
     if !out.status.success() {
         return Err(Failed(format!(

@@ -30,7 +30,7 @@ use std::{
 
 use flate2::{write::GzEncoder, Compression};
 
-use crate::{image, run, show, workspace, Failed, Result};
+use crate::{image, image::output, run, show, workspace, Failed, Result};
 
 /// Where kernels extracted from Debian packages are kept between runs.
 pub const ROOT: &str = "/var/tmp/lifeline-vm";
@@ -675,19 +675,6 @@ fn boot(kernel: &Kernel, initrd: &Path, accel: &str, timeout: Duration, echo: bo
 
 fn tail(lines: &[String]) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
-}
-
-fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().map_err(|e| Failed(format!("{}: {e}", show(cmd))))?;
-    if !out.status.success() {
-        return Err(Failed(format!(
-            "{} exited with {}: {}",
-            show(cmd),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]
