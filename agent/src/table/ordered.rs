@@ -15,7 +15,8 @@
 //!   (a PING and its ack) is no answer; one that nothing replies to is (a HEADERS-only
 //!   response), once [`SETTLE_AFTER`] has shown that no reply came.
 //! - Outbound bytes beyond keepalive size are a request, unless they follow inbound payload
-//!   and fit two keepalive records (flow control: WINDOW_UPDATEs for what was received).
+//!   within [`REPLY_WITHIN`] and fit two keepalive records (flow control: WINDOW_UPDATEs for
+//!   what was received).
 //! - Small records the client initiates (its own PINGs, a request HPACK made tiny) are matched
 //!   by small inbound ones (PING acks); two that nothing matched are a wait.
 use std::time::{Duration, Instant};
@@ -27,6 +28,11 @@ pub const KEEPALIVE_RECORD_BYTES: u32 = lifeline_common::KEEPALIVE_RECORD_BYTES;
 /// reply shows when the peer acknowledges it: within its delayed-ACK time (at most 200 ms on
 /// Linux) and a round trip.
 pub const SETTLE_AFTER: Duration = Duration::from_secs(1);
+
+/// A small record sent this soon after inbound payload is flow control for it (WINDOW_UPDATEs
+/// as the client reads), not something it asks. The send is timed by the peer's
+/// acknowledgement less a round trip, which the peer may delay (Linux: 40–200 ms).
+pub const REPLY_WITHIN: Duration = Duration::from_millis(300);
 
 /// Requests closer together than this are one upload (streaming), not a new request each: the
 /// wait for an answer starts when the client stops sending.
@@ -53,8 +59,8 @@ pub struct Segment {
 pub struct Ordered {
     /// Arrival and `snd_nxt` of the last segment.
     last: Option<(Instant, u32)>,
-    /// Payload arrived since the client last sent anything.
-    payload_since_send: bool,
+    /// When payload arrived, if the client has sent nothing since.
+    payload_since_send: Option<Instant>,
     /// A small inbound record not told apart yet (a PING, or a small answer).
     small_in: Option<Instant>,
     /// Small records the client initiated that no small inbound record matched yet.
@@ -95,7 +101,10 @@ impl Ordered {
 
     /// The client sent `out` bytes (new data) at about `at`.
     fn sent(&mut self, out: u32, at: Instant) -> Option<Instant> {
-        let after_payload = std::mem::replace(&mut self.payload_since_send, false);
+        let after_payload = self
+            .payload_since_send
+            .take()
+            .is_some_and(|p| at.saturating_duration_since(p) <= REPLY_WITHIN);
         if out <= KEEPALIVE_RECORD_BYTES && self.small_in.take().is_some() {
             // A reply to a small inbound record: a PING and its ack, keepalives both ways.
             return None;
@@ -126,7 +135,7 @@ impl Ordered {
     fn received(&mut self, len: u32, at: Instant) {
         if len > KEEPALIVE_RECORD_BYTES {
             self.answer(at);
-            self.payload_since_send = true;
+            self.payload_since_send = Some(at);
             return;
         }
         if self.own_small > 0 {

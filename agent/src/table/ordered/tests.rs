@@ -124,20 +124,35 @@ fn small_answers_in_a_row_are_answers() {
 }
 
 #[test]
+fn a_standby_leader_election_behind_a_dead_gateway_waits_from_its_first_get() {
+    // The real-cluster seed-002 case: a standby kube-scheduler asks for its lease every 2 s
+    // (a GET of ~41 bytes once HPACK indexed everything). The gateway's upstream dies after
+    // one answer: the next GET, 2 s after that answer, is no flow control; it times out after
+    // 10 s, is cancelled (RST_STREAM, 35 bytes) and asked again.
+    let mut c = Conn::new();
+    c.seg(10_000, 0, 541); // a GET, acknowledged
+    c.seg(10_003, 600, 541); // its answer
+    c.seg(12_000, 0, 582); // the next GET: nothing answers it
+    assert_eq!(c.waiting(20_000), None, "one small record is not yet a wait");
+    c.seg(22_000, 0, 617); // RST_STREAM
+    c.seg(22_001, 0, 658); // the GET again
+    assert_eq!(c.waiting(40_000), Some(Duration::from_millis(11_999)));
+}
+
+#[test]
 fn the_clients_own_pings_acked_are_fine_two_unmatched_are_a_wait() {
     let mut c = Conn::new();
     // client-go's HTTP/2 health check: a PING after 30 s without a frame, acked at once.
     c.seg(30_001, 38, 538);
     assert_eq!(c.waiting(40_000), None);
     assert!(c.ordered.settled());
-    // Two small records of its own that nothing follows: a request HPACK made tiny. (The
-    // first small record after the handshake's payload is taken for flow control.)
+    // Two small records of its own that nothing follows: a request HPACK made tiny. (Long
+    // after the handshake's payload: no flow control for it.)
     let mut c = Conn::new();
     c.seg(30_000, 0, 540);
-    c.seg(32_000, 0, 580);
     assert_eq!(c.waiting(40_000), None, "one is not yet a wait");
-    c.seg(34_000, 0, 620);
-    assert_eq!(c.waiting(40_000), Some(Duration::from_millis(31_999)));
+    c.seg(32_000, 0, 580);
+    assert_eq!(c.waiting(40_000), Some(Duration::from_millis(29_999)));
 }
 
 #[test]
