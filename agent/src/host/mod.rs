@@ -3,6 +3,11 @@
 //! endpoints, and what the agent itself is allowed and able to do.
 pub mod container;
 pub mod exits;
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "read by the Go TLS uprobes, which are not attached yet")
+)]
+pub mod gobin;
 pub mod netns;
 pub mod privileges;
 pub mod prober;

@@ -1,0 +1,299 @@
+//! Reading stripped Go binaries (built with `-s -w`: no ELF symbol table, no DWARF) to place
+//! uprobes on their functions: where each wanted function starts and the file offset of every
+//! RET in it, since Go code cannot take uretprobes (see [`returns`]). Functions are found by
+//! name in `.gopclntab` (see [`pclntab`]), which the Go runtime needs and no strip removes; the
+//! Go version comes from `.go.buildinfo` (see [`buildinfo`]). x86-64 ELF only; Go 1.16 and
+//! later (`.gopclntab` magics `0xfffffffa`, `0xfffffff0`, `0xfffffff1`).
+//!
+//! Memory: the file is never read whole. [`inspect`] reads the ELF headers, the first bytes of
+//! `.go.buildinfo`, from `.gopclntab` only its header, its function names and its functab with
+//! the `_func` records (not the pc-value tables, file tables and compilation units that make up
+//! most of it), and the code of the wanted functions; all of it is dropped before it returns.
+//! For kubelet 1.20.2 built with Go 1.19 (105 MB file, 33.5 MB `.gopclntab`) that is about
+//! 10 MB read, and the whole process peaks at about 14 MB RSS (see the report of the change
+//! that added this module for the measurement).
+pub mod buildinfo;
+pub mod image;
+pub mod pclntab;
+pub mod returns;
+
+use std::path::{Path, PathBuf};
+
+use crate::host::gobin::image::Image;
+
+/// What [`inspect`] found in a binary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inspection {
+    /// The Go version the binary was built with, as `go version` prints it: `go1.19.8`.
+    pub go_version: String,
+    /// The wanted functions the binary has, in address order.
+    pub functions: Vec<Function>,
+}
+
+/// One function of a Go binary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Function {
+    /// The name as the Go runtime prints it: `crypto/tls.(*Conn).Read`.
+    pub name: String,
+    /// The entry's virtual address.
+    pub entry: u64,
+    /// The next function's entry (the range includes this function's INT3 padding).
+    pub end: u64,
+    /// The entry's file offset: what a uprobe is attached at.
+    pub entry_offset: u64,
+    /// The file offset of each RET instruction, in address order (never empty).
+    pub returns: Vec<u64>,
+}
+
+/// Why a binary could not be read: the file and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
+pub struct Error {
+    pub path: PathBuf,
+    pub problem: Problem,
+}
+
+/// What is wrong with a binary.
+#[derive(Debug, thiserror::Error)]
+pub enum Problem {
+    #[error("cannot read it: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("not an ELF file")]
+    NotElf,
+    #[error("not an x86-64 binary ({0}); only x86-64 is read")]
+    NotX86_64(String),
+    #[error("not a Go binary: it has no {0} section")]
+    NotGo(&'static str),
+    #[error("unsupported .gopclntab version (magic {magic:#010x}); Go 1.16 and later are read")]
+    UnsupportedPclntab { magic: u32 },
+    #[error("malformed: {what}, at file offset {offset:#x}")]
+    Malformed { what: String, offset: u64 },
+    #[error("malformed: {what} at address {vaddr:#x} is not in any PT_LOAD segment's file contents")]
+    Unmapped { what: String, vaddr: u64 },
+    #[error("no RET instruction in {name} (from {entry:#x} to {end:#x})")]
+    NoReturn { name: String, entry: u64, end: u64 },
+}
+
+/// Reads `path` once; returns the Go version and, of `wanted`, the functions present (absent
+/// ones are simply not listed). A wanted function present without a RET is an error: it could
+/// not be probed on return.
+pub fn inspect(path: &Path, wanted: &[&str]) -> Result<Inspection, Error> {
+    read(path, wanted).map_err(|problem| Error {
+        path: path.to_owned(),
+        problem,
+    })
+}
+
+fn read(path: &Path, wanted: &[&str]) -> Result<Inspection, Problem> {
+    let image = Image::open(path)?;
+    let go_version = buildinfo::version(&image)?;
+    let located = {
+        let table = image.section(".gopclntab").ok_or(Problem::NotGo(".gopclntab"))?;
+        let text = image.section(".text").map_or(0, |s| s.address);
+        let head = image.read_at(
+            table.offset,
+            table.size.min(pclntab::HEADER_LEN),
+            ".gopclntab header",
+        )?;
+        let header = pclntab::Header::parse(&head, table.offset, text)?;
+        let region = |from: u64, to: u64, what: &str| {
+            if from > to || to > table.size {
+                return Err(Problem::Malformed {
+                    what: format!(".gopclntab header: {what} from {from:#x} to {to:#x} is outside the table"),
+                    offset: table.offset,
+                });
+            }
+            image.read_at(table.offset + from, to - from, what)
+        };
+        let names = region(
+            header.funcnames,
+            header.funcnames_end,
+            ".gopclntab function names",
+        )?;
+        let functab = region(header.functab, table.size, ".gopclntab functab")?;
+        pclntab::find(&header, &names, &functab, table.offset, wanted)?
+    };
+    let mut functions = Vec::with_capacity(located.len());
+    for pclntab::Located { name, entry, end } in located {
+        let code = image.read_vaddr(entry, end - entry, &format!("the code of {name}"))?;
+        let (entry_offset, _) = image
+            .file_offset(entry)
+            .expect("read_vaddr found the entry in a segment");
+        let returns: Vec<u64> = returns::find(&code, entry)
+            .into_iter()
+            .map(|ret| entry_offset + (ret - entry))
+            .collect();
+        if returns.is_empty() {
+            return Err(Problem::NoReturn { name, entry, end });
+        }
+        functions.push(Function {
+            name,
+            entry,
+            end,
+            entry_offset,
+            returns,
+        });
+    }
+    Ok(Inspection {
+        go_version,
+        functions,
+    })
+}
+
+#[cfg(test)]
+mod oracle;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::gobin::oracle;
+
+    /// What the agent will probe, all in the testdata client.
+    const WANTED: [&str; 5] = [
+        "crypto/tls.(*Conn).Read",
+        "crypto/tls.(*Conn).Write",
+        "net/http.(*http2ClientConn).writeHeader",
+        "net/http.http2readFrameHeader",
+        "vendor/golang.org/x/net/http2/hpack.(*Encoder).WriteField",
+    ];
+
+    #[test]
+    fn finds_what_go_itself_finds_in_a_stripped_binary() {
+        let built = oracle::built();
+        let found = inspect(&built.stripped, &WANTED).expect("inspect the stripped client");
+        assert_eq!(found.go_version, oracle::go_version(&built.stripped));
+        assert!(found.go_version.starts_with("go1."), "{}", found.go_version);
+        let mut names: Vec<&str> = found.functions.iter().map(|f| f.name.as_str()).collect();
+        names.sort_unstable();
+        let mut wanted = WANTED.to_vec();
+        wanted.sort_unstable();
+        assert_eq!(names, wanted);
+        let file = std::fs::read(&built.stripped).expect("read the stripped client");
+        for function in &found.functions {
+            let name = function.name.as_str();
+            // debug/gosym over the same stripped .gopclntab: entry and end.
+            let (entry, end) = oracle::gosym(&built.stripped, name).expect("gosym finds it");
+            assert_eq!((function.entry, function.end), (entry, end), "{name}");
+            // objdump over the unstripped build, whose text has the same layout (its data
+            // does not: the symbol table moves it, so RIP-relative displacements differ): the
+            // same entry, the same first instruction (the stack check, no data reference) at
+            // our entry offset in the stripped file, INT3 from the end of the last instruction
+            // to our end, and the same RETs.
+            let disassembly = oracle::objdump(&built.unstripped, name);
+            assert_eq!(disassembly.entry, function.entry, "{name}: layouts differ");
+            let at = function.entry_offset as usize;
+            let code = &file[at..at + (function.end - function.entry) as usize];
+            assert_eq!(code[..4], disassembly.bytes[..4], "{name}: entry offset");
+            assert!(code.len() >= disassembly.bytes.len(), "{name}");
+            assert!(
+                code[disassembly.bytes.len()..].iter().all(|b| *b == 0xcc),
+                "{name}: not INT3 padding after {:#x}",
+                disassembly.end
+            );
+            let returns: Vec<u64> = disassembly
+                .returns
+                .iter()
+                .map(|ret| function.entry_offset + (ret - disassembly.entry))
+                .collect();
+            assert!(!returns.is_empty(), "{name}: objdump shows no RET");
+            assert_eq!(function.returns, returns, "{name}");
+            for ret in &function.returns {
+                assert_eq!(file[*ret as usize], 0xc3, "{name}: RET at {ret:#x}");
+            }
+        }
+        // The unstripped build reads the same.
+        let unstripped = inspect(&built.unstripped, &WANTED).expect("inspect the unstripped client");
+        let entries = |i: &Inspection| {
+            i.functions
+                .iter()
+                .map(|f| (f.entry, f.end, f.returns.len()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(entries(&unstripped), entries(&found));
+    }
+
+    #[test]
+    fn absent_functions_are_not_listed() {
+        let built = oracle::built();
+        let found = inspect(
+            &built.stripped,
+            &[
+                "net/http.http2readFrameHeader",
+                "k8s.io/kubernetes/vendor/golang.org/x/net/http2.readFrameHeader",
+                "main.nothing",
+            ],
+        )
+        .expect("inspect");
+        let names: Vec<&str> = found.functions.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["net/http.http2readFrameHeader"]);
+        assert!(inspect(&built.stripped, &[])
+            .expect("inspect")
+            .functions
+            .is_empty());
+    }
+
+    /// A copy of the stripped client with `patch` applied, in the build directory.
+    fn patched(name: &str, patch: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
+        let built = oracle::built();
+        let mut bytes = std::fs::read(&built.stripped).expect("read");
+        patch(&mut bytes);
+        let path = built.dir.join(format!("{name}.{}", std::process::id()));
+        std::fs::write(&path, bytes).expect("write");
+        path
+    }
+
+    fn problem(path: &Path) -> Problem {
+        let error = inspect(path, &WANTED).expect_err("must fail");
+        assert_eq!(error.path, path);
+        assert!(
+            error.to_string().starts_with(&path.display().to_string()),
+            "{error}"
+        );
+        error.problem
+    }
+
+    /// The file offset of the stripped client's `.gopclntab`.
+    fn pclntab_offset() -> usize {
+        let image = Image::open(&oracle::built().stripped).expect("open");
+        image.section(".gopclntab").expect(".gopclntab").offset as usize
+    }
+
+    #[test]
+    fn says_what_is_wrong_and_with_which_file() {
+        let built = oracle::built();
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/host/gobin/testdata/client/main.go");
+        assert!(matches!(problem(&source), Problem::NotElf));
+        assert!(matches!(problem(&built.dir.join("absent")), Problem::Io(_)));
+        // This test binary: ELF x86-64, but Rust.
+        let ours = std::env::current_exe().expect("current exe");
+        assert!(matches!(problem(&ours), Problem::NotGo(".go.buildinfo")));
+
+        let arm = patched("arm64", |b| b[18..20].copy_from_slice(&183u16.to_le_bytes()));
+        assert!(
+            matches!(problem(&arm), Problem::NotX86_64(_)),
+            "{:?}",
+            problem(&arm)
+        );
+
+        let at = pclntab_offset();
+        let go115 = patched("go115", |b| {
+            b[at..at + 4].copy_from_slice(&0xffff_fffbu32.to_le_bytes())
+        });
+        let p = problem(&go115);
+        assert!(
+            matches!(p, Problem::UnsupportedPclntab { magic: 0xffff_fffb }),
+            "{p:?}"
+        );
+        assert!(p.to_string().contains("0xfffffffb"), "{p}");
+
+        // nfunc far beyond the functab.
+        let huge = patched("nfunc", |b| {
+            b[at + 8..at + 16].copy_from_slice(&0x0f0f_0f0f_0f0f_0f0fu64.to_le_bytes())
+        });
+        let p = problem(&huge);
+        assert!(matches!(p, Problem::Malformed { .. }), "{p:?}");
+        for path in [arm, go115, huge] {
+            std::fs::remove_file(path).expect("remove");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The ELF file as the reader needs it: its x86-64 check, the few sections a Go binary is read
+//! through, its PT_LOAD segments (virtual address to file offset), and reads of byte ranges at
+//! file offsets. Only the ELF headers go through `object` (with a `ReadCache`, so the file is
+//! never read whole); section contents are read with `pread` so that I/O errors keep their
+//! cause.
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use object::read::elf::ElfFile64;
+use object::{Architecture, Endianness, FileKind, Object, ObjectSection, ObjectSegment, ReadCache};
+
+use crate::host::gobin::Problem;
+
+/// The sections the reader looks for; the others are not kept.
+const KEPT: [&str; 3] = [".gopclntab", ".go.buildinfo", ".text"];
+
+/// A section with contents in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Section {
+    pub name: &'static str,
+    pub address: u64,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// A PT_LOAD segment: `filesz` bytes at `offset` in the file are mapped at `vaddr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segment {
+    vaddr: u64,
+    offset: u64,
+    filesz: u64,
+}
+
+/// An open x86-64 ELF file with its section and segment tables (a few hundred bytes).
+#[derive(Debug)]
+pub struct Image {
+    file: File,
+    sections: Vec<Section>,
+    segments: Vec<Segment>,
+}
+
+impl Image {
+    /// Opens `path` and reads its ELF headers; fails unless it is a 64-bit x86-64 ELF file.
+    pub fn open(path: &Path) -> Result<Image, Problem> {
+        let file = File::open(path)?;
+        let (sections, segments) = {
+            let cache = ReadCache::new(&file);
+            match FileKind::parse(&cache) {
+                Ok(FileKind::Elf64) => {}
+                Ok(FileKind::Elf32) => return Err(Problem::NotX86_64("a 32-bit ELF file".into())),
+                _ => return Err(Problem::NotElf),
+            }
+            let elf = ElfFile64::<Endianness, _>::parse(&cache).map_err(|e| Problem::Malformed {
+                what: format!("ELF headers ({e})"),
+                offset: 0,
+            })?;
+            if elf.architecture() != Architecture::X86_64 {
+                return Err(Problem::NotX86_64(format!("{:?}", elf.architecture())));
+            }
+            let mut sections = Vec::new();
+            for section in elf.sections() {
+                let Ok(name) = section.name() else { continue };
+                let (Some(kept), Some((offset, size))) =
+                    (KEPT.iter().find(|k| **k == name), section.file_range())
+                else {
+                    continue;
+                };
+                sections.push(Section {
+                    name: kept,
+                    address: section.address(),
+                    offset,
+                    size,
+                });
+            }
+            let segments = elf
+                .segments()
+                .map(|s| {
+                    let (offset, filesz) = s.file_range();
+                    Segment {
+                        vaddr: s.address(),
+                        offset,
+                        filesz,
+                    }
+                })
+                .collect();
+            (sections, segments)
+        };
+        Ok(Image {
+            file,
+            sections,
+            segments,
+        })
+    }
+
+    /// The section named `name` (one of [`KEPT`]), if the file has it with contents.
+    pub fn section(&self, name: &str) -> Option<Section> {
+        self.sections.iter().copied().find(|s| s.name == name)
+    }
+
+    /// The file offset where the byte at virtual address `vaddr` is stored, with how many bytes
+    /// from there on the same segment holds in the file.
+    pub fn file_offset(&self, vaddr: u64) -> Option<(u64, u64)> {
+        self.segments.iter().find_map(|s| {
+            let delta = vaddr.checked_sub(s.vaddr)?;
+            (delta < s.filesz).then(|| (s.offset + delta, s.filesz - delta))
+        })
+    }
+
+    /// `len` bytes at file offset `offset`; `what` names them if the file is too short.
+    pub fn read_at(&self, offset: u64, len: u64, what: &str) -> Result<Vec<u8>, Problem> {
+        let malformed = || Problem::Malformed {
+            what: format!("{what}: {len} bytes past the end of the file"),
+            offset,
+        };
+        let size = usize::try_from(len).map_err(|_| malformed())?;
+        let mut buf = vec![0; size];
+        self.file.read_exact_at(&mut buf, offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                malformed()
+            } else {
+                Problem::Io(e)
+            }
+        })?;
+        Ok(buf)
+    }
+
+    /// `len` bytes mapped at virtual address `vaddr`, all within one segment's file contents.
+    pub fn read_vaddr(&self, vaddr: u64, len: u64, what: &str) -> Result<Vec<u8>, Problem> {
+        match self.file_offset(vaddr) {
+            Some((offset, left)) if left >= len => self.read_at(offset, len, what),
+            _ => Err(Problem::Unmapped {
+                what: format!("{what} ({len} bytes)"),
+                vaddr,
+            }),
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Finding functions by name in `.gopclntab`, the table the Go runtime itself uses for stack
+//! traces, which `-s -w` does not strip. Layouts as in Go's `runtime/symtab.go` and
+//! `debug/gosym/pclntab.go`:
+//!
+//! - header: magic (u32), two zero bytes, the PC quantum, the pointer size, then pointer-sized
+//!   words: Go 1.18+ (magic `0xfffffff0`, 1.20+ `0xfffffff1`) `nfunc, nfiles, textStart,
+//!   funcnameOffset, cuOffset, filetabOffset, pctabOffset, pclnOffset`; Go 1.16/1.17
+//!   (`0xfffffffa`) the same without `textStart`. Offsets are from the start of the table.
+//! - at `pclnOffset`, the functab: `nfunc` pairs (entry, funcoff) then one last entry, the end
+//!   of the last function; Go 1.18+ stores u32 offsets from `textStart`, Go 1.16/1.17 absolute
+//!   pointer-sized addresses. `funcoff` is from `pclnOffset` too and points at the function's
+//!   `_func`, whose second field (after a u32 `entryoff`, or a pointer-sized `entry` before
+//!   1.18) is `nameoff`, an i32 offset into the NUL-terminated names at `funcnameOffset`.
+//!
+//! The regions in between (cutab, filetab, pctab: most of the table) are not needed and not
+//! read: the caller hands over the header, the names and the functab with the `_func`s.
+use std::collections::HashSet;
+
+use crate::host::gobin::Problem;
+
+/// The Go 1.16/1.17 magic.
+const GO116: u32 = 0xffff_fffa;
+/// The Go 1.18/1.19 magic.
+const GO118: u32 = 0xffff_fff0;
+/// The Go 1.20+ magic.
+const GO120: u32 = 0xffff_fff1;
+
+/// The header's length that covers every word [`Header::parse`] reads.
+pub const HEADER_LEN: u64 = 8 + 8 * 8;
+
+/// What the header says about where things are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub magic: u32,
+    ptr_size: u64,
+    nfunc: u64,
+    /// Go 1.18+: what functab entries are relative to; 0 before.
+    text_start: u64,
+    /// Where the function names start, from the start of the table.
+    pub funcnames: u64,
+    /// Where the cutab starts, which ends the names.
+    pub funcnames_end: u64,
+    /// Where the functab starts (the `_func`s follow it up to the end of the table).
+    pub functab: u64,
+}
+
+impl Header {
+    /// Parses the first bytes of the table (at least [`HEADER_LEN`], or the whole table if it
+    /// is shorter). `offset` is the table's file offset, for errors; `text` the address of
+    /// `.text`, used as `textStart` when the table holds 0 there (position-independent
+    /// binaries, whose table is relocated at load).
+    pub fn parse(data: &[u8], offset: u64, text: u64) -> Result<Header, Problem> {
+        let malformed = |what: &str, at: u64| Problem::Malformed {
+            what: format!(".gopclntab header: {what}"),
+            offset: offset + at,
+        };
+        if data.len() < 8 {
+            return Err(malformed("shorter than 8 bytes", 0));
+        }
+        let magic = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+        let go118 = match magic {
+            GO118 | GO120 => true,
+            GO116 => false,
+            magic => return Err(Problem::UnsupportedPclntab { magic }),
+        };
+        if data[4] != 0 || data[5] != 0 {
+            return Err(malformed("padding is not zero", 4));
+        }
+        let ptr_size = u64::from(data[7]);
+        if ptr_size != 8 {
+            return Err(malformed(&format!("pointer size {ptr_size}, not 8"), 7));
+        }
+        let word = |i: u64| {
+            let at = 8 + i * ptr_size;
+            read(data, at, ptr_size).ok_or_else(|| malformed("truncated", at))
+        };
+        let nfunc = word(0)?;
+        let (text_start, names, pcln) = if go118 {
+            let start = match word(2)? {
+                0 => text,
+                start => start,
+            };
+            (start, 3, 7)
+        } else {
+            (0, 2, 6)
+        };
+        Ok(Header {
+            magic,
+            ptr_size,
+            nfunc,
+            text_start,
+            funcnames: word(names)?,
+            funcnames_end: word(names + 1)?,
+            functab: word(pcln)?,
+        })
+    }
+
+    /// The functab's field size: u32 from Go 1.18, pointer-sized before.
+    fn field(&self) -> u64 {
+        if self.magic == GO116 {
+            self.ptr_size
+        } else {
+            4
+        }
+    }
+}
+
+/// A function found in the table: its name, entry address, and end (the next one's entry).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Located {
+    pub name: String,
+    pub entry: u64,
+    pub end: u64,
+}
+
+/// The functions of `wanted` that the table lists, in table (address) order. `names` is the
+/// table from `header.funcnames` to `header.funcnames_end`; `functab` from `header.functab` to
+/// the end of the table; `offset` the table's file offset, for errors.
+pub fn find(
+    header: &Header,
+    names: &[u8],
+    functab: &[u8],
+    offset: u64,
+    wanted: &[&str],
+) -> Result<Vec<Located>, Problem> {
+    let wanted: HashSet<&[u8]> = wanted.iter().map(|w| w.as_bytes()).collect();
+    let field = header.field();
+    let malformed = |what: String, at: u64| Problem::Malformed {
+        what: format!(".gopclntab {what}"),
+        offset: offset + at,
+    };
+    let functab_at = |at: u64| {
+        read(functab, at, field).ok_or_else(|| malformed("functab truncated".into(), header.functab + at))
+    };
+    let entry = |i: u64| -> Result<u64, Problem> {
+        let raw = functab_at(2 * i * field)?;
+        Ok(header.text_start + raw)
+    };
+    let mut found = Vec::new();
+    for i in 0..header.nfunc {
+        let funcoff = functab_at((2 * i + 1) * field)?;
+        // `_func.nameoff` follows `entryoff` (u32) or `entry` (pointer-sized).
+        let nameoff_at = funcoff + field;
+        let nameoff = read(functab, nameoff_at, 4).ok_or_else(|| {
+            malformed(
+                format!("_func of function {i} out of the table"),
+                header.functab + funcoff,
+            )
+        })?;
+        let name = names
+            .get(nameoff as usize..)
+            .and_then(|rest| rest.iter().position(|b| *b == 0).map(|end| &rest[..end]))
+            .ok_or_else(|| {
+                malformed(
+                    format!("name offset {nameoff} of function {i}"),
+                    header.functab + nameoff_at,
+                )
+            })?;
+        if !wanted.contains(name) {
+            continue;
+        }
+        let (start, end) = (entry(i)?, entry(i + 1)?);
+        if end <= start {
+            return Err(malformed(
+                format!("functab: function {i} ends at {end:#x}, not after its entry {start:#x}"),
+                header.functab + 2 * i * field,
+            ));
+        }
+        // The `_func` repeats the entry: a cheap check that the layout was read right.
+        let own =
+            read(functab, funcoff, field).map(|raw| raw + if field == 4 { header.text_start } else { 0 });
+        if own != Some(start) {
+            return Err(malformed(
+                format!("_func of function {i} has entry {own:#x?}, the functab {start:#x}"),
+                header.functab + funcoff,
+            ));
+        }
+        found.push(Located {
+            name: String::from_utf8_lossy(name).into_owned(),
+            entry: start,
+            end,
+        });
+    }
+    Ok(found)
+}
+
+/// A little-endian unsigned integer of `size` (4 or 8) bytes at `at`, if `data` holds it.
+fn read(data: &[u8], at: u64, size: u64) -> Option<u64> {
+    let at = usize::try_from(at).ok()?;
+    let bytes = data.get(at..at.checked_add(size as usize)?)?;
+    let mut buf = [0u8; 8];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    Some(u64::from_le_bytes(buf))
+}

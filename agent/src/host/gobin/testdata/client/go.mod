@@ -1,0 +1,3 @@
+module lifeline.test/client
+
+go 1.19

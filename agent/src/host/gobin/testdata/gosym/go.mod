@@ -1,0 +1,3 @@
+module lifeline.test/gosym
+
+go 1.19

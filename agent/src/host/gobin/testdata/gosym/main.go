@@ -1,0 +1,30 @@
+// An independent oracle for the gobin tests: the functions Go's own debug/gosym finds in a
+// (stripped) binary's .gopclntab. Prints "entry end name" in hex for each exact name given.
+package main
+
+import (
+	"debug/elf"
+	"debug/gosym"
+	"fmt"
+	"os"
+)
+
+func main() {
+	f, err := elf.Open(os.Args[1])
+	if err != nil {
+		panic(err)
+	}
+	data, err := f.Section(".gopclntab").Data()
+	if err != nil {
+		panic(err)
+	}
+	table, err := gosym.NewTable(nil, gosym.NewLineTable(data, f.Section(".text").Addr))
+	if err != nil {
+		panic(err)
+	}
+	for _, name := range os.Args[2:] {
+		if fn := table.LookupFunc(name); fn != nil {
+			fmt.Printf("%x %x %s\n", fn.Entry, fn.End, fn.Name)
+		}
+	}
+}
