@@ -12,10 +12,10 @@
 //!   `_func`, whose second field (after a u32 `entryoff`, or a pointer-sized `entry` before
 //!   1.18) is `nameoff`, an i32 offset into the NUL-terminated names at `funcnameOffset`.
 //!
-//! The regions in between (cutab, filetab, pctab: most of the table) are not needed and not
-//! read: the caller hands over the header, the names and the functab with the `_func`s.
-use std::collections::HashSet;
+//! The regions in between (cutab, filetab, pctab) are not needed and not read.
+use std::collections::HashMap;
 
+use crate::host::gobin::window::{Window, CHUNK};
 use crate::host::gobin::Problem;
 
 /// The Go 1.16/1.17 magic.
@@ -114,74 +114,122 @@ pub struct Located {
 }
 
 /// The functions of `wanted` that the table lists, in table (address) order. `names` is the
-/// table from `header.funcnames` to `header.funcnames_end`; `functab` from `header.functab` to
-/// the end of the table; `offset` the table's file offset, for errors.
+/// region of the table from `header.funcnames` to `header.funcnames_end`; `functab` the region
+/// from `header.functab` to the end of the table.
+///
+/// Two passes, each reading its region once, front to back, a chunk at a time: the names are
+/// scanned for the offsets of the wanted ones (the linker writes each name once), then the
+/// functab and the `_func`s it points at (in the same order) for the functions named there.
 pub fn find(
     header: &Header,
-    names: &[u8],
-    functab: &[u8],
-    offset: u64,
+    names: &mut Window<'_>,
+    functab: &mut Window<'_>,
     wanted: &[&str],
 ) -> Result<Vec<Located>, Problem> {
-    let wanted: HashSet<&[u8]> = wanted.iter().map(|w| w.as_bytes()).collect();
+    let offsets = name_offsets(names, wanted)?;
+    if offsets.is_empty() {
+        return Ok(Vec::new());
+    }
+    // The functab and the `_func`s are in the same region, far apart: one window each.
+    let mut funcs = Window::new(
+        functab.image(),
+        functab.file_offset(0),
+        functab.size(),
+        ".gopclntab _func",
+    );
     let field = header.field();
     let malformed = |what: String, at: u64| Problem::Malformed {
         what: format!(".gopclntab {what}"),
-        offset: offset + at,
+        offset: at,
     };
-    let functab_at = |at: u64| {
-        read(functab, at, field).ok_or_else(|| malformed("functab truncated".into(), header.functab + at))
-    };
-    let entry = |i: u64| -> Result<u64, Problem> {
-        let raw = functab_at(2 * i * field)?;
-        Ok(header.text_start + raw)
+    let mut field_at = |at: u64| -> Result<u64, Problem> {
+        functab
+            .uint(at, field)?
+            .ok_or_else(|| malformed("functab truncated".into(), functab.file_offset(at)))
     };
     let mut found = Vec::new();
+    let mut previous = 0;
     for i in 0..header.nfunc {
-        let funcoff = functab_at((2 * i + 1) * field)?;
+        let funcoff = field_at((2 * i + 1) * field)?;
+        // The linker writes the `_func`s in functab order; holding to it keeps a damaged table
+        // from making the window read the region over and over.
+        if funcoff < previous {
+            return Err(malformed(
+                format!("functab: _func of function {i} at {funcoff:#x} is before the previous one's"),
+                functab.file_offset((2 * i + 1) * field),
+            ));
+        }
+        previous = funcoff;
         // `_func.nameoff` follows `entryoff` (u32) or `entry` (pointer-sized).
-        let nameoff_at = funcoff + field;
-        let nameoff = read(functab, nameoff_at, 4).ok_or_else(|| {
+        let nameoff = funcs.uint(funcoff + field, 4)?.ok_or_else(|| {
             malformed(
                 format!("_func of function {i} out of the table"),
-                header.functab + funcoff,
+                funcs.file_offset(funcoff),
             )
         })?;
-        let name = names
-            .get(nameoff as usize..)
-            .and_then(|rest| rest.iter().position(|b| *b == 0).map(|end| &rest[..end]))
-            .ok_or_else(|| {
-                malformed(
-                    format!("name offset {nameoff} of function {i}"),
-                    header.functab + nameoff_at,
-                )
-            })?;
-        if !wanted.contains(name) {
+        let Some(name) = offsets.get(&nameoff) else {
             continue;
-        }
-        let (start, end) = (entry(i)?, entry(i + 1)?);
+        };
+        let start = header.text_start + field_at(2 * i * field)?;
+        let end = header.text_start + field_at(2 * (i + 1) * field)?;
         if end <= start {
             return Err(malformed(
                 format!("functab: function {i} ends at {end:#x}, not after its entry {start:#x}"),
-                header.functab + 2 * i * field,
+                functab.file_offset(2 * i * field),
             ));
         }
         // The `_func` repeats the entry: a cheap check that the layout was read right.
-        let own =
-            read(functab, funcoff, field).map(|raw| raw + if field == 4 { header.text_start } else { 0 });
+        let own = funcs.uint(funcoff, field)?.map(|raw| {
+            raw + if header.magic == GO116 {
+                0
+            } else {
+                header.text_start
+            }
+        });
         if own != Some(start) {
             return Err(malformed(
                 format!("_func of function {i} has entry {own:#x?}, the functab {start:#x}"),
-                header.functab + funcoff,
+                funcs.file_offset(funcoff),
             ));
         }
         found.push(Located {
-            name: String::from_utf8_lossy(name).into_owned(),
+            name: (*name).to_owned(),
             entry: start,
             end,
         });
     }
     Ok(found)
+}
+
+/// Where in the names region each of `wanted` starts (the `nameoff` a `_func` holds), for the
+/// wanted names present.
+fn name_offsets<'w>(names: &mut Window<'_>, wanted: &[&'w str]) -> Result<HashMap<u64, &'w str>, Problem> {
+    let wanted: HashMap<&[u8], &str> = wanted.iter().map(|w| (w.as_bytes(), *w)).collect();
+    let mut offsets = HashMap::new();
+    let mut pos = 0;
+    while pos < names.size() {
+        let len = CHUNK.min(names.size() - pos);
+        let chunk = names.get(pos, len)?.expect("within the region");
+        // Every NUL-terminated name that starts and ends in this chunk.
+        let mut used = 0;
+        while let Some(nul) = chunk[used..].iter().position(|b| *b == 0) {
+            if let Some(name) = wanted.get(&chunk[used..used + nul]) {
+                offsets.insert(pos + used as u64, *name);
+            }
+            used += nul + 1;
+        }
+        if used == 0 {
+            if pos + len == names.size() {
+                break; // Padding after the last name.
+            }
+            return Err(Problem::Malformed {
+                what: format!(".gopclntab function name longer than {CHUNK} bytes"),
+                offset: names.file_offset(pos),
+            });
+        }
+        pos += used as u64;
+    }
+    Ok(offsets)
 }
 
 /// A little-endian unsigned integer of `size` (4 or 8) bytes at `at`, if `data` holds it.
