@@ -226,6 +226,7 @@ pub fn client_snapshot(pid: u32, start_time_ticks: u64, state: State, since: Ins
             is_client: true,
             endpoint: Some(APISERVER.to_owned()),
             suspects,
+            resource: None,
         },
         connections: vec![ConnectionSnapshot {
             tuple,
@@ -235,9 +236,13 @@ pub fn client_snapshot(pid: u32, start_time_ticks: u64, state: State, since: Ins
             last_payload: None,
             bytes_received: 0,
             retransmits: 0,
+            streams: Vec::new(),
         }],
         recent_failures: 0,
         selected: false,
+        visibility: crate::kernel::golang::Visibility::Connection {
+            why: "not a Go program".into(),
+        },
     }
 }
 

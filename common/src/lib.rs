@@ -39,6 +39,103 @@ pub enum EventKind {
     Retransmit = 2,
     /// A segment arrived on an established connection (`tcp/tcp_probe`): a [`SegmentEvent`].
     Segment = 3,
+    /// An HTTP/2 frame a Go client wrote or read on a watched connection: a [`FrameEvent`].
+    Frame = 4,
+    /// A request's `:method` or `:path` as a Go client encoded it: a [`HeaderEvent`].
+    Header = 5,
+}
+
+/// Who sent an HTTP/2 frame of a [`FrameEvent`].
+pub mod direction {
+    /// The client wrote it (requests, its own RST_STREAM or GOAWAY).
+    pub const SENT: u8 = 0;
+    /// The client read it (response headers, data, the server's RST_STREAM or GOAWAY).
+    pub const RECEIVED: u8 = 1;
+}
+
+/// One HTTP/2 frame of a Go client's watched connection, read from the client's own plaintext:
+/// only the 9-byte frame header (type, flags, stream, length) leaves the kernel, never a
+/// payload. Sent for HEADERS, RST_STREAM and GOAWAY in both directions, for DATA that ends a
+/// stream, and for other DATA received at most once per [`FRAME_COALESCE_NS`] per stream.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FrameEvent {
+    /// Kernel time (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+    pub timestamp_ns: u64,
+    /// Kernel address of the connection's `struct sock`.
+    pub sk: u64,
+    /// The goroutine (`g`, register R14 in Go's ABI) that wrote or read the frame: pairs a
+    /// request's HEADERS frame with the [`HeaderEvent`]s its goroutine encoded just before.
+    pub goroutine: u64,
+    /// [`EventKind::Frame`] as u32.
+    pub kind: u32,
+    pub tgid: u32,
+    pub stream_id: u32,
+    /// Payload length from the frame header.
+    pub length: u32,
+    pub frame_type: u8,
+    pub flags: u8,
+    /// [`direction`].
+    pub direction: u8,
+    pub _pad: [u8; 5],
+}
+
+/// DATA frames received on one stream within this long of the last one sent are not sent:
+/// one per second is enough to know that the stream is alive.
+pub const FRAME_COALESCE_NS: u64 = 1_000_000_000;
+
+/// Longest `:path` value the kernel copies (a longer one is cut, and says so by its length).
+pub const HEADER_VALUE_MAX: usize = 512;
+
+/// Which request header a [`HeaderEvent`] carries: only these two are ever read.
+pub mod header_field {
+    pub const METHOD: u32 = 1;
+    pub const PATH: u32 = 2;
+}
+
+/// A request's `:method` or `:path`, as the Go client's HTTP/2 transport encoded it
+/// (`(*ClientConn).writeHeader`), before HPACK: no other header's name or value leaves the
+/// kernel. The HEADERS frame that carries the request follows from the same goroutine.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HeaderEvent {
+    pub timestamp_ns: u64,
+    pub goroutine: u64,
+    /// [`EventKind::Header`] as u32.
+    pub kind: u32,
+    pub tgid: u32,
+    /// [`header_field`].
+    pub field: u32,
+    /// Length of the whole value; only the first [`HEADER_VALUE_MAX`] bytes are in `value`.
+    pub value_len: u32,
+    pub value: [u8; HEADER_VALUE_MAX],
+}
+
+/// Where a watched socket's written HTTP/2 frames stand (map `WRITE_FRAMES`, by socket):
+/// bytes of the current frame still to come in later writes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FrameCursor {
+    pub remaining: u32,
+    pub _pad: u32,
+}
+
+/// Key of maps kept per goroutine of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoroutineKey {
+    pub goroutine: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+/// Key of the per-stream coalescing map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamKey {
+    pub sk: u64,
+    pub stream_id: u32,
+    pub _pad: u32,
 }
 
 /// Inbound payload per segment up to which a segment may be a keepalive-sized record (an
@@ -237,6 +334,21 @@ pub struct KernelOffsets {
     pub retransmit: RetransmitOffsets,
     /// Fields of `tcp/tcp_probe`.
     pub probe: ProbeOffsets,
+    /// From a task's descriptor to its socket, for the uprobes on Go clients.
+    pub files: FileOffsets,
+}
+
+/// `task->files->fdt->fd[n]->private_data` (a `struct socket`) `->sk`: how a uprobe that knows
+/// a descriptor number finds the socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileOffsets {
+    pub task_struct_files: u32,
+    pub files_struct_fdt: u32,
+    pub fdtable_max_fds: u32,
+    pub fdtable_fd: u32,
+    pub file_private_data: u32,
+    pub socket_sk: u32,
 }
 
 /// Fields of `tcp/tcp_probe`. `saddr`/`daddr` are `struct sockaddr_in` or `sockaddr_in6`
@@ -321,11 +433,15 @@ mod pod {
     unsafe impl aya::Pod for super::SegmentEvent {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::FailureKey {}
+    unsafe impl aya::Pod for super::FrameEvent {}
+    unsafe impl aya::Pod for super::HeaderEvent {}
 }
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 18);
 const _: () = assert!(core::mem::size_of::<SockEvent>() == 8 * 3 + 4 * 8 + 2 * 4 + 16 * 3);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 48 + 40 + 48);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 48 + 40 + 48 + 24);
+const _: () = assert!(core::mem::size_of::<FrameEvent>() == 8 * 3 + 4 * 4 + 8);
+const _: () = assert!(core::mem::size_of::<HeaderEvent>() == 16 + 16 + HEADER_VALUE_MAX);
 const _: () = assert!(core::mem::size_of::<SegmentEvent>() == 8 * 2 + 4 * 6 + 2 * 4 + 16 * 2);
 const _: () = assert!(core::mem::size_of::<SegmentState>() == 8 + 4 * 4);
 const _: () = assert!(core::mem::size_of::<DeferredConnect>() == 16 + COMM_LEN);

@@ -91,7 +91,17 @@ static OFFSETS: KernelOffsets = KernelOffsets {
         sock_cookie: 0,
         sock_common_skc_cookie: 0,
     },
+    files: lifeline_common::FileOffsets {
+        task_struct_files: 0,
+        files_struct_fdt: 0,
+        fdtable_max_fds: 0,
+        fdtable_fd: 0,
+        file_private_data: 0,
+        socket_sk: 0,
+    },
 };
+
+mod gotls;
 
 /// Ports of the apiserver endpoints, one bit per port: the first and, for unrelated sockets,
 /// only test. Changed by userspace at run time.

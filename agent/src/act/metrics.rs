@@ -36,6 +36,8 @@ pub struct Metrics {
     pub client_last_receive_age: GaugeVec,
     pub client_connect_failures: IntCounterVec,
     pub client_retransmits: IntCounterVec,
+    pub client_watches: IntGaugeVec,
+    pub client_stream_stuck: IntGaugeVec,
     pub remediations: IntCounterVec,
     pub alerts_sent: IntCounterVec,
     pub ebpf_events: IntCounterVec,
@@ -59,6 +61,9 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(
         .map_err(|source| Error::Register { name, source })?;
     Ok(metric)
 }
+
+/// Resource label values per client (see `Metrics::update_streams`).
+pub const RESOURCES_PER_CLIENT: usize = 32;
 
 fn labels(extra: &[&'static str]) -> Vec<&'static str> {
     CLIENT_LABELS.iter().chain(extra).copied().collect()
@@ -127,6 +132,28 @@ impl Metrics {
                         "TCP retransmits on apiserver connections",
                     ),
                     &labels(&["endpoint"]),
+                ),
+            )?,
+            client_watches: register(
+                &r,
+                "lifeline_client_watches",
+                IntGaugeVec::new(
+                    Opts::new(
+                        "lifeline_client_watches",
+                        "Open watches per resource, where the client's streams are read",
+                    ),
+                    &labels(&["resource"]),
+                ),
+            )?,
+            client_stream_stuck: register(
+                &r,
+                "lifeline_client_stream_stuck",
+                IntGaugeVec::new(
+                    Opts::new(
+                        "lifeline_client_stream_stuck",
+                        "1 while a stream of the client for this resource is stuck",
+                    ),
+                    &labels(&["resource"]),
                 ),
             )?,
             remediations: register(
@@ -199,6 +226,34 @@ impl Metrics {
         Ok(String::from_utf8_lossy(&buf).into_owned())
     }
 
+    /// The stream gauges of one client: open watches and stuck streams per resource. At most
+    /// [`RESOURCES_PER_CLIENT`] resource values per client; the rest count as `other`, so a
+    /// client requesting made-up paths cannot grow the series without bound.
+    fn update_streams(&self, client: &crate::snapshot::ClientSnapshot, labels: &[String; 4]) {
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut bounded = |resource: &str| -> String {
+            if seen.contains(resource) || seen.len() < RESOURCES_PER_CLIENT {
+                seen.insert(resource.to_owned());
+                resource.to_owned()
+            } else {
+                "other".to_owned()
+            }
+        };
+        for conn in &client.connections {
+            for s in &conn.streams {
+                let Some(r) = &s.request else { continue };
+                let resource = bounded(&r.resource);
+                let l = [&labels[0], &labels[1], &labels[2], &labels[3], &resource].map(String::as_str);
+                if r.kind == crate::table::streams::request::Kind::Watch {
+                    self.client_watches.with_label_values(&l).inc();
+                }
+                if s.stuck {
+                    self.client_stream_stuck.with_label_values(&l).set(1);
+                }
+            }
+        }
+    }
+
     /// Rebuilds the client gauges and the endpoint gauge from a tick's snapshot, and drops
     /// counter series of clients that went away. Processes that share all four labels are
     /// summed (connections) or reported by their worst state.
@@ -206,6 +261,8 @@ impl Metrics {
         self.client_state.reset();
         self.client_connections.reset();
         self.client_last_receive_age.reset();
+        self.client_watches.reset();
+        self.client_stream_stuck.reset();
         let mut worst: HashMap<[String; 4], (State, Option<f64>)> = HashMap::new();
         // Counter series stay while the table knows the process; gauges are for listed ones.
         let known: HashSet<[String; 4]> = snap.clients.iter().map(|c| c.labels()).collect();
@@ -227,6 +284,7 @@ impl Metrics {
                 let l = [&labels[0], &labels[1], &labels[2], &labels[3], &endpoint].map(String::as_str);
                 self.client_connections.with_label_values(&l).inc();
             }
+            self.update_streams(client, &labels);
         }
         for (labels, (state, age)) in &worst {
             for s in State::ALL {

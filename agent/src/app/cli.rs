@@ -111,6 +111,10 @@ pub struct ThresholdArgs {
     /// An endpoint unreachable this long: LifelineApiserverOutage [default: 30s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub outage_after: Option<Duration>,
+    /// A watch open this long past its own deadline, with nothing since, is stuck (streams
+    /// only) [default: 2m].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub watch_grace: Option<Duration>,
 }
 
 impl ThresholdArgs {
@@ -125,6 +129,7 @@ impl ThresholdArgs {
             connect_window: self.connect_window,
             min_client_age: self.min_client_age,
             outage_after: self.outage_after,
+            watch_grace: self.watch_grace,
         }
     }
 }
@@ -132,6 +137,8 @@ impl ThresholdArgs {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Output {
     Table,
+    /// The table, then every client's streams: what each process watches and requests.
+    Wide,
     Json,
 }
 

@@ -79,6 +79,8 @@ pub struct ThresholdsFile {
     pub min_client_age: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
     pub outage_after: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub watch_grace: Option<Duration>,
 }
 
 /// Processes that are clients besides auto-detection: patterns matched against the process
@@ -286,6 +288,7 @@ impl ConfigFile {
             ("thresholds.blackhole_after", t.blackhole_after),
             ("thresholds.connect_window", t.connect_window),
             ("thresholds.outage_after", t.outage_after),
+            ("thresholds.watch_grace", t.watch_grace),
         ] {
             if value == Some(Duration::ZERO) {
                 return Err(invalid(key, "must be longer than 0s"));
@@ -351,6 +354,7 @@ impl ConfigFile {
             connect_window: overrides.connect_window.or(self.thresholds.connect_window),
             min_client_age: overrides.min_client_age.or(self.thresholds.min_client_age),
             outage_after: overrides.outage_after.or(self.thresholds.outage_after),
+            watch_grace: overrides.watch_grace.or(self.thresholds.watch_grace),
         };
         Thresholds {
             disconnect_grace: t.disconnect_grace.unwrap_or(d.disconnect_grace),
@@ -362,6 +366,7 @@ impl ConfigFile {
             connect_window: t.connect_window.unwrap_or(d.connect_window),
             min_client_age: t.min_client_age.unwrap_or(d.min_client_age),
             outage_after: t.outage_after.unwrap_or(d.outage_after),
+            watch_grace: t.watch_grace.unwrap_or(d.watch_grace),
         }
     }
 }

@@ -33,6 +33,7 @@ use crate::{
     health::Thresholds,
     judge::Judge,
     kernel::{
+        golang::GoTracer,
         offsets,
         programs::{self, Probes},
         pump::{KernelStats, Pump, PumpContext},
@@ -312,6 +313,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         latest: latest.clone(),
         refresher,
         ready: ready.clone(),
+        kernel: probes.clone(),
+        go: GoTracer::default(),
     };
     let sampler_thread = std::thread::Builder::new()
         .name("sampler".into())

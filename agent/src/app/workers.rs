@@ -5,6 +5,7 @@
 //!   actions (logs, metrics, alerts, Kubernetes Events, remediation). A thread of its own: the
 //!   sampling is blocking netlink I/O.
 use std::{
+    collections::HashSet,
     sync::{
         atomic::{AtomicBool, Ordering},
         mpsc, Arc, Mutex, PoisonError,
@@ -19,6 +20,7 @@ use crate::{
     cluster::{self, Cluster, EventTarget, EventType, PodRef},
     health::State,
     judge::{self, Judge},
+    kernel::{golang::GoTracer, programs::Probes},
     metrics::Metrics,
     prober,
     process::ProcessInfo,
@@ -119,6 +121,9 @@ pub struct SampleLoop {
     pub latest: Latest,
     pub refresher: Refresher,
     pub ready: Arc<AtomicBool>,
+    /// The kernel programs, for the Go-client uprobes that follow clients' binaries.
+    pub kernel: Arc<Mutex<Probes>>,
+    pub go: GoTracer,
 }
 
 impl SampleLoop {
@@ -167,10 +172,22 @@ impl SampleLoop {
         }
     }
 
-    /// The judge's snapshot of this tick; the table is locked only for this.
+    /// The judge's snapshot of this tick; the table is locked only for this. First the
+    /// Go-client probes follow the processes that hold connections now.
     fn judge(&mut self, now: Instant) -> Snapshot {
+        let holding: HashSet<(u32, u64)> = {
+            let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+            table
+                .processes()
+                .filter(|p| p.connected_since.is_some())
+                .map(|p| (p.info.pid, p.info.start_time_ticks))
+                .collect()
+        };
+        self.go.reconcile(&self.kernel, &holding, now);
         let cluster = self.cluster.clone();
         let pods = |info: &ProcessInfo| pod_of(cluster.as_ref(), info);
+        let go = &self.go;
+        let visibility = |key| go.visibility(key);
         let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         let targets = judge::probe_targets(&table);
         self.probe_targets.send_if_modified(|current| {
@@ -182,7 +199,7 @@ impl SampleLoop {
         });
         let probes = self.endpoint_probes.snapshot();
         let mut judge = self.judge.lock().unwrap_or_else(PoisonError::into_inner);
-        judge.tick(&table, &probes, &pods, now)
+        judge.tick(&table, &probes, &pods, &visibility, now)
     }
 
     /// Everything that follows a tick, from its snapshot: logs, detection times, Events,

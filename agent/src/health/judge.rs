@@ -12,10 +12,13 @@ use lifeline_common::tcp_state;
 use crate::{
     config::Select,
     endpoint::Endpoint,
-    health::{Attempt, ConnectionFacts, Failure, HealthEngine, Loss, Observation, Thresholds},
+    health::{Attempt, ConnectionFacts, Failure, HealthEngine, Loss, Observation, Thresholds, MAX_WATCH},
     prober::Targets,
     reachability::{Probe, ProcessEvidence, Reachability},
-    snapshot::{ClientKey, ClientSnapshot, ClientTransition, ConnectionSnapshot, PodOf, Snapshot},
+    snapshot::{
+        ClientKey, ClientSnapshot, ClientTransition, ConnectionSnapshot, PodOf, Snapshot, StreamSnapshot,
+        VisibilityOf,
+    },
     table::{ConnectionTable, ProcessRecord},
 };
 
@@ -47,6 +50,7 @@ impl Judge {
         table: &ConnectionTable,
         probes: &BTreeMap<Endpoint, Probe>,
         pod_of: PodOf<'_>,
+        visibility: VisibilityOf<'_>,
         now: Instant,
     ) -> Snapshot {
         let t = *self.engine.thresholds();
@@ -66,13 +70,17 @@ impl Judge {
                 last_payload: c.last_payload,
                 bytes_received: c.bytes_received,
                 retransmits: c.retransmits,
+                streams: stream_snapshots(c, &t, now),
             });
             match c.tcp_state {
                 tcp_state::ESTABLISHED => facts.entry(pid).or_default().push(ConnectionFacts {
                     local: c.tuple.local,
                     endpoint: c.endpoint.to_string(),
                     last_payload: c.last_payload.unwrap_or(c.first_seen),
-                    waiting_since: c.waiting(now),
+                    // Where the client's streams are read, requests and their response
+                    // headers come from them (a stuck stream), not from byte order.
+                    waiting_since: if c.streams.visible() { None } else { c.waiting(now) },
+                    stuck: c.streams.stuck(now, t.stale_after, t.watch_grace, MAX_WATCH),
                     stalled_since: c.stalled_since,
                     unreadable: !c.readable(now)
                         && now.saturating_duration_since(c.first_seen) > crate::table::SAMPLE_MAX_AGE,
@@ -117,6 +125,7 @@ impl Judge {
                 verdict,
                 connections,
                 selected,
+                visibility: visibility(key),
             });
         }
         self.engine.retain(|k| seen.contains(k));
@@ -136,6 +145,29 @@ impl Judge {
             thresholds: t,
         }
     }
+}
+
+/// A connection's open streams for the snapshot, stuck ones marked.
+fn stream_snapshots(c: &crate::table::Connection, t: &Thresholds, now: Instant) -> Vec<StreamSnapshot> {
+    let stuck: HashSet<u32> = c
+        .streams
+        .stuck(now, t.stale_after, t.watch_grace, MAX_WATCH)
+        .iter()
+        .map(|s| s.stream)
+        .collect();
+    c.streams
+        .open()
+        .map(|s| StreamSnapshot {
+            id: s.id,
+            request: s.request.clone(),
+            started: s.started,
+            response_at: s.response_at,
+            last_frame: s.last_frame,
+            deadline: s.deadline(MAX_WATCH),
+            stuck: stuck.contains(&s.id),
+            whole: s.whole,
+        })
+        .collect()
 }
 
 /// What the engine needs to know about one process.

@@ -37,6 +37,8 @@ use std::{
 
 use serde::Serialize;
 
+use crate::table::streams::Stuck;
+
 /// An attempt in flight this long has retransmitted its SYN (the first SYN timeout is 1 s): no
 /// answer from the endpoint.
 pub const SYN_RETRANSMITTED_AFTER: Duration = Duration::from_secs(1);
@@ -58,7 +60,14 @@ pub struct Thresholds {
     pub min_client_age: Duration,
     /// How long an endpoint is unreachable before `LifelineApiserverOutage` fires.
     pub outage_after: Duration,
+    /// How long past its own deadline a watch may stay open with nothing since before it is
+    /// stuck (streams only).
+    pub watch_grace: Duration,
 }
+
+/// The longest a watch without `timeoutSeconds` lives: the apiserver ends it within twice
+/// its `--min-request-timeout` (default 1800 s).
+pub const MAX_WATCH: Duration = Duration::from_secs(2 * 1800);
 
 impl Default for Thresholds {
     fn default() -> Self {
@@ -72,6 +81,7 @@ impl Default for Thresholds {
             connect_window: Duration::from_secs(60),
             min_client_age: Duration::from_secs(10),
             outage_after: Duration::from_secs(30),
+            watch_grace: Duration::from_secs(120),
         }
     }
 }
@@ -127,6 +137,9 @@ pub struct ConnectionFacts {
     /// The connection's `tcp_info` could not be read lately: its payload and request evidence
     /// is unknown, and no rule is applied from it.
     pub unreadable: bool,
+    /// Its stuck streams, oldest evidence first (only where the client's streams are read;
+    /// see `table/streams.rs`).
+    pub stuck: Vec<Stuck>,
 }
 
 /// How the client's requests have been spaced so far (rule B).
@@ -227,6 +240,9 @@ pub struct Verdict {
     /// Local addresses of the connections that are the evidence of `stale`/`blackholed` (what
     /// a reset destroys).
     pub suspects: Vec<SocketAddr>,
+    /// The resource of the stuck stream that is the evidence (`group/resource`); None when the
+    /// evidence is the connection's.
+    pub resource: Option<String>,
 }
 
 /// A state change of a client.
@@ -255,6 +271,8 @@ enum Judgement {
         evidence: Instant,
         endpoint: Option<String>,
         suspects: Vec<SocketAddr>,
+        /// The stuck stream's resource, when a stream is the evidence.
+        resource: Option<String>,
     },
     /// No new state from this evidence: keep the previous one (a lost connection inside the
     /// grace, or evidence that could not be read), saying why.
@@ -313,25 +331,35 @@ impl<K: std::hash::Hash + Eq + Clone> HealthEngine<K> {
                 is_client: false,
                 endpoint: any_endpoint(obs),
                 suspects: Vec::new(),
+                resource: None,
             };
             self.clients.insert(key.clone(), verdict.clone());
             return (verdict, None);
         }
 
         let previous_client = previous.filter(|p| p.is_client);
-        let (state, reason, evidence, endpoint, suspects) = match judge(&t, obs, &recent_failures, now) {
-            Judgement::State {
-                state,
-                reason,
-                evidence,
-                endpoint,
-                suspects,
-            } => (state, reason, evidence, endpoint, suspects),
-            Judgement::Keep { reason } => match &previous_client {
-                Some(p) => (p.state, reason, now, p.endpoint.clone(), p.suspects.clone()),
-                None => (State::Healthy, reason, now, any_endpoint(obs), Vec::new()),
-            },
-        };
+        let (state, reason, evidence, endpoint, suspects, resource) =
+            match judge(&t, obs, &recent_failures, now) {
+                Judgement::State {
+                    state,
+                    reason,
+                    evidence,
+                    endpoint,
+                    suspects,
+                    resource,
+                } => (state, reason, evidence, endpoint, suspects, resource),
+                Judgement::Keep { reason } => match &previous_client {
+                    Some(p) => (
+                        p.state,
+                        reason,
+                        now,
+                        p.endpoint.clone(),
+                        p.suspects.clone(),
+                        p.resource.clone(),
+                    ),
+                    None => (State::Healthy, reason, now, any_endpoint(obs), Vec::new(), None),
+                },
+            };
         let from = previous_client.as_ref().map_or(State::Healthy, |p| p.state);
         let since = match &previous_client {
             Some(p) if p.state == state => p.since,
@@ -344,6 +372,7 @@ impl<K: std::hash::Hash + Eq + Clone> HealthEngine<K> {
             is_client: true,
             endpoint,
             suspects,
+            resource,
         };
         self.clients.insert(key.clone(), verdict.clone());
         let transition = (from != state).then(|| Transition {
@@ -434,6 +463,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
     let stalled = first_overdue(&obs.established, |c| c.stalled_since, t.blackhole_after, now);
     if let Some((since, conn)) = stalled {
         return Judgement::State {
+            resource: None,
             state: State::Blackholed,
             reason: format!(
                 "retransmitting to {} for {}s with no acknowledgement (blackhole_after {}s)",
@@ -455,10 +485,31 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
             ),
         };
     };
+    // A stuck stream (where the client's streams are read): a watch past its own deadline
+    // with nothing since, or a request without response headers.
+    let stuck = readable
+        .iter()
+        .flat_map(|c| c.stuck.iter().map(move |s| (s, *c)))
+        .min_by_key(|(s, _)| s.evidence);
+    if let Some((s, conn)) = stuck {
+        return Judgement::State {
+            state: State::Stale,
+            reason: format!("{} (stream {} to {})", s.description, s.stream, conn.endpoint),
+            evidence: s.evidence,
+            endpoint: Some(conn.endpoint.clone()),
+            suspects: readable
+                .iter()
+                .filter(|c| !c.stuck.is_empty())
+                .map(|c| c.local)
+                .collect(),
+            resource: Some(s.resource.clone()),
+        };
+    }
     // Rule A: a request left unanswered.
     let waiting = first_overdue(readable.iter().copied(), |c| c.waiting_since, t.stale_after, now);
     if let Some((since, conn)) = waiting {
         return Judgement::State {
+            resource: None,
             state: State::Stale,
             reason: format!(
                 "sent a request to {} {}s ago and nothing but keepalives came back (stale_after {}s)",
@@ -484,6 +535,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
     let (limit, basis) = silence_limit(t, &obs.rhythm);
     if silent >= limit {
         return Judgement::State {
+            resource: None,
             state: State::Stale,
             reason: format!(
                 "connected to {} but has neither sent a request nor received payload for {}s ({basis})",
@@ -497,6 +549,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
     }
     let quiet = now.saturating_duration_since(freshest.last_payload);
     Judgement::State {
+        resource: None,
         state: State::Healthy,
         reason: match readable.iter().filter_map(|c| c.waiting_since).min() {
             Some(w) => format!(
@@ -575,6 +628,7 @@ fn judge_not_connected(
         // its SYN unanswered) is unreachable; no attempt at all is disconnected (seeds 000/004).
         if let Some(last) = recent_failures.last() {
             return Judgement::State {
+                resource: None,
                 state: State::Unreachable,
                 reason: format!(
                     "lost its connection to {} {}s ago ({}) and its connects keep failing: {} in the last {}s, the last to {}",
@@ -592,6 +646,7 @@ fn judge_not_connected(
         }
         if let Some(attempt) = slow {
             return Judgement::State {
+                resource: None,
                 state: State::Unreachable,
                 reason: format!(
                     "lost its connection to {} {}s ago ({}) and its connect to {} has been unanswered for {}s",
@@ -607,6 +662,7 @@ fn judge_not_connected(
             };
         }
         return Judgement::State {
+            resource: None,
             state: State::Disconnected,
             reason: format!(
                 "its connection to {} was {} {}s ago and it has not dialed again (disconnect_grace {}s)",
@@ -624,6 +680,7 @@ fn judge_not_connected(
         let last = recent_failures.last().expect("connect_failures >= 1 failures");
         let nth = recent_failures[t.connect_failures.max(1) as usize - 1].at;
         return Judgement::State {
+            resource: None,
             state: State::Unreachable,
             reason: format!(
                 "{} failed connects to {} in the last {}s and no established connection",
@@ -639,6 +696,7 @@ fn judge_not_connected(
     if let Some(attempt) = trying_for_a_window(t, obs, now) {
         let trying_since = obs.trying_since.expect("checked by trying_for_a_window");
         return Judgement::State {
+            resource: None,
             state: State::Unreachable,
             reason: format!(
                 "has been trying to connect to {} for {}s without success; its current connect is unanswered for {}s",
@@ -652,6 +710,7 @@ fn judge_not_connected(
         };
     }
     Judgement::State {
+        resource: None,
         state: State::Healthy,
         reason: match (obs.attempts.first(), recent_failures.last()) {
             (Some(a), _) => format!("connecting to {}", a.endpoint),

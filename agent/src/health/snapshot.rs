@@ -10,8 +10,10 @@ use crate::{
     cluster::pods::PodRef,
     endpoint::{Endpoint, EndpointSet},
     health::{Thresholds, Transition, Verdict},
+    kernel::golang::Visibility,
     process::ProcessInfo,
     reachability::EndpointStatus,
+    table::streams::request::Request,
     table::Tuple,
 };
 
@@ -21,6 +23,17 @@ pub type ClientKey = (u32, u64);
 /// The pod a process runs in, when the agent knows one (the cluster's pod index by container
 /// id); standalone, always `None`.
 pub type PodOf<'a> = &'a dyn Fn(&ProcessInfo) -> Option<PodRef>;
+
+/// How a process is seen (see `kernel::golang`).
+pub type VisibilityOf<'a> = &'a dyn Fn(ClientKey) -> Visibility;
+
+/// [`VisibilityOf`] for tests: every process seen at connection level.
+#[cfg(test)]
+pub fn no_streams(_: ClientKey) -> Visibility {
+    Visibility::Connection {
+        why: "not a Go program".into(),
+    }
+}
 
 /// [`PodOf`] without a cluster.
 #[cfg(test)]
@@ -40,6 +53,24 @@ pub struct ConnectionSnapshot {
     pub last_payload: Option<Instant>,
     pub bytes_received: u64,
     pub retransmits: u64,
+    /// Its open HTTP/2 streams, where the client's plaintext is read.
+    pub streams: Vec<StreamSnapshot>,
+}
+
+/// One open stream of a connection, as it was at the tick (SPEC "Streams").
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamSnapshot {
+    pub id: u32,
+    /// None for a stream opened before lifeline followed the connection.
+    pub request: Option<Request>,
+    pub started: Instant,
+    pub response_at: Option<Instant>,
+    pub last_frame: Instant,
+    /// The end it declared (watches).
+    pub deadline: Option<Instant>,
+    pub stuck: bool,
+    /// Judged: every frame of it can have been seen.
+    pub whole: bool,
 }
 
 /// One process the table knows: a client, a process holding a connection that is not judged
@@ -57,6 +88,8 @@ pub struct ClientSnapshot {
     /// Selected by the config's `select` patterns (for host processes, this opts them into
     /// remediation).
     pub selected: bool,
+    /// Whether its streams are followed, or only its connections (and why).
+    pub visibility: Visibility,
 }
 
 impl ClientSnapshot {

@@ -22,6 +22,7 @@ fn conn(last_payload: Instant) -> ConnectionFacts {
         waiting_since: None,
         stalled_since: None,
         unreadable: false,
+        stuck: Vec::new(),
     }
 }
 

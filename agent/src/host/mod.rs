@@ -3,10 +3,6 @@
 //! endpoints, and what the agent itself is allowed and able to do.
 pub mod container;
 pub mod exits;
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "read by the Go TLS uprobes, which are not attached yet")
-)]
 pub mod gobin;
 pub mod netns;
 pub mod privileges;

@@ -4,7 +4,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lifeline_common::{EventKind, SegmentEvent, SockEvent, AF_INET, AF_INET6};
+use lifeline_common::{
+    direction, header_field, EventKind, FrameEvent, HeaderEvent, SegmentEvent, SockEvent, AF_INET, AF_INET6,
+    HEADER_VALUE_MAX,
+};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
@@ -128,6 +131,93 @@ fn decode_segment(bytes: &[u8], clock: &MonotonicClock) -> Result<KernelEvent> {
         sk_err: 0,
         bytes_received: 0,
     })
+}
+
+/// An HTTP/2 frame header a Go client wrote or read on a watched connection (see
+/// [`FrameEvent`]): the frame's header only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub at: Instant,
+    pub sk: u64,
+    pub tgid: u32,
+    pub goroutine: u64,
+    pub stream_id: u32,
+    pub frame_type: u8,
+    pub flags: u8,
+    pub length: u32,
+    /// The client sent it (else it read it).
+    pub sent: bool,
+}
+
+/// Which request header a [`Header`] carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderField {
+    Method,
+    Path,
+}
+
+/// A request's `:method` or `:path` as a Go client encoded it (see [`HeaderEvent`]). The
+/// value is what the kernel copied: at most [`HEADER_VALUE_MAX`] bytes (`cut` when longer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub at: Instant,
+    pub tgid: u32,
+    pub goroutine: u64,
+    pub field: HeaderField,
+    pub value: String,
+    pub cut: bool,
+}
+
+/// One record of the kernel's ring buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Socket(KernelEvent),
+    Frame(Frame),
+    Header(Header),
+}
+
+/// Decodes any record, telling the kinds apart by their sizes (all differ).
+pub fn decode_record(bytes: &[u8], clock: &MonotonicClock) -> Result<Record> {
+    if bytes.len() == std::mem::size_of::<FrameEvent>() {
+        // SAFETY: the length matches; FrameEvent is plain old data; unaligned read.
+        let raw: FrameEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        if raw.kind != EventKind::Frame as u32 {
+            return Err(Error::Kind(raw.kind));
+        }
+        return Ok(Record::Frame(Frame {
+            at: clock.instant(raw.timestamp_ns),
+            sk: raw.sk,
+            tgid: raw.tgid,
+            goroutine: raw.goroutine,
+            stream_id: raw.stream_id,
+            frame_type: raw.frame_type,
+            flags: raw.flags,
+            length: raw.length,
+            sent: raw.direction == direction::SENT,
+        }));
+    }
+    if bytes.len() == std::mem::size_of::<HeaderEvent>() {
+        // SAFETY: as above, for HeaderEvent.
+        let raw: HeaderEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        if raw.kind != EventKind::Header as u32 {
+            return Err(Error::Kind(raw.kind));
+        }
+        let field = match raw.field {
+            header_field::METHOD => HeaderField::Method,
+            header_field::PATH => HeaderField::Path,
+            other => return Err(Error::Kind(other)),
+        };
+        let len = (raw.value_len as usize).min(HEADER_VALUE_MAX);
+        return Ok(Record::Header(Header {
+            at: clock.instant(raw.timestamp_ns),
+            tgid: raw.tgid,
+            goroutine: raw.goroutine,
+            field,
+            value: String::from_utf8_lossy(&raw.value[..len]).into_owned(),
+            cut: raw.value_len as usize > HEADER_VALUE_MAX,
+        }));
+    }
+    decode(bytes, clock).map(Record::Socket)
 }
 
 pub fn decode(bytes: &[u8], clock: &MonotonicClock) -> Result<KernelEvent> {

@@ -7,9 +7,11 @@ use tokio::io::{unix::AsyncFd, Interest};
 
 pub mod events;
 pub mod filter;
+pub mod golang;
 pub mod offsets;
 pub mod programs;
 pub mod pump;
+pub mod uprobes;
 
 /// Registers an fd-owning object (ring buffer, log buffer) with tokio for readability.
 pub fn readable_fd<T: AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {

@@ -11,7 +11,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use lifeline_common::{KernelOffsets, ProbeOffsets, RetransmitOffsets, SetStateOffsets};
+use lifeline_common::{FileOffsets, KernelOffsets, ProbeOffsets, RetransmitOffsets, SetStateOffsets};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 const TRACEFS_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
@@ -111,6 +111,14 @@ pub fn discover() -> Result<KernelOffsets> {
             srtt: probe.offset("srtt")?,
             sock_cookie: probe_cookie,
             sock_common_skc_cookie: skc_cookie,
+        },
+        files: FileOffsets {
+            task_struct_files: member_offset(&btf, "task_struct", "files")?,
+            files_struct_fdt: member_offset(&btf, "files_struct", "fdt")?,
+            fdtable_max_fds: member_offset(&btf, "fdtable", "max_fds")?,
+            fdtable_fd: member_offset(&btf, "fdtable", "fd")?,
+            file_private_data: member_offset(&btf, "file", "private_data")?,
+            socket_sk: member_offset(&btf, "socket", "sk")?,
         },
     })
 }

@@ -49,6 +49,8 @@ pub enum Error {
     },
     #[error("map {name}: {source}")]
     Map { name: &'static str, source: MapError },
+    #[error("the Go-client programs did not load: {0}")]
+    GoUnavailable(String),
     #[error("{wanted} endpoints: the kernel map holds at most {MAX_ENDPOINTS}")]
     Capacity { wanted: usize },
 }
@@ -126,7 +128,9 @@ pub struct Probes {
     attachment: Attachment,
     offsets: KernelOffsets,
     _logger_task: Option<tokio::task::JoinHandle<()>>,
-    ebpf: Ebpf,
+    /// Whether the Go-client uprobes loaded (see `uprobes.rs`); why not, else.
+    pub(super) go_loaded: std::result::Result<(), String>,
+    pub(super) ebpf: Ebpf,
 }
 
 impl Probes {
@@ -159,6 +163,13 @@ impl Probes {
                 crate::error::chain(&err)
             );
         }
+        // The Go-client uprobes: loaded now, attached per binary of a client later. A kernel
+        // that refuses them keeps the connection-level judgement for every client.
+        let go_loaded = super::uprobes::load(&mut ebpf).map_err(|err| {
+            let why = crate::error::chain(&err);
+            tracing::warn!("Go clients' streams are not followed: {why}");
+            why
+        });
         let endpoints = take_map(&mut ebpf, "ENDPOINTS", LpmTrie::try_from)?;
         let ports = take_map(&mut ebpf, "WATCHED_PORTS", Array::try_from)?;
         let counters = take_map(&mut ebpf, "COUNTERS", PerCpuArray::try_from)?;
@@ -172,6 +183,7 @@ impl Probes {
             attachment: Attachment::None,
             offsets: *offsets,
             _logger_task: logger_task,
+            go_loaded,
             ebpf,
         };
         Ok((probes, KernelFeed { events, failures }))
@@ -392,7 +404,7 @@ pub fn port_bitmap<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> Vec
 }
 
 /// Program `name` of `ebpf` as its kind `P` (a tracepoint, a raw tracepoint).
-fn program_of<'e, P>(ebpf: &'e mut Ebpf, name: &'static str) -> Result<&'e mut P>
+pub(super) fn program_of<'e, P>(ebpf: &'e mut Ebpf, name: &'static str) -> Result<&'e mut P>
 where
     &'e mut P: TryFrom<&'e mut Program, Error = ProgramError>,
 {

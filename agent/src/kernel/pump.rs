@@ -27,7 +27,7 @@ use aya::maps::{MapData, PerCpuHashMap, RingBuf};
 use lifeline_common::{FailureKey, AF_INET, AF_INET6};
 
 use super::{
-    events::{self, Change, KernelEvent, MonotonicClock},
+    events::{self, Change, KernelEvent, MonotonicClock, Record},
     programs::{KernelCounters, KernelFeed, Probes},
 };
 use crate::{
@@ -161,14 +161,19 @@ impl Worker {
     /// Applies everything in the ring, one batch per table lock.
     fn drain(&mut self) {
         let mut batch = Vec::with_capacity(BATCH);
+        let mut streams = Vec::new();
         let mut changed = false;
         loop {
             batch.clear();
-            take_batch(&mut self.feed.events, &self.clock, &mut batch);
-            if batch.is_empty() {
+            streams.clear();
+            take_batch(&mut self.feed.events, &self.clock, &mut batch, &mut streams);
+            if batch.is_empty() && streams.is_empty() {
                 break;
             }
+            // In ring order within each kind; a connection's establishment comes before its
+            // first frame (the frame needs a socket the kernel already keeps).
             self.apply(&batch);
+            self.apply_streams(&streams);
             // Segments only move requests and answers, which the once-a-second judgement
             // times to the millisecond anyway: judging after every one would cost a snapshot
             // per segment of a busy client.
@@ -181,7 +186,31 @@ impl Worker {
         }
     }
 
+    /// Records of Go clients' streams; like segments, they are judged at the next tick.
+    fn apply_streams(&mut self, records: &[Record]) {
+        if records.is_empty() {
+            return;
+        }
+        let mut table = self.ctx.table.lock().unwrap_or_else(PoisonError::into_inner);
+        for record in records {
+            match record {
+                Record::Frame(f) => table.apply_frame(f),
+                Record::Header(h) => table.apply_header(h),
+                Record::Socket(_) => {}
+            }
+        }
+        drop(table);
+        self.ctx
+            .metrics
+            .ebpf_events
+            .with_label_values(&["stream"])
+            .inc_by(records.len() as u64);
+    }
+
     fn apply(&mut self, batch: &[KernelEvent]) {
+        if batch.is_empty() {
+            return;
+        }
         let now = Instant::now();
         let owners: Vec<Option<ProcessInfo>> = batch
             .iter()
@@ -301,14 +330,21 @@ impl Worker {
     }
 }
 
-/// Decodes up to [`BATCH`] events from the ring into `batch`.
-fn take_batch(ring: &mut RingBuf<MapData>, clock: &MonotonicClock, batch: &mut Vec<KernelEvent>) {
-    while batch.len() < BATCH {
+/// Decodes up to [`BATCH`] records from the ring: socket events into `batch`, the records of
+/// Go clients' streams into `streams`.
+fn take_batch(
+    ring: &mut RingBuf<MapData>,
+    clock: &MonotonicClock,
+    batch: &mut Vec<KernelEvent>,
+    streams: &mut Vec<Record>,
+) {
+    while batch.len() + streams.len() < BATCH {
         let Some(item) = ring.next() else { return };
-        let decoded = events::decode(&item, clock);
+        let decoded = events::decode_record(&item, clock);
         drop(item);
         match decoded {
-            Ok(ev) => batch.push(ev),
+            Ok(Record::Socket(ev)) => batch.push(ev),
+            Ok(other) => streams.push(other),
             Err(err) => tracing::warn!("dropping a kernel event: {err}"),
         }
     }

@@ -86,7 +86,123 @@ pub async fn run(server: &str, token_file: Option<&Path>, output: Output) -> Res
     Ok(match output {
         Output::Json => raw,
         Output::Table => table(&clients, Utc::now()),
+        Output::Wide => {
+            let now = Utc::now();
+            format!("{}\n{}", table(&clients, now), streams_table(&clients, now))
+        }
     })
+}
+
+/// What each client asks of the apiserver, one row per open stream (watches first), for
+/// clients whose streams are read; one row saying why for the others.
+pub fn streams_table(clients: &[ClientView], now: DateTime<Utc>) -> String {
+    let header = [
+        "PID",
+        "COMM",
+        "STREAM",
+        "REQUEST",
+        "STATE",
+        "OPEN",
+        "LAST_FRAME",
+        "DEADLINE",
+    ];
+    let shown = |text: &str| escape_controls(text).into_owned();
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| (*s).to_owned()).collect()];
+    for c in clients {
+        let lead = [c.pid.to_string(), shown(&c.comm)];
+        if c.visibility != "streams" {
+            let why = format!("(connection level: {})", c.visibility_reason);
+            rows.push(
+                lead.iter()
+                    .cloned()
+                    .chain(["-".into(), shown(&why)])
+                    .chain(std::iter::repeat_n("-".to_owned(), 4))
+                    .collect(),
+            );
+            continue;
+        }
+        if c.streams.is_empty() {
+            rows.push(
+                lead.iter()
+                    .cloned()
+                    .chain(["-".into(), "(no open stream seen yet)".into()])
+                    .chain(std::iter::repeat_n("-".to_owned(), 4))
+                    .collect(),
+            );
+        }
+        for s in &c.streams {
+            let request = match (&s.kind, &s.resource) {
+                (Some(kind), Some(resource)) if !resource.is_empty() => match &s.namespace {
+                    Some(ns) => format!("{kind} {resource} in {ns}"),
+                    None if kind == "watch" || kind == "list" => {
+                        format!("{kind} {resource} (all namespaces)")
+                    }
+                    None => format!("{kind} {resource}"),
+                },
+                (Some(kind), _) => format!("{kind} {}", s.path.as_deref().unwrap_or("-")),
+                _ => "(opened before lifeline followed it)".to_owned(),
+            };
+            let state = if s.stuck {
+                "stuck"
+            } else if !s.judged {
+                "not judged"
+            } else if s.response_headers {
+                "open"
+            } else {
+                "waiting"
+            };
+            rows.push(
+                lead.iter()
+                    .cloned()
+                    .chain([
+                        s.id.to_string(),
+                        shown(&request),
+                        state.to_owned(),
+                        age(&s.started, now),
+                        format!("{:.0}s", s.last_frame_age_seconds),
+                        s.deadline.as_deref().map_or("-".to_owned(), |d| until(d, now)),
+                    ])
+                    .collect(),
+            );
+        }
+    }
+    aligned(&rows)
+}
+
+/// How long until `at` (RFC 3339): `in 4m`, or `4m ago` once past.
+fn until(at: &str, now: DateTime<Utc>) -> String {
+    let Ok(at) = DateTime::parse_from_rfc3339(at) else {
+        return "-".to_owned();
+    };
+    let secs = (at.with_timezone(&Utc) - now).num_seconds();
+    let span = |s: i64| match s {
+        s if s < 120 => format!("{s}s"),
+        s if s < 120 * 60 => format!("{}m", s / 60),
+        s => format!("{}h", s / 3600),
+    };
+    if secs >= 0 {
+        format!("in {}", span(secs))
+    } else {
+        format!("{} ago", span(-secs))
+    }
+}
+
+/// Rows as columns padded to their widest cell.
+fn aligned(rows: &[Vec<String>]) -> String {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    out
 }
 
 /// How long ago `since` (RFC 3339) was, like kubectl's AGE: `42s`, `5m`, `3h`, `2d`.
@@ -158,18 +274,7 @@ pub fn table(clients: &[ClientView], now: DateTime<Utc>) -> String {
             );
         }
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-    }
+    let mut out = aligned(&rows);
     if clients.is_empty() {
         out.push_str("(no client holds an apiserver connection)\n");
     }
@@ -227,6 +332,9 @@ mod tests {
             reason: "receiving from the apiserver".into(),
             connections,
             connect_failures: 0,
+            visibility: "connection".into(),
+            visibility_reason: String::new(),
+            streams: Vec::new(),
         };
         let now = DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z")
             .unwrap()

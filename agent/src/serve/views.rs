@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::{
     cluster::ApiVersions,
     endpoint::EndpointSet,
+    kernel::golang::Visibility,
     reachability::{EndpointStatus, Status},
-    snapshot::{ConnectionSnapshot, Snapshot},
+    snapshot::{ClientSnapshot, ConnectionSnapshot, Snapshot},
 };
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -30,6 +31,42 @@ pub struct ClientView {
     pub reason: String,
     pub connections: Vec<ConnectionView>,
     pub connect_failures: u32,
+    /// `streams` (its requests are followed inside its connections) or `connection`.
+    #[serde(default)]
+    pub visibility: String,
+    /// The Go version whose streams are read, or why only connections are.
+    #[serde(default)]
+    pub visibility_reason: String,
+    /// Its open streams (where `visibility` is `streams`), watches first.
+    #[serde(default)]
+    pub streams: Vec<StreamView>,
+}
+
+/// One open stream (SPEC "Streams"): what it asks for, never a header value or a body.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StreamView {
+    /// The HTTP/2 stream id on its connection.
+    pub id: u32,
+    /// The connection's local address.
+    pub local: String,
+    /// Null for a stream opened before lifeline followed the connection (not judged).
+    pub method: Option<String>,
+    pub kind: Option<String>,
+    /// `resource` or `group/resource` (`/subresource` included).
+    pub resource: Option<String>,
+    /// Null for all namespaces or a cluster-scoped resource.
+    pub namespace: Option<String>,
+    /// The path, query values redacted outside SPEC's allow-list.
+    pub path: Option<String>,
+    pub started: String,
+    /// When it declared it would end (watches).
+    pub deadline: Option<String>,
+    pub response_headers: bool,
+    pub last_frame_age_seconds: f64,
+    pub stuck: bool,
+    /// False when not every frame of it could be seen (opened before lifeline followed the
+    /// connection, or events lost since): listed, never judged.
+    pub judged: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -122,8 +159,53 @@ pub fn clients(snap: &Snapshot) -> Vec<ClientView> {
             reason: c.verdict.reason.clone(),
             connections: c.connections.iter().map(|k| connection_view(k, snap)).collect(),
             connect_failures: c.recent_failures,
+            visibility: c.visibility.as_str().to_owned(),
+            visibility_reason: match &c.visibility {
+                Visibility::Streams { go_version } => format!("Go HTTP/2 client ({go_version})"),
+                Visibility::Connection { why } => why.clone(),
+            },
+            streams: stream_views(c, snap),
         })
         .collect()
+}
+
+fn stream_views(c: &ClientSnapshot, snap: &Snapshot) -> Vec<StreamView> {
+    let mut out: Vec<StreamView> = c
+        .connections
+        .iter()
+        .flat_map(|conn| conn.streams.iter().map(move |s| (conn, s)))
+        .map(|(conn, s)| {
+            let r = s.request.as_ref();
+            StreamView {
+                id: s.id,
+                local: conn.tuple.local.to_string(),
+                method: r.map(|r| r.method.clone()),
+                kind: r.map(|r| r.kind.as_str().to_owned()),
+                resource: r.map(|r| r.resource.clone()),
+                namespace: r.and_then(|r| r.namespace.clone()),
+                path: r.map(|r| r.path.clone()),
+                started: rfc3339(snap.wall_of(s.started)),
+                deadline: s.deadline.map(|d| {
+                    rfc3339(
+                        snap.wall + d.saturating_duration_since(snap.at)
+                            - snap.at.saturating_duration_since(d),
+                    )
+                }),
+                response_headers: s.response_at.is_some(),
+                last_frame_age_seconds: snap.at.saturating_duration_since(s.last_frame).as_secs_f64(),
+                stuck: s.stuck,
+                judged: s.whole,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (a.kind.as_deref() != Some("watch"), &a.resource, a.id).cmp(&(
+            b.kind.as_deref() != Some("watch"),
+            &b.resource,
+            b.id,
+        ))
+    });
+    out
 }
 
 /// `/api/v1/endpoints`: the set in force, and which API versions the cluster side uses.

@@ -27,7 +27,10 @@ use std::{
 
 use lifeline_common::tcp_state;
 
-use self::ordered::{Ordered, Segment};
+use self::{
+    ordered::{Ordered, Segment},
+    streams::Streams,
+};
 use crate::{
     endpoint::{Endpoint, EndpointSet},
     health::{LossCause, Rhythm},
@@ -182,6 +185,8 @@ pub struct Connection {
     pub last_request: Option<Instant>,
     /// Requests and answers in their order (see `ordered.rs`).
     pub ordered: Ordered,
+    /// Its HTTP/2 streams, where the client's plaintext is read (see `streams.rs`).
+    pub streams: Streams,
     /// When the first answer arrived on a connection the agent saw being made (its TLS
     /// handshake's, as a rule): the endpoint answered, not only its kernel (a stopped apiserver
     /// still completes TCP handshakes). None for connections older than the agent.
@@ -377,6 +382,8 @@ pub struct ConnectionTable {
     disruptions: HashMap<Endpoint, Instant>,
     /// Recent closes made by clients themselves (see [`LocalClose`]).
     local_closes: VecDeque<LocalClose>,
+    /// Requests Go clients encoded, waiting for the HEADERS frame that carries them.
+    pending: requests::Pending,
     /// The earliest a sample of some connection will be due, as the last walk of the table
     /// for the sampler found and the samples applied since say (None: a connection changed
     /// otherwise since, walk again). Lets the sampler skip a round of quiet connections
@@ -814,6 +821,7 @@ impl ConnectionTable {
     pub fn segments_lost(&mut self) {
         for conn in self.conns.values_mut() {
             conn.ordered.lost_evidence();
+            conn.streams.lost_evidence();
         }
         self.next_sample_due = None;
     }
@@ -970,6 +978,7 @@ impl ConnectionTable {
                 last_payload: None,
                 last_request: None,
                 ordered: Ordered::default(),
+                streams: Streams::default(),
                 first_answer: None,
                 retransmits: 0,
                 stalled_since: None,
@@ -1283,7 +1292,9 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) {
 }
 
 pub mod ordered;
+mod requests;
 pub mod sampler;
+pub mod streams;
 
 #[cfg(test)]
 mod tests;

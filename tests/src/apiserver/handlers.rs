@@ -492,6 +492,23 @@ fn watch(cx: &Ctx, res: Resource, ns: Option<&str>) -> ApiResult<Response<Body>>
         initial.len()
     ));
     let (tx, rx) = mpsc::channel(64);
+    if srv.cfg.hang_watches.iter().any(|r| r == res.kind.plural()) {
+        srv.log(format_args!(
+            "{peer} watch of {} hangs (--hang-watches)",
+            res.kind.plural()
+        ));
+        let srv = srv.clone();
+        tokio::spawn(async move {
+            for line in initial {
+                if tx.send(line).await.is_err() {
+                    return;
+                }
+            }
+            tx.closed().await;
+            srv.log(format_args!("{peer} hung watch end: client gone"));
+        });
+        return Ok(streaming(rx));
+    }
     let task = WatchTask {
         srv: srv.clone(),
         peer,

@@ -32,7 +32,7 @@ use util::parse_duration;
 pub const USAGE: &str = "usage: ll-apiserver --listen ADDR --cert-dir DIR [--san IP|DNS]... \
 [--event-interval DUR(2s)] [--bookmark-interval DUR(5s)] [--watch-timeout DUR(60s)] [--name NAME] \
 [--generation new|old] [--server-version vX.Y.Z] [--service-ip IP(10.96.0.1)] [--endpoint-ip IP]... \
-[--endpoint-port PORT(6443)] [--pods FILE] [--pdbs FILE] [--strict-eviction]";
+[--endpoint-port PORT(6443)] [--pods FILE] [--pdbs FILE] [--strict-eviction] [--hang-watches RESOURCE]...";
 
 // ---------------------------------------------------------------------------------------------
 // Command line
@@ -56,6 +56,9 @@ pub struct Config {
     /// Reject Eviction bodies of the group-version the generation does not serve (a real
     /// current apiserver accepts policy/v1beta1 too).
     pub strict_eviction: bool,
+    /// Resources (plural, e.g. `pods`) whose watches hang: headers and the initial events are
+    /// sent, then nothing, and the watch never ends (an upstream of one resource stuck).
+    pub hang_watches: Vec<String>,
 }
 
 fn parse_args() -> Result<Config, String> {
@@ -74,6 +77,7 @@ fn parse_args() -> Result<Config, String> {
     let mut pods = None;
     let mut pdbs = None;
     let mut strict_eviction = false;
+    let mut hang_watches = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let (flag, inline) = match flag.split_once('=') {
@@ -113,6 +117,7 @@ fn parse_args() -> Result<Config, String> {
             }
             "--pods" => pods = Some(PathBuf::from(value)),
             "--pdbs" => pdbs = Some(PathBuf::from(value)),
+            "--hang-watches" => hang_watches.push(value),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -144,6 +149,7 @@ fn parse_args() -> Result<Config, String> {
         pods,
         pdbs,
         strict_eviction,
+        hang_watches,
     })
 }
 

@@ -62,7 +62,7 @@ impl Status {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Alert {
     /// `alertname`, `severity`, `node`, and for client alerts `namespace`, `pod`, `container`,
-    /// `comm`, `endpoint` (empty when unknown).
+    /// `comm`, `endpoint`, `resource` (empty when unknown).
     pub labels: Labels,
     /// `summary` (one short line) and `description` (the client's reason).
     pub annotations: BTreeMap<String, String>,
@@ -98,6 +98,9 @@ pub struct ClientLabels {
     pub pod: Option<String>,
     pub container: Option<String>,
     pub comm: String,
+    /// The resource of the stuck stream that is the evidence; empty for connection-level
+    /// evidence (SPEC "Alerts").
+    pub resource: String,
 }
 
 /// One judged process, as the policy sees it each tick.
@@ -384,6 +387,7 @@ impl AlertBook {
             ("container".to_owned(), l.container.clone().unwrap_or_default()),
             ("comm".to_owned(), l.comm.clone()),
             ("endpoint".to_owned(), endpoint),
+            ("resource".to_owned(), l.resource.clone()),
         ]);
         let who = match (&l.namespace, &l.pod) {
             (Some(ns), Some(pod)) => format!("{} (pod {ns}/{pod})", l.comm),

@@ -57,6 +57,7 @@ pub fn inputs(snap: &Snapshot) -> (Vec<ClientInput>, Vec<EndpointInput>) {
                 pod: c.pod.as_ref().map(|p| p.pod.clone()),
                 container: c.pod.as_ref().map(|p| p.container.clone()),
                 comm: c.process.comm.clone(),
+                resource: c.verdict.resource.clone().unwrap_or_default(),
             },
             endpoint: c.verdict.endpoint.clone(),
         })
@@ -136,7 +137,13 @@ mod tests {
                 outcome: ProbeOutcome::Answered(200),
             },
         )]);
-        judge.tick(&lab.table, &reached, &in_pod, lab.at(15_000));
+        judge.tick(
+            &lab.table,
+            &reached,
+            &in_pod,
+            &crate::snapshot::no_streams,
+            lab.at(15_000),
+        );
         lab.peer_close(20_000, 0xa, 40000);
         let probes = BTreeMap::from([(
             endpoint(APISERVER),
@@ -145,7 +152,13 @@ mod tests {
                 outcome: ProbeOutcome::Refused,
             },
         )]);
-        let snap = judge.tick(&lab.table, &probes, &in_pod, lab.at(36_000));
+        let snap = judge.tick(
+            &lab.table,
+            &probes,
+            &in_pod,
+            &crate::snapshot::no_streams,
+            lab.at(36_000),
+        );
         let (clients, unreachable) = inputs(&snap);
         assert_eq!(clients.len(), 1);
         let c = &clients[0];
@@ -162,7 +175,13 @@ mod tests {
 
     /// The judge's snapshot at `ms`, with a wall clock that moves with the lab's.
     fn tick(judge: &mut Judge, lab: &Lab, ms: u64) -> crate::snapshot::Snapshot {
-        let mut snap = judge.tick(&lab.table, &BTreeMap::new(), &in_pod, lab.at(ms));
+        let mut snap = judge.tick(
+            &lab.table,
+            &BTreeMap::new(),
+            &in_pod,
+            &crate::snapshot::no_streams,
+            lab.at(ms),
+        );
         snap.wall = std::time::SystemTime::UNIX_EPOCH
             + Duration::from_secs(1_700_000_000)
             + Duration::from_millis(ms);

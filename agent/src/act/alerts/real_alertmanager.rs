@@ -129,6 +129,7 @@ fn client(state: State, since: SystemTime) -> ClientInput {
             pod: Some("notifier-7d9".into()),
             container: Some("notifier".into()),
             comm: "notifier".into(),
+            resource: String::new(),
         },
         endpoint: None,
     }

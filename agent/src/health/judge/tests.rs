@@ -4,7 +4,7 @@ use super::*;
 use crate::{
     health::State,
     reachability::{ProbeOutcome, Status},
-    snapshot::no_pod,
+    snapshot::{no_pod, no_streams},
     testkit::{counters, endpoint, Lab, APISERVER},
 };
 
@@ -17,7 +17,7 @@ fn the_snapshot_carries_identity_verdict_endpoint_and_connections() {
     let mut lab = Lab::new();
     lab.connect(0, 0xa, 40000, 7);
     let mut j = judge();
-    let snap = j.tick(&lab.table, &BTreeMap::new(), &no_pod, lab.at(100));
+    let snap = j.tick(&lab.table, &BTreeMap::new(), &no_pod, &no_streams, lab.at(100));
     assert_eq!(
         snap.endpoints[0].status,
         Status::Unknown,
@@ -32,7 +32,7 @@ fn the_snapshot_carries_identity_verdict_endpoint_and_connections() {
     };
     lab.apply(200, 0xa, 40000, answer, 0);
     lab.sample(19_000, 40000, counters(2000, 4, 600, 3));
-    let snap = j.tick(&lab.table, &BTreeMap::new(), &no_pod, lab.at(20_000));
+    let snap = j.tick(&lab.table, &BTreeMap::new(), &no_pod, &no_streams, lab.at(20_000));
     assert_eq!(snap.clients.len(), 1);
     let c = &snap.clients[0];
     assert_eq!(c.key, (7, 1));
@@ -64,6 +64,7 @@ fn an_endpoint_refusing_the_probe_and_two_processes_is_an_outage_after_outage_af
         &lab.table,
         &probe(5_000, ProbeOutcome::Answered(200)),
         &no_pod,
+        &no_streams,
         lab.at(6_000),
     );
     // Both lose their connection (apiserver down) and fail to re-dial.
@@ -80,15 +81,16 @@ fn an_endpoint_refusing_the_probe_and_two_processes_is_an_outage_after_outage_af
         );
     }
     let probes = probe(11_500, ProbeOutcome::Refused);
-    let snap = j.tick(&lab.table, &probes, &no_pod, lab.at(12_000));
+    let snap = j.tick(&lab.table, &probes, &no_pod, &no_streams, lab.at(12_000));
     assert_eq!(snap.endpoints[0].unreachable_since(), Some(lab.at(11_500)));
     assert!(!snap.endpoints[0].outage);
-    let snap = j.tick(&lab.table, &probes, &no_pod, lab.at(41_499));
+    let snap = j.tick(&lab.table, &probes, &no_pod, &no_streams, lab.at(41_499));
     assert!(!snap.endpoints[0].outage);
     let snap = j.tick(
         &lab.table,
         &probe(41_000, ProbeOutcome::Refused),
         &no_pod,
+        &no_streams,
         lab.at(41_500),
     );
     assert!(snap.endpoints[0].outage, "unreachable for outage_after (30 s)");
@@ -109,7 +111,7 @@ fn clients_that_do_not_redial_while_others_do_are_disconnected_not_an_outage() {
         lab.connect(0, sk, port, pid);
     }
     let mut j = judge();
-    j.tick(&lab.table, &BTreeMap::new(), &no_pod, lab.at(15_000));
+    j.tick(&lab.table, &BTreeMap::new(), &no_pod, &no_streams, lab.at(15_000));
     for (sk, port) in [(0xa, 40000), (0xb, 40001), (0xc, 40002), (0xd, 40003)] {
         lab.peer_close(20_000, sk, port);
     }
@@ -121,7 +123,7 @@ fn clients_that_do_not_redial_while_others_do_are_disconnected_not_an_outage() {
             outcome: ProbeOutcome::Answered(200),
         },
     )]);
-    let snap = j.tick(&lab.table, &probes, &no_pod, lab.at(36_000));
+    let snap = j.tick(&lab.table, &probes, &no_pod, &no_streams, lab.at(36_000));
     let states: Vec<(u32, State)> = snap.clients.iter().map(|c| (c.key.0, c.verdict.state)).collect();
     assert_eq!(
         states,
@@ -150,7 +152,13 @@ fn a_proxy_failing_on_one_upstream_and_connecting_to_another_is_not_unreachable(
         let ms = s * 1000;
         let sk = 0x100 + s;
         lab.connect(ms, sk, 40000 + s as u16, 7);
-        j.tick(&lab.table, &BTreeMap::new(), &no_pod, lab.at(ms + 10));
+        j.tick(
+            &lab.table,
+            &BTreeMap::new(),
+            &no_pod,
+            &no_streams,
+            lab.at(ms + 10),
+        );
         lab.close(ms + 20, sk, 40000 + s as u16);
         lab.remote = "10.0.0.1:6443".parse().unwrap();
         lab.syn(ms + 30, 0x1000 + s, 7);
@@ -162,7 +170,13 @@ fn a_proxy_failing_on_one_upstream_and_connecting_to_another_is_not_unreachable(
             libc::ETIMEDOUT,
         );
         lab.remote = "10.0.0.3:6443".parse().unwrap();
-        let snap = j.tick(&lab.table, &BTreeMap::new(), &no_pod, lab.at(ms + 600));
+        let snap = j.tick(
+            &lab.table,
+            &BTreeMap::new(),
+            &no_pod,
+            &no_streams,
+            lab.at(ms + 600),
+        );
         let state = snap.clients.first().map(|c| c.verdict.state);
         assert_ne!(state, Some(State::Unreachable), "at {ms} ms");
     }

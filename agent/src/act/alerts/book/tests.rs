@@ -22,6 +22,7 @@ fn client(pid: u32, state: State, since: u64) -> ClientInput {
             pod: Some(format!("ctl-{pid}")),
             container: Some("ctl".into()),
             comm: format!("ctl{pid}"),
+            resource: String::new(),
         },
         endpoint: Some("10.0.0.1:6443".into()),
     }
@@ -91,6 +92,7 @@ fn an_unhealthy_client_fires_after_settle_with_labels_and_annotations() {
             ("namespace", "kube-system"),
             ("node", "node-a"),
             ("pod", "ctl-7"),
+            ("resource", ""),
             ("severity", "critical"),
         ]
     );
@@ -407,7 +409,7 @@ fn unknown_kubernetes_labels_are_empty_strings() {
     };
     c.endpoint = None;
     let out = b.tick(at(10), &[c], &[]);
-    for label in ["namespace", "pod", "container", "endpoint"] {
+    for label in ["namespace", "pod", "container", "endpoint", "resource"] {
         assert_eq!(out[0].labels[label], "", "{label}");
     }
     assert!(

@@ -1,0 +1,272 @@
+//! The HTTP/2 streams of one connection, from the frame headers a Go client wrote and read
+//! (`kernel/` uprobes): which request each stream carries, when its response headers came,
+//! its last frame, the deadline it declared, and whether it ended.
+//!
+//! A stream is learned from the client's HEADERS frame, paired with the `:method` and `:path`
+//! its goroutine encoded just before. Streams opened before the agent (or before its probes
+//! reached the binary) are learned from their first frame afterwards: their request is not
+//! known, so they are listed but never judged.
+//!
+//! Bounded: at most [`MAX_OPEN`] open streams per connection (the oldest unknown ones go
+//! first), requests waiting for their HEADERS frame at most [`MAX_PENDING`] per table.
+pub mod request;
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use request::{Kind, Request};
+
+/// HTTP/2 frame types and flags the table reads (RFC 9113 §6).
+pub mod frame {
+    pub const HEADERS: u8 = 1;
+    pub const RST_STREAM: u8 = 3;
+    pub const GOAWAY: u8 = 7;
+    pub const END_STREAM: u8 = 1;
+    /// Not a frame: the kernel lost its place in what the client wrote (see `ebpf/src/gotls.rs`);
+    /// frames may have gone unseen.
+    pub const LOST_PLACE: u8 = 0xff;
+    /// Not a frame: a goroutine of the client began reading this connection; every frame it
+    /// reads from now on is seen.
+    pub const READING: u8 = 0xfe;
+}
+
+/// Open streams kept per connection.
+pub const MAX_OPEN: usize = 512;
+/// Requests encoded but not yet matched to a HEADERS frame, per table.
+pub const MAX_PENDING: usize = 4096;
+/// A request encoded this long ago without its HEADERS frame is dropped.
+pub const PENDING_TTL: Duration = Duration::from_secs(10);
+
+/// What the judgement knows of one open stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stream {
+    pub id: u32,
+    /// None for a stream opened before lifeline saw the connection's requests.
+    pub request: Option<Request>,
+    /// When the client sent its HEADERS (or when lifeline first saw it).
+    pub started: Instant,
+    /// When the response's HEADERS came.
+    pub response_at: Option<Instant>,
+    /// The last frame either way.
+    pub last_frame: Instant,
+    /// The client ended its side (END_STREAM sent): the request is complete.
+    pub request_sent: bool,
+    /// Every frame of it can have been seen: it began after the connection's reads were
+    /// followed, and no evidence was lost since. Only such streams are judged.
+    pub whole: bool,
+}
+
+impl Stream {
+    /// The end the request declared for itself: a watch's `timeoutSeconds`, else the
+    /// apiserver's own bound for a watch without one (`max_watch`); None for other requests
+    /// (they get `stale_after` for their response headers) and for unknown streams.
+    pub fn deadline(&self, max_watch: Duration) -> Option<Instant> {
+        let request = self.request.as_ref()?;
+        (request.kind == Kind::Watch).then(|| self.started + request.timeout.unwrap_or(max_watch))
+    }
+}
+
+/// Why a stream is stuck, for the judgement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stuck {
+    pub stream: u32,
+    /// "watch endpointslices (all namespaces): open 11m02s, due to end after 8m14s, nothing
+    /// since 10m58s".
+    pub description: String,
+    /// The request's resource (`group/resource`), empty when unknown.
+    pub resource: String,
+    /// When the evidence crossed the threshold.
+    pub evidence: Instant,
+}
+
+/// A connection's streams.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Streams {
+    open: BTreeMap<u32, Stream>,
+    /// The client's reads of this connection are followed (see [`frame::READING`]).
+    pub reading: bool,
+    /// Frames seen each way.
+    pub frames_sent: u64,
+    pub frames_received: u64,
+    /// Streams that ended (END_STREAM received, or reset either way).
+    pub ended: u64,
+    /// Streams forgotten because of the bound.
+    pub dropped: u64,
+}
+
+impl Streams {
+    /// Whether the client's frames are read both ways on this connection.
+    pub fn visible(&self) -> bool {
+        self.reading && self.frames_sent > 0
+    }
+
+    pub fn open(&self) -> impl Iterator<Item = &Stream> {
+        self.open.values()
+    }
+
+    /// A frame the client wrote or read; `request` is what its goroutine encoded for a
+    /// HEADERS frame it wrote.
+    pub fn apply(
+        &mut self,
+        at: Instant,
+        sent: bool,
+        frame_type: u8,
+        flags: u8,
+        id: u32,
+        request: Option<Request>,
+    ) {
+        if frame_type != frame::READING && frame_type != frame::LOST_PLACE {
+            if sent {
+                self.frames_sent += 1;
+            } else {
+                self.frames_received += 1;
+            }
+        }
+        if frame_type == frame::READING {
+            self.reading = true;
+            return;
+        }
+        if frame_type == frame::LOST_PLACE {
+            self.lost_evidence();
+            return;
+        }
+        if frame_type == frame::GOAWAY {
+            // Streams above the last one the server processed are refused; the client retries
+            // them elsewhere. The ones below still end normally.
+            return;
+        }
+        if id == 0 {
+            return;
+        }
+        if frame_type == frame::RST_STREAM || (!sent && flags & frame::END_STREAM != 0) {
+            if self.open.remove(&id).is_some() {
+                self.ended += 1;
+            }
+            return;
+        }
+        if sent && frame_type == frame::HEADERS && !self.open.contains_key(&id) {
+            let whole = self.reading && request.is_some();
+            self.insert(Stream {
+                id,
+                request,
+                started: at,
+                response_at: None,
+                last_frame: at,
+                request_sent: flags & frame::END_STREAM != 0,
+                whole,
+            });
+            return;
+        }
+        let stream = match self.open.get_mut(&id) {
+            Some(s) => s,
+            None => {
+                // A stream older than what lifeline saw: known from now on, never judged.
+                self.insert(Stream {
+                    id,
+                    request: None,
+                    started: at,
+                    response_at: (!sent).then_some(at),
+                    last_frame: at,
+                    request_sent: !sent,
+                    whole: false,
+                });
+                return;
+            }
+        };
+        stream.last_frame = at;
+        if sent {
+            stream.request_sent |= flags & frame::END_STREAM != 0;
+        } else if frame_type == frame::HEADERS && stream.response_at.is_none() {
+            stream.response_at = Some(at);
+        }
+    }
+
+    fn insert(&mut self, stream: Stream) {
+        if self.open.len() >= MAX_OPEN {
+            // Unknown streams go first, then the oldest.
+            let victim = self
+                .open
+                .values()
+                .find(|s| s.request.is_none())
+                .or_else(|| self.open.values().next())
+                .map(|s| s.id);
+            if let Some(v) = victim {
+                self.open.remove(&v);
+                self.dropped += 1;
+            }
+        }
+        self.open.insert(stream.id, stream);
+    }
+
+    /// Events were lost, or the kernel lost its place: what is open now may have ended
+    /// unseen, so none of it is judged again.
+    pub fn lost_evidence(&mut self) {
+        for s in self.open.values_mut() {
+            s.whole = false;
+        }
+    }
+
+    /// Stuck streams at `now`: a watch open `watch_grace` past its deadline with no frame
+    /// since the deadline; any known request without response headers for `stale_after`.
+    pub fn stuck(
+        &self,
+        now: Instant,
+        stale_after: Duration,
+        watch_grace: Duration,
+        max_watch: Duration,
+    ) -> Vec<Stuck> {
+        let mut found = Vec::new();
+        for s in self.open.values() {
+            let Some(request) = s.request.as_ref().filter(|_| s.whole) else {
+                continue;
+            };
+            let evidence = match (s.response_at, s.deadline(max_watch)) {
+                (None, _) => s.started + stale_after,
+                (Some(_), Some(deadline)) if s.last_frame < deadline => deadline + watch_grace,
+                _ => continue,
+            };
+            if now < evidence {
+                continue;
+            }
+            let mut description = format!(
+                "{request}: open {}",
+                clock(now.saturating_duration_since(s.started))
+            );
+            match (s.response_at, request.timeout) {
+                (None, _) => description.push_str(", no response headers"),
+                (Some(_), Some(t)) => description.push_str(&format!(", due to end after {}", clock(t))),
+                (Some(_), None) => description.push_str(&format!(
+                    ", beyond the apiserver's longest watch ({})",
+                    clock(max_watch)
+                )),
+            }
+            description.push_str(&format!(
+                ", nothing since {}",
+                clock(now.saturating_duration_since(s.last_frame))
+            ));
+            found.push(Stuck {
+                stream: s.id,
+                description,
+                resource: request.resource.clone(),
+                evidence,
+            });
+        }
+        found.sort_by_key(|s| s.evidence);
+        found
+    }
+}
+
+/// "11m02s", "45s", "1h05m00s".
+pub fn clock(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, s) => format!("{h}h{m:02}m{s:02}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

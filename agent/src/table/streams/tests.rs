@@ -1,0 +1,143 @@
+use std::time::{Duration, Instant};
+
+use super::{frame::*, request::Request, Streams};
+
+const DATA: u8 = 0;
+
+/// A connection whose reads are followed.
+fn followed(t0: Instant) -> Streams {
+    let mut s = Streams::default();
+    s.apply(t0, false, READING, 0, 0, None);
+    s
+}
+
+const STALE: Duration = Duration::from_secs(90);
+const GRACE: Duration = Duration::from_secs(120);
+const MAX_WATCH: Duration = Duration::from_secs(3600);
+
+fn watch(timeout: u64, resource: &str) -> Request {
+    Request::parse(
+        "GET",
+        &format!("/api/v1/{resource}?timeoutSeconds={timeout}&watch=true"),
+        false,
+    )
+}
+
+fn secs(t0: Instant, s: u64) -> Instant {
+    t0 + Duration::from_secs(s)
+}
+
+#[test]
+fn a_watch_that_ends_on_time_is_never_stuck() {
+    let t0 = Instant::now();
+    let mut s = followed(t0);
+    s.apply(t0, true, HEADERS, 0x4, 3, Some(watch(300, "pods")));
+    s.apply(secs(t0, 0), false, HEADERS, 0x4, 3, None);
+    s.apply(secs(t0, 100), false, DATA, 0, 3, None);
+    assert!(s.visible());
+    assert!(s.stuck(secs(t0, 300), STALE, GRACE, MAX_WATCH).is_empty());
+    s.apply(secs(t0, 300), false, DATA, END_STREAM, 3, None);
+    assert_eq!(s.open().count(), 0);
+    assert_eq!(s.ended, 1);
+    assert!(s.stuck(secs(t0, 3000), STALE, GRACE, MAX_WATCH).is_empty());
+}
+
+#[test]
+fn a_watch_open_past_its_deadline_and_grace_with_nothing_since_is_stuck_and_named() {
+    let t0 = Instant::now();
+    let mut s = followed(t0);
+    s.apply(t0, true, HEADERS, 0x4, 5, Some(watch(494, "endpoints")));
+    s.apply(t0, false, HEADERS, 0x4, 5, None);
+    s.apply(secs(t0, 4), false, DATA, 0, 5, None);
+    // Another stream of the same connection keeps flowing.
+    s.apply(secs(t0, 1), true, HEADERS, 0x4, 7, Some(watch(500, "services")));
+    s.apply(secs(t0, 1), false, HEADERS, 0x4, 7, None);
+    assert!(
+        s.stuck(secs(t0, 494 + 119), STALE, GRACE, MAX_WATCH).is_empty(),
+        "within the grace"
+    );
+    let stuck = s.stuck(secs(t0, 494 + 120), STALE, GRACE, MAX_WATCH);
+    assert_eq!(
+        stuck.len(),
+        1,
+        "stream 7 is still within its own deadline + grace"
+    );
+    assert_eq!(stuck[0].stream, 5);
+    assert_eq!(stuck[0].resource, "endpoints");
+    assert_eq!(
+        stuck[0].description,
+        "watch endpoints (all namespaces): open 10m14s, due to end after 8m14s, nothing since 10m10s"
+    );
+    // Past its own deadline + grace, stream 7 (nothing since its headers) is stuck too.
+    let both = s.stuck(secs(t0, 1 + 500 + 120), STALE, GRACE, MAX_WATCH);
+    assert_eq!(both.iter().map(|s| s.stream).collect::<Vec<_>>(), [5, 7]);
+}
+
+#[test]
+fn a_stream_that_still_receives_after_its_deadline_is_not_stuck() {
+    let t0 = Instant::now();
+    let mut s = followed(t0);
+    s.apply(t0, true, HEADERS, 0x4, 1, Some(watch(60, "pods")));
+    s.apply(t0, false, HEADERS, 0x4, 1, None);
+    s.apply(secs(t0, 70), false, DATA, 0, 1, None);
+    assert!(s.stuck(secs(t0, 1000), STALE, GRACE, MAX_WATCH).is_empty());
+}
+
+#[test]
+fn a_request_without_response_headers_is_stuck_after_stale_after() {
+    let t0 = Instant::now();
+    let mut s = followed(t0);
+    let lease = Request::parse(
+        "PUT",
+        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcm?timeout=10s",
+        false,
+    );
+    s.apply(t0, true, HEADERS, 0x4, 9, Some(lease));
+    s.apply(t0, true, DATA, END_STREAM, 9, None);
+    assert!(s.stuck(secs(t0, 89), STALE, GRACE, MAX_WATCH).is_empty());
+    let stuck = s.stuck(secs(t0, 90), STALE, GRACE, MAX_WATCH);
+    assert_eq!(stuck.len(), 1);
+    assert!(stuck[0]
+        .description
+        .starts_with("update coordination.k8s.io/leases in kube-system: open 1m30s, no response headers"));
+    s.apply(secs(t0, 91), false, HEADERS, 0x5, 9, None);
+    assert_eq!(
+        s.open().count(),
+        0,
+        "response headers with END_STREAM end the stream"
+    );
+}
+
+#[test]
+fn streams_older_than_lifeline_are_listed_never_judged() {
+    let t0 = Instant::now();
+    let mut s = followed(t0);
+    s.apply(t0, false, DATA, 0, 11, None);
+    assert_eq!(s.open().count(), 1);
+    assert!(s.open().next().unwrap().request.is_none());
+    assert!(!s.visible(), "nothing sent seen yet");
+    // A stream whose reads were not followed from its start is never judged either.
+    let mut blind = Streams::default();
+    blind.apply(t0, true, HEADERS, 0x4, 1, Some(watch(60, "pods")));
+    assert!(blind.stuck(secs(t0, 100_000), STALE, GRACE, MAX_WATCH).is_empty());
+    // Nor one open when the kernel lost its place.
+    let mut lost = followed(t0);
+    lost.apply(t0, true, HEADERS, 0x4, 1, Some(watch(60, "pods")));
+    lost.apply(t0, true, LOST_PLACE, 0, 0, None);
+    assert!(lost.stuck(secs(t0, 100_000), STALE, GRACE, MAX_WATCH).is_empty());
+    assert!(s.stuck(secs(t0, 100_000), STALE, GRACE, MAX_WATCH).is_empty());
+}
+
+#[test]
+fn a_reset_either_way_ends_the_stream_and_memory_is_bounded() {
+    let t0 = Instant::now();
+    let mut s = followed(t0);
+    s.apply(t0, true, HEADERS, 0x4, 1, Some(watch(300, "pods")));
+    s.apply(t0, true, RST_STREAM, 0, 1, None);
+    assert_eq!(s.open().count(), 0);
+    for id in 0..(super::MAX_OPEN as u32 + 100) {
+        s.apply(t0, true, HEADERS, 0x4, 2 * id + 3, Some(watch(300, "pods")));
+    }
+    assert_eq!(s.open().count(), super::MAX_OPEN);
+    assert_eq!(s.dropped, 100);
+}

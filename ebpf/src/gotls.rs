@@ -1,0 +1,397 @@
+//! Uprobes on Go clients: which HTTP/2 stream of a watched connection carries which request,
+//! read from the client's own plaintext without keeping any of it.
+//!
+//! Go's ABI (1.17+, amd64) passes arguments and results in registers (RAX, RBX, RCX, RDI,
+//! RSI, R8, ...) and keeps the running goroutine in R14. Four probes, attached by userspace to
+//! the functions it found in the binary's `.gopclntab` (stripped binaries included):
+//!
+//! - `go_write_header`, at `(*ClientConn).writeHeader(name, value string)` of Go's HTTP/2
+//!   transport: the request's `:method` and `:path`, before HPACK. The name is compared in the
+//!   kernel and only those two values are ever copied out.
+//! - `go_tls_write`, at `crypto/tls.(*Conn).Write(b []byte)`: the frame headers in `b` (type,
+//!   flags, stream, length; never a payload), for watched sockets only.
+//! - `go_tls_read`, at `crypto/tls.(*Conn).Read`: which watched socket the goroutine reads.
+//! - `go_frame_header`, at each RET of `readFrameHeader` (uretprobes break Go's moving
+//!   stacks): the header of each frame the client read, in the result registers.
+//!
+//! A descriptor leads to its socket through the task's file table; a socket counts when the
+//! segment program already keeps it (`SEGMENTS`): an established connection to an endpoint.
+use aya_ebpf::{
+    bindings::pt_regs,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_user, bpf_probe_read_user_buf,
+    },
+    macros::{map, uprobe},
+    maps::LruHashMap,
+    programs::ProbeContext,
+};
+use lifeline_common::{
+    direction, header_field, EventKind, FrameCursor, FrameEvent, GoroutineKey, HeaderEvent, StreamKey,
+    FRAME_COALESCE_NS, HEADER_VALUE_MAX,
+};
+
+use crate::{bump, counter, segment_key, EVENTS, OFFSETS, SEGMENTS};
+
+/// HTTP/2 frame types (RFC 9113 §6).
+const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const GOAWAY: u8 = 7;
+const CONTINUATION: u8 = 9;
+/// Not frames: markers for userspace (`table/streams.rs` `frame::READING`, `LOST_PLACE`).
+const READING: u8 = 0xfe;
+const LOST_PLACE: u8 = 0xff;
+const END_STREAM: u8 = 1;
+/// The client connection preface, before its first frame (RFC 9113 §3.4).
+const PREFACE: &[u8; 5] = b"PRI *";
+const PREFACE_LEN: u64 = 24;
+/// Frame headers read per write: Go's transport writes through a 4 KiB buffer, a handful of
+/// frames at a time. A write with more loses the position until a write starts a frame again.
+const FRAMES_PER_WRITE: u32 = 32;
+/// Largest frame payload any peer may allow (2^24 - 1).
+const MAX_FRAME: u32 = (1 << 24) - 1;
+
+/// Where each watched socket's written frames stand, by socket address.
+#[map]
+static WRITE_FRAMES: LruHashMap<u64, FrameCursor> = LruHashMap::with_max_entries(16384, 0);
+
+/// The watched socket each goroutine last read from (its HTTP/2 read loop reads only one).
+#[map]
+static READERS: LruHashMap<GoroutineKey, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// When a DATA frame of each stream was last sent (see `FRAME_COALESCE_NS`).
+#[map]
+static STREAM_SEEN: LruHashMap<StreamKey, u64> = LruHashMap::with_max_entries(65536, 0);
+
+macro_rules! file_offset {
+    ($field:ident) => {{
+        #[allow(unused_unsafe)]
+        // SAFETY: a plain read of a global (see `offset!` in main.rs).
+        let value = unsafe { core::ptr::read_volatile(&OFFSETS.files.$field) };
+        value
+    }};
+}
+
+#[inline(always)]
+fn kernel_u64(at: u64) -> Option<u64> {
+    // SAFETY: bpf_probe_read_kernel tolerates any address.
+    unsafe { bpf_probe_read_kernel(at as *const u64) }.ok()
+}
+
+#[inline(always)]
+fn user_u64(at: u64) -> Option<u64> {
+    // SAFETY: bpf_probe_read_user tolerates any address.
+    unsafe { bpf_probe_read_user(at as *const u64) }.ok()
+}
+
+/// The socket behind descriptor `fd` of the current task, if it is a watched one.
+#[inline(always)]
+fn watched_socket(fd: u64) -> Option<u64> {
+    // SAFETY: helper with no preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    let files = kernel_u64(task + u64::from(file_offset!(task_struct_files)))?;
+    let fdt = kernel_u64(files + u64::from(file_offset!(files_struct_fdt)))?;
+    // SAFETY: as kernel_u64.
+    let max: u32 =
+        unsafe { bpf_probe_read_kernel((fdt + u64::from(file_offset!(fdtable_max_fds))) as *const u32) }
+            .ok()?;
+    if fd >= u64::from(max) {
+        return None;
+    }
+    let table = kernel_u64(fdt + u64::from(file_offset!(fdtable_fd)))?;
+    let file = kernel_u64(table + fd * 8)?;
+    let socket = kernel_u64(file + u64::from(file_offset!(file_private_data)))?;
+    let sk = kernel_u64(socket + u64::from(file_offset!(socket_sk)))?;
+    // SAFETY: copied out at once.
+    unsafe { SEGMENTS.get(segment_key(sk)) }.map(|_| sk)
+}
+
+/// The watched socket under a `*tls.Conn`: its `conn net.Conn` (first field) holds a
+/// `*net.TCPConn`, whose first word is the `*netFD`, whose `pfd.Sysfd` is at +16 (the same
+/// since Go 1.9). A dialer may wrap the TCP connection in a struct whose first field is the
+/// `net.Conn` (client-go's connection rotation does): one level of that is unwrapped.
+#[inline(always)]
+fn tls_socket(conn: u64) -> Option<u64> {
+    let mut inner = user_u64(conn + 8)?;
+    for _ in 0..2 {
+        if let Some(netfd) = user_u64(inner) {
+            if let Some(fd) = user_u64(netfd + 16) {
+                if fd < 1 << 20 {
+                    if let Some(sk) = watched_socket(fd) {
+                        return Some(sk);
+                    }
+                }
+            }
+        }
+        inner = user_u64(inner + 8)?;
+    }
+    None
+}
+
+#[inline(always)]
+fn regs(ctx: &ProbeContext) -> &pt_regs {
+    // SAFETY: the probe context is the task's saved registers.
+    unsafe { &*ctx.regs }
+}
+
+#[inline(always)]
+fn tgid() -> u32 {
+    (bpf_get_current_pid_tgid() >> 32) as u32
+}
+
+/// A frame header that can start a frame: a known type, a length within bounds, and a stream
+/// that the type allows (RFC 9113 §6).
+#[inline(always)]
+fn plausible(length: u32, frame_type: u8, stream_id: u32) -> bool {
+    if length > MAX_FRAME || frame_type > CONTINUATION {
+        return false;
+    }
+    match frame_type {
+        // DATA, HEADERS, PRIORITY, RST_STREAM, CONTINUATION: on a stream.
+        0 | 1 | 2 | 3 | 9 => stream_id != 0,
+        // SETTINGS, PING, GOAWAY: on the connection.
+        4 | 6 | 7 => stream_id == 0,
+        _ => true,
+    }
+}
+
+#[inline(always)]
+fn send_frame(sk: u64, goroutine: u64, frame_type: u8, flags: u8, stream_id: u32, length: u32, dir: u8) {
+    let Some(mut entry) = EVENTS.reserve::<FrameEvent>(0) else {
+        bump(counter::LOST);
+        return;
+    };
+    entry.write(FrameEvent {
+        // SAFETY: helper with no preconditions.
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        sk,
+        goroutine,
+        kind: EventKind::Frame as u32,
+        tgid: tgid(),
+        stream_id,
+        length,
+        frame_type,
+        flags,
+        direction: dir,
+        _pad: [0; 5],
+    });
+    entry.submit(0);
+    bump(counter::SENT);
+}
+
+#[uprobe]
+pub fn go_write_header(ctx: ProbeContext) -> u32 {
+    let _ = try_go_write_header(&ctx);
+    0
+}
+
+fn try_go_write_header(ctx: &ProbeContext) -> Option<()> {
+    let r = regs(ctx);
+    let (name, name_len, value, value_len) = (r.rbx, r.rcx, r.rdi, r.rsi);
+    let field = match name_len {
+        5 => {
+            let mut n = [0u8; 5];
+            // SAFETY: a user address; the helper tolerates any.
+            unsafe { bpf_probe_read_user_buf(name as *const u8, &mut n) }.ok()?;
+            (&n == b":path").then_some(header_field::PATH)?
+        }
+        7 => {
+            let mut n = [0u8; 7];
+            // SAFETY: as above.
+            unsafe { bpf_probe_read_user_buf(name as *const u8, &mut n) }.ok()?;
+            (&n == b":method").then_some(header_field::METHOD)?
+        }
+        _ => return None,
+    };
+    let Some(mut entry) = EVENTS.reserve::<HeaderEvent>(0) else {
+        bump(counter::LOST);
+        return None;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` is the reserved record, written field by field before submit.
+    unsafe {
+        (*event).timestamp_ns = bpf_ktime_get_ns();
+        (*event).goroutine = r.r14;
+        (*event).kind = EventKind::Header as u32;
+        (*event).tgid = tgid();
+        (*event).field = field;
+        (*event).value_len = value_len as u32;
+        let mut copy = value_len as u32 & 0x3ff;
+        if copy > HEADER_VALUE_MAX as u32 {
+            copy = HEADER_VALUE_MAX as u32;
+        }
+        let dst = (*event).value.as_mut_ptr();
+        if copy == 0
+            || aya_ebpf::helpers::generated::bpf_probe_read_user(dst.cast(), copy, value as *const _) != 0
+        {
+            (*event).value_len = 0;
+        }
+    }
+    entry.submit(0);
+    bump(counter::SENT);
+    Some(())
+}
+
+#[uprobe]
+pub fn go_tls_read(ctx: ProbeContext) -> u32 {
+    let r = regs(&ctx);
+    let key = GoroutineKey {
+        goroutine: r.r14,
+        tgid: tgid(),
+        _pad: 0,
+    };
+    match tls_socket(r.rax) {
+        Some(sk) => {
+            // SAFETY: copied out at once.
+            if unsafe { READERS.get(key) }.copied() != Some(sk) {
+                let _ = READERS.insert(key, sk, 0);
+                send_frame(sk, r.r14, READING, 0, 0, 0, direction::RECEIVED);
+            }
+        }
+        None => {
+            let _ = READERS.remove(key);
+        }
+    }
+    0
+}
+
+#[uprobe]
+pub fn go_frame_header(ctx: ProbeContext) -> u32 {
+    let _ = try_go_frame_header(&ctx);
+    0
+}
+
+/// At a RET of `readFrameHeader(buf []byte, r io.Reader) (FrameHeader, error)`: the result
+/// `FrameHeader{valid bool; Type uint8; Flags uint8; Length uint32; StreamID uint32}` is in
+/// RAX, RBX, RCX, RDI, RSI, the error's type word in R8 (0: no error).
+fn try_go_frame_header(ctx: &ProbeContext) -> Option<()> {
+    let r = regs(ctx);
+    if r.r8 != 0 || r.rax & 0xff != 1 {
+        return None;
+    }
+    let key = GoroutineKey {
+        goroutine: r.r14,
+        tgid: tgid(),
+        _pad: 0,
+    };
+    // SAFETY: copied out at once.
+    let sk = *unsafe { READERS.get(key) }?;
+    let (frame_type, flags) = (r.rbx as u8, r.rcx as u8);
+    let (length, stream_id) = (r.rdi as u32, r.rsi as u32 & 0x7fff_ffff);
+    match frame_type {
+        HEADERS | RST_STREAM | GOAWAY => {}
+        DATA => {
+            let stream = StreamKey {
+                sk,
+                stream_id,
+                _pad: 0,
+            };
+            // SAFETY: helper with no preconditions.
+            let now = unsafe { bpf_ktime_get_ns() };
+            if flags & END_STREAM != 0 {
+                let _ = STREAM_SEEN.remove(stream);
+            } else {
+                // SAFETY: copied out at once.
+                if let Some(last) = unsafe { STREAM_SEEN.get(stream) } {
+                    if now.wrapping_sub(*last) < FRAME_COALESCE_NS {
+                        return None;
+                    }
+                }
+                let _ = STREAM_SEEN.insert(stream, now, 0);
+            }
+        }
+        _ => return None,
+    }
+    send_frame(
+        sk,
+        r.r14,
+        frame_type,
+        flags,
+        stream_id,
+        length,
+        direction::RECEIVED,
+    );
+    Some(())
+}
+
+#[uprobe]
+pub fn go_tls_write(ctx: ProbeContext) -> u32 {
+    let _ = try_go_tls_write(&ctx);
+    0
+}
+
+/// `(*tls.Conn).Write(b []byte)`: RAX the conn, RBX and RCX the buffer and its length.
+fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
+    let r = regs(ctx);
+    let (buf, len, goroutine) = (r.rbx, r.rcx, r.r14);
+    let sk = tls_socket(r.rax)?;
+    let mut head = [0u8; 9];
+    // SAFETY: copied out at once.
+    let mut at = match unsafe { WRITE_FRAMES.get(sk) } {
+        Some(cursor) => u64::from(cursor.remaining),
+        None => {
+            // Not in step yet: the connection's first write (the preface), or a write that
+            // starts with a frame (Go's transport flushes whole frames, as a rule).
+            // SAFETY: a user address; the helper tolerates any.
+            unsafe { bpf_probe_read_user_buf(buf as *const u8, &mut head) }.ok()?;
+            if head[..5] == PREFACE[..] {
+                PREFACE_LEN
+            } else {
+                let length = u32::from(head[0]) << 16 | u32::from(head[1]) << 8 | u32::from(head[2]);
+                let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+                if !plausible(length, head[3], stream) {
+                    return None;
+                }
+                0
+            }
+        }
+    };
+    for _ in 0..FRAMES_PER_WRITE {
+        if at >= len {
+            break;
+        }
+        if at + 9 > len {
+            // A header split across writes: rare; find the next frame start instead.
+            return lose_place(sk, goroutine);
+        }
+        // SAFETY: as above.
+        if unsafe { bpf_probe_read_user_buf((buf + at) as *const u8, &mut head) }.is_err() {
+            return lose_place(sk, goroutine);
+        }
+        let length = u32::from(head[0]) << 16 | u32::from(head[1]) << 8 | u32::from(head[2]);
+        let (frame_type, flags) = (head[3], head[4]);
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        if !plausible(length, frame_type, stream) {
+            return lose_place(sk, goroutine);
+        }
+        let report = match frame_type {
+            HEADERS | RST_STREAM | GOAWAY => true,
+            DATA => flags & END_STREAM != 0,
+            _ => false,
+        };
+        if report {
+            send_frame(sk, goroutine, frame_type, flags, stream, length, direction::SENT);
+        }
+        at += 9 + u64::from(length);
+    }
+    if at < len {
+        // More frames than one call reads: lose the position rather than guess.
+        return lose_place(sk, goroutine);
+    }
+    let cursor = FrameCursor {
+        remaining: (at - len) as u32,
+        _pad: 0,
+    };
+    let _ = WRITE_FRAMES.insert(sk, cursor, 0);
+    Some(())
+}
+
+/// The written frames can no longer be followed on `sk` until a write starts a frame again:
+/// userspace stops judging the connection's open streams (one of their ends may go unseen).
+#[inline(always)]
+fn lose_place(sk: u64, goroutine: u64) -> Option<()> {
+    let _ = WRITE_FRAMES.remove(sk);
+    send_frame(sk, goroutine, LOST_PLACE, 0, 0, 0, direction::SENT);
+    None
+}
