@@ -20,7 +20,7 @@ const MAX_VERSION: u64 = 256;
 pub fn version(image: &Image) -> Result<String, Problem> {
     let section = image
         .section(".go.buildinfo")
-        .ok_or(Problem::NotGo(".go.buildinfo"))?;
+        .ok_or(Problem::NotGo(".go.buildinfo section"))?;
     // The header and an inline version string fit in the first 32 + 10 + 256 bytes.
     let len = section.size.min((HEADER + 10) as u64 + MAX_VERSION);
     let data = image.read_at(section.offset, len, ".go.buildinfo")?;

@@ -13,7 +13,13 @@ use object::{Architecture, Endianness, FileKind, Object, ObjectSection, ObjectSe
 use crate::host::gobin::Problem;
 
 /// The sections the reader looks for; the others are not kept.
-const KEPT: [&str; 3] = [".gopclntab", ".go.buildinfo", ".text"];
+const KEPT: [&str; 5] = [
+    ".gopclntab",
+    ".data.rel.ro.gopclntab",
+    ".data.rel.ro",
+    ".go.buildinfo",
+    ".text",
+];
 
 /// A section with contents in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

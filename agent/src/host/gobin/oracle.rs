@@ -12,7 +12,18 @@ pub struct Built {
     pub dir: PathBuf,
     pub stripped: PathBuf,
     pub unstripped: PathBuf,
+    /// `-buildmode=pie`, linked by Go: the table is `.data.rel.ro.gopclntab`.
+    pub pie: Variant,
+    /// `-buildmode=pie -linkmode=external` (cgo, the system's C linker): the table is merged
+    /// into `.data.rel.ro`.
+    pub pie_external: Variant,
     gosym: PathBuf,
+}
+
+/// Another build of the client, stripped and not.
+pub struct Variant {
+    pub stripped: PathBuf,
+    pub unstripped: PathBuf,
 }
 
 /// One function as `go tool objdump` shows it.
@@ -36,9 +47,11 @@ pub fn built() -> &'static Built {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/gobin-test");
         std::fs::create_dir_all(&dir).expect("create target/gobin-test");
         let build = |module: &str, output: &str, flags: &[&str]| {
+            let cgo = flags.iter().any(|f| f.contains("-linkmode=external"));
             let target = dir.join(output);
             let partial = dir.join(format!("{output}.{}", std::process::id()));
             let out = go(&dir)
+                .env("CGO_ENABLED", if cgo { "1" } else { "0" })
                 .arg("build")
                 .args(flags)
                 .arg("-o")
@@ -49,15 +62,31 @@ pub fn built() -> &'static Built {
                 .unwrap_or_else(|e| panic!("{}", missing_go(e)));
             assert!(
                 out.status.success(),
-                "go build of testdata/{module} failed: {}",
+                "go build {flags:?} of testdata/{module} failed (with cgo: {cgo}, which needs a C \
+                 compiler and linker, `cc`): {}",
                 String::from_utf8_lossy(&out.stderr)
             );
             std::fs::rename(&partial, &target).expect("rename the Go build into place");
             target
         };
+        // Position-independent, linked with `ldflags`.
+        let pie = |name: &str, ldflags: &str| Variant {
+            stripped: build(
+                "client",
+                &format!("client-{name}-stripped"),
+                &["-buildmode=pie", &format!("-ldflags=-s -w {ldflags}")],
+            ),
+            unstripped: build(
+                "client",
+                &format!("client-{name}"),
+                &["-buildmode=pie", &format!("-ldflags={ldflags}")],
+            ),
+        };
         Built {
             stripped: build("client", "client-stripped", &["-ldflags=-s -w"]),
             unstripped: build("client", "client", &[]),
+            pie: pie("pie", ""),
+            pie_external: pie("pie-external", "-linkmode=external"),
             gosym: build("gosym", "gosym", &[]),
             dir,
         }
@@ -70,8 +99,7 @@ fn go(dir: &Path) -> Command {
     command
         .env("GOFLAGS", "-mod=mod")
         .env("GOPROXY", "off")
-        .env("GOCACHE", dir.join("gocache"))
-        .env("CGO_ENABLED", "0");
+        .env("GOCACHE", dir.join("gocache"));
     command
 }
 

@@ -95,6 +95,21 @@ impl Header {
         })
     }
 
+    /// How many functions the table lists.
+    pub fn nfunc(&self) -> u64 {
+        self.nfunc
+    }
+
+    /// Whether the first function's `_func` repeats its functab entry, as in every table Go
+    /// writes; `functab` is the region from the functab to the end of the table.
+    pub fn first_entry_agrees(&self, functab: &mut Window<'_>) -> Result<bool, Problem> {
+        let field = self.field();
+        let (Some(entry), Some(funcoff)) = (functab.uint(0, field)?, functab.uint(field, field)?) else {
+            return Ok(false);
+        };
+        Ok(functab.uint(funcoff, field)? == Some(entry))
+    }
+
     /// The functab's field size: u32 from Go 1.18, pointer-sized before.
     fn field(&self) -> u64 {
         if self.magic == GO116 {

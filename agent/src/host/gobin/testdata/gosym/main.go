@@ -1,5 +1,6 @@
 // An independent oracle for the gobin tests: the functions Go's own debug/gosym finds in a
-// (stripped) binary's .gopclntab. Prints "entry end name" in hex for each exact name given.
+// (stripped) binary's .gopclntab (or .data.rel.ro.gopclntab). Prints "entry end name" in hex
+// for each exact name given.
 package main
 
 import (
@@ -14,7 +15,11 @@ func main() {
 	if err != nil {
 		panic(err)
 	}
-	data, err := f.Section(".gopclntab").Data()
+	section := f.Section(".gopclntab")
+	if section == nil {
+		section = f.Section(".data.rel.ro.gopclntab")
+	}
+	data, err := section.Data()
 	if err != nil {
 		panic(err)
 	}
