@@ -11,7 +11,10 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use lifeline_integration::{scenario::WebhookSink, *};
+use lifeline_integration::{
+    scenario::{sibling_bin, wait_alert, WebhookSink},
+    *,
+};
 use serde_json::Value;
 
 fn secs(s: f64) -> Duration {
@@ -604,4 +607,141 @@ while True:\n    c, _ = l.accept()\n    c.setsockopt(socket.SOL_SOCKET, socket.S
             Err(lines)
         }
     });
+}
+
+/// Streams (issue 16): a real Go client (Debian's kubectl 1.20, stripped, Go 1.19: the
+/// uprobes go on the functions found in its `.gopclntab`) watches pods with
+/// `timeoutSeconds=3` through an apiserver whose pod watches hang (headers and the initial
+/// events, then nothing, never the end). The watch is `stuck` once its own deadline and
+/// `watch_grace` (3 s) have passed, the client `stale` with a reason naming the stream, the
+/// alert carries `resource="pods"`, the metrics count it, and a second kubectl watching nodes
+/// on the same apiserver stays healthy with its watch listed. Of the client's plaintext only
+/// stream metadata leaves: its bearer token, its label selector's value and the pods' data
+/// appear in no API answer, metric, log line or alert.
+#[test]
+fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
+    init!();
+    let sink = WebhookSink::start();
+    let dir = TempDir::new();
+    let mut options = ApiServerOptions::new(Generation::Old);
+    options.pods = vec![serde_json::json!({
+        "metadata": { "name": "db", "labels": { "app": "secret-pod-data-xyz" } }
+    })];
+    options.extra = vec!["--hang-watches".into(), "pods".into()];
+    let args = options.args(dir.path());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let api = ApiServer::start(
+        &sibling_bin("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        &dir.path().join("certs"),
+        &args,
+    );
+    let endpoint = api.addr().to_string();
+    let (agent, _config) = agent(
+        std::slice::from_ref(&endpoint),
+        &sink,
+        "",
+        &["--watch-grace", "3s"],
+    );
+    let kubectl = |args: &[&str]| {
+        let mut cmd = Command::new(KUBECTL_1_20);
+        cmd.args([
+            "--server",
+            &format!("https://{endpoint}"),
+            "--insecure-skip-tls-verify",
+            "--token",
+            "secret-token-xyz",
+        ])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        Watched::spawn("kubectl", cmd)
+    };
+    // The first kubectl: its binary gets the probes (they stay while it runs).
+    let nodes = kubectl(&["get", "nodes", "--watch"]);
+    let (c, _) = wait_state(&agent, nodes.pid(), "healthy", secs(20.0));
+    let probed = wait_until(secs(10.0), "kubectl's streams followed", || {
+        let clients = agent.clients();
+        let c = find_pid(&clients, nodes.pid()).cloned();
+        match c {
+            Some(c) if c["visibility"] == "streams" => Ok(c),
+            other => Err(other),
+        }
+    });
+    assert!(
+        probed["visibility_reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("go1.19"),
+        "{probed} / {c}"
+    );
+
+    let pods = kubectl(&[
+        "get",
+        "--raw",
+        "/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=3&labelSelector=app%3Dsecret-selector-xyz",
+    ]);
+    let started = SystemTime::now();
+    let (c, at) = wait_state(&agent, pods.pid(), "stale", secs(20.0));
+    // Deadline 3 s + grace 3 s, judged within a tick; the watch started after the spawn.
+    assert_within("the hung watch stuck", started, at, 6.0, 9.0);
+    let why = reason(&c);
+    assert!(
+        why.starts_with("watch pods in default: open") && why.contains("due to end after 3s"),
+        "{c}"
+    );
+    let streams = c["streams"].as_array().cloned().unwrap_or_default();
+    let stuck: Vec<&Value> = streams.iter().filter(|s| s["stuck"] == true).collect();
+    assert_eq!(stuck.len(), 1, "{c}");
+    assert_eq!(stuck[0]["resource"], "pods");
+    assert_eq!(stuck[0]["kind"], "watch");
+    assert_eq!(stuck[0]["namespace"], "default");
+    assert_eq!(
+        stuck[0]["path"],
+        "/api/v1/namespaces/default/pods?labelSelector=REDACTED&timeoutSeconds=3&watch=true"
+    );
+    let alert = wait_alert(&sink, "LifelineClientStale", "kubectl", secs(10.0));
+    assert_eq!(alert["labels"]["resource"], "pods", "{alert}");
+    let stuck_metric = metrics_lines(&agent, "lifeline_client_stream_stuck{");
+    assert!(
+        stuck_metric
+            .iter()
+            .any(|l| l.contains("resource=\"pods\"") && l.ends_with(" 1")),
+        "{stuck_metric:?}"
+    );
+
+    // The nodes watch of the other kubectl flows and is listed, not stuck.
+    let clients = agent.clients();
+    let other = find_pid(&clients, nodes.pid()).expect("the nodes watcher listed");
+    assert_eq!(other["state"], "healthy", "{other}");
+
+    // Nothing of the plaintext but stream metadata anywhere.
+    let (_, metrics) = agent.get("/metrics");
+    // The command lines (shown redacted by their own rules) hold the path kubectl was given:
+    // everything else the API says about the clients must not.
+    let mut api = agent.clients();
+    for c in &mut api {
+        c["cmdline"] = Value::Null;
+    }
+    let outputs = [
+        ("the API", Value::Array(api).to_string()),
+        ("the metrics", metrics),
+        (
+            "the log",
+            agent
+                .stderr()
+                .lines()
+                .filter(|l| !l.contains("cmdline"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        ("the alerts", Value::Array(sink.alerts()).to_string()),
+    ];
+    for (what, text) in &outputs {
+        for secret in ["secret-token-xyz", "secret-selector-xyz", "secret-pod-data-xyz"] {
+            assert!(!text.contains(secret), "{what} contains {secret:?}");
+        }
+    }
+    drop(pods);
+    drop(nodes);
 }

@@ -40,6 +40,7 @@ const RST_STREAM: u8 = 3;
 const GOAWAY: u8 = 7;
 const CONTINUATION: u8 = 9;
 /// Not frames: markers for userspace (`table/streams.rs` `frame::READING`, `LOST_PLACE`).
+const FRESH: u8 = 0xfd;
 const READING: u8 = 0xfe;
 const LOST_PLACE: u8 = 0xff;
 const END_STREAM: u8 = 1;
@@ -336,6 +337,9 @@ fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
             // SAFETY: a user address; the helper tolerates any.
             unsafe { bpf_probe_read_user_buf(buf as *const u8, &mut head) }.ok()?;
             if head[..5] == PREFACE[..] {
+                // A connection that begins under the probes: its reader's first read comes
+                // before its first frame, so every frame of it is seen.
+                send_frame(sk, goroutine, FRESH, 0, 0, 0, direction::SENT);
                 PREFACE_LEN
             } else {
                 let length = u32::from(head[0]) << 16 | u32::from(head[1]) << 8 | u32::from(head[2]);

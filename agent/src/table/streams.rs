@@ -30,6 +30,10 @@ pub mod frame {
     /// Not a frame: a goroutine of the client began reading this connection; every frame it
     /// reads from now on is seen.
     pub const READING: u8 = 0xfe;
+    /// Not a frame: the connection began (its preface was written) under the probes; its
+    /// reader's first read precedes its first frame, so every frame of it is seen, whatever
+    /// order the kernel's records of the first request and of that read arrive in.
+    pub const FRESH: u8 = 0xfd;
 }
 
 /// Open streams kept per connection.
@@ -117,14 +121,14 @@ impl Streams {
         id: u32,
         request: Option<Request>,
     ) {
-        if frame_type != frame::READING && frame_type != frame::LOST_PLACE {
+        if ![frame::READING, frame::FRESH, frame::LOST_PLACE].contains(&frame_type) {
             if sent {
                 self.frames_sent += 1;
             } else {
                 self.frames_received += 1;
             }
         }
-        if frame_type == frame::READING {
+        if frame_type == frame::READING || frame_type == frame::FRESH {
             self.reading = true;
             return;
         }

@@ -141,3 +141,16 @@ fn a_reset_either_way_ends_the_stream_and_memory_is_bounded() {
     assert_eq!(s.open().count(), super::MAX_OPEN);
     assert_eq!(s.dropped, 100);
 }
+
+#[test]
+fn a_connection_begun_under_the_probes_has_its_first_stream_judged() {
+    let t0 = Instant::now();
+    let mut s = Streams::default();
+    s.apply(t0, true, FRESH, 0, 0, None);
+    s.apply(t0, true, HEADERS, 0x4, 1, Some(watch(3, "pods")));
+    // The reader's own marker may come after the first request: no matter.
+    s.apply(t0, false, READING, 0, 0, None);
+    s.apply(t0, false, HEADERS, 0x4, 1, None);
+    assert!(s.visible());
+    assert_eq!(s.stuck(secs(t0, 3 + 120), STALE, GRACE, MAX_WATCH).len(), 1);
+}
