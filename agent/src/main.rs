@@ -20,7 +20,7 @@ mod testkit;
 
 // Short paths for the modules every step uses (`crate::process`, `crate::alerts`, ...).
 use act::{alerts, metrics, remediate};
-use app::{check, cli, config, logging, run, workers};
+use app::{check, cli, config, logging, run, unsupported, workers};
 use health::{judge, reachability, snapshot};
 use host::{container, exits, netns, privileges, prober, process, redact, resources, sock_diag};
 use serve::{api, status, views};

@@ -29,6 +29,7 @@ mod image;
 mod kubernetes;
 mod setup;
 mod vm;
+mod vm_suites;
 
 #[derive(Parser)]
 #[command(name = "xtask")]
@@ -101,7 +102,7 @@ enum Task {
         #[arg(long)]
         no_build: bool,
         /// Fail (and kill the guest) if it has not finished within this many seconds.
-        #[arg(long, default_value_t = 300)]
+        #[arg(long, default_value_t = vm::TIMEOUT_SECS)]
         timeout: u64,
     },
     /// Set up, build, and run the agent against a self-contained demo topology.

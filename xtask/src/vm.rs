@@ -8,8 +8,9 @@
 //! busybox, the static `lifeline` (built as `cargo xtask image` builds it), the static test
 //! programs `ll-server` and `ll-client`, and the kernel's modules that the agent needs. Its
 //! `/init` (`xtask/vm/init.sh`) mounts what the agent uses, loads the modules and runs the test
-//! (`xtask/vm/test.sh`: `lifeline check`, then detection on loopback), then prints the test's
-//! exit code on a marker line and powers off.
+//! (`xtask/vm/test.sh`: `lifeline check`, detection on loopback and in a pod's namespace, a
+//! kernel without BTF; then the root suites' chosen tests, [`vm_suites`]), then prints the
+//! test's exit code on a marker line and powers off.
 //!
 //! - Only Debian packages are downloaded: `qemu-system-x86` and `busybox-static` are installed,
 //!   the kernel package is extracted (`dpkg-deb -x`) into [`ROOT`], so a second run downloads
@@ -30,7 +31,7 @@ use std::{
 
 use flate2::{write::GzEncoder, Compression};
 
-use crate::{image, image::output, run, show, workspace, Failed, Result};
+use crate::{image, image::output, run, show, vm_suites, workspace, Failed, Result};
 
 /// Where kernels extracted from Debian packages are kept between runs.
 pub const ROOT: &str = "/var/tmp/lifeline-vm";
@@ -41,11 +42,23 @@ const APT_PACKAGES: [&str; 2] = ["qemu-system-x86", "busybox-static"];
 const DEBIAN_61_META: &str = "linux-image-cloud-amd64";
 /// Modules (under the release's `kernel/`) that Debian builds as modules and the agent, or the
 /// test, needs, in load order: `inet_diag` + `tcp_diag` (sock_diag: the start-up scan, tcp_info,
-/// SOCK_DESTROY), `veth` (network-namespace tests).
-const MODULES: [&str; 3] = [
+/// SOCK_DESTROY), `veth` (network-namespace tests), and what the root suites' harness needs
+/// for its iptables (nft) rule `-m conntrack ! --ctstate DNAT -j REJECT`.
+const MODULES: [&str; 14] = [
     "net/ipv4/inet_diag.ko",
     "net/ipv4/tcp_diag.ko",
     "drivers/net/veth.ko",
+    "net/netfilter/nfnetlink.ko",
+    "lib/libcrc32c.ko",
+    "net/netfilter/nf_tables.ko",
+    "net/netfilter/x_tables.ko",
+    "net/netfilter/nft_compat.ko",
+    "net/ipv4/netfilter/nf_defrag_ipv4.ko",
+    "net/ipv6/netfilter/nf_defrag_ipv6.ko",
+    "net/netfilter/nf_conntrack.ko",
+    "net/netfilter/xt_conntrack.ko",
+    "net/ipv4/netfilter/nf_reject_ipv4.ko",
+    "net/ipv4/netfilter/ipt_REJECT.ko",
 ];
 const INIT: &str = include_str!("../vm/init.sh");
 /// The default test run in the guest.
@@ -53,6 +66,9 @@ const TEST: &str = include_str!("../vm/test.sh");
 const EXIT_MARKER: &str = "LIFELINE-VM-EXIT ";
 const BEGIN_MARKER: &str = "LIFELINE-VM-BEGIN";
 const KERNEL_MARKER: &str = "LIFELINE-VM-KERNEL ";
+
+/// The default timeout of a guest run (boot, `test.sh`, the root suites, power-off).
+pub const TIMEOUT_SECS: u64 = 900;
 
 /// What `cargo xtask vm-test` was asked for.
 pub struct Options {
@@ -75,7 +91,7 @@ impl Options {
             modules: None,
             command: None,
             no_build: false,
-            timeout: Duration::from_secs(300),
+            timeout: Duration::from_secs(TIMEOUT_SECS),
         }
     }
 }
@@ -106,6 +122,10 @@ pub fn setup() -> Result {
 /// Boots the kernel, runs the test in it; fails unless the test exits 0.
 pub fn vm_test(options: &Options) -> Result {
     let outcome = run_guest(options)?;
+    if options.command.is_none() {
+        // Before the exit code: which of the suites' tests did not pass, by name.
+        vm_suites::verify(&outcome.output)?;
+    }
     if outcome.code != 0 {
         let failures: Vec<&str> = outcome.output.lines().filter(|l| l.starts_with("FAIL")).collect();
         return Err(Failed(format!(
@@ -125,12 +145,25 @@ pub fn run_guest(options: &Options) -> Result<Outcome> {
     crate::require_root("vm-test")?;
     crate::setup::apt(&APT_PACKAGES)?;
     let kernel = kernel(options)?;
-    let binaries = binaries(options.no_build)?;
-    let test = options.command.as_deref().unwrap_or(TEST);
+    let mut binaries = binaries(options.no_build)?;
     let dir = workspace().join("target/vm");
     fs::create_dir_all(&dir).map_err(|e| Failed(format!("{}: {e}", dir.display())))?;
+    // The default test is `test.sh`, then the root suites' chosen tests.
+    let test = match &options.command {
+        Some(command) => command.clone(),
+        None => {
+            let suites = vm_suites::prepare(
+                options.no_build,
+                &dir,
+                &dir.join("ll-client"),
+                &dir.join("ll-server"),
+            )?;
+            binaries.extend(suites.files);
+            format!("{TEST}\n{}", suites.script)
+        }
+    };
     let initrd = dir.join("initramfs.cpio.gz");
-    write_initramfs(&initrd, &kernel, &binaries, test)?;
+    write_initramfs(&initrd, &kernel, &binaries, &test)?;
     let accel = accel(&kernel, &dir)?;
     eprintln!(
         "vm-test: booting {} ({}) under {accel}, timeout {} s",
@@ -219,7 +252,9 @@ fn modules_from(tree: &Path) -> Result<Vec<PathBuf>> {
 fn debian_61() -> Result<Kernel> {
     let dir = Path::new(ROOT).join("debian-6.1");
     let stamp = dir.join("stamp");
-    if !stamp.is_file() {
+    let kept = |m: &&str| dir.join("modules").join(module_file(m)).is_file();
+    if !stamp.is_file() || !MODULES.iter().all(kept) {
+        // Not extracted yet, or by a version of this that kept fewer modules.
         fetch_debian_61(&dir)?;
     }
     let text = fs::read_to_string(&stamp).map_err(|e| Failed(format!("{}: {e}", stamp.display())))?;
@@ -357,13 +392,13 @@ fn modinfo_depends(ko: &[u8]) -> Vec<String> {
 /// The static binaries the guest runs, with where they go: `lifeline` as `cargo xtask image`
 /// builds it; `ll-server` and `ll-client` (std only) compiled alone with `rustc`, statically,
 /// without the rest of their package's dependencies (kube, k8s-openapi: minutes of build).
-fn binaries(no_build: bool) -> Result<Vec<(&'static str, PathBuf)>> {
+fn binaries(no_build: bool) -> Result<Vec<(String, PathBuf)>> {
     let target = image::host_target()?;
     if !no_build {
         image::build_static(&target)?;
     }
     let lifeline = image::static_binary(&target);
-    let mut out = vec![("usr/local/bin/lifeline", lifeline)];
+    let mut out = vec![("usr/local/bin/lifeline".to_owned(), lifeline)];
     let dir = workspace().join("target/vm");
     fs::create_dir_all(&dir).map_err(|e| Failed(format!("{}: {e}", dir.display())))?;
     for (name, guest) in [
@@ -380,7 +415,7 @@ fn binaries(no_build: bool) -> Result<Vec<(&'static str, PathBuf)>> {
                 .arg(&binary)
                 .arg(&source))?;
         }
-        out.push((guest, binary));
+        out.push((guest.to_owned(), binary));
     }
     for (_, binary) in &out {
         image::ensure_static(binary)?;
@@ -390,7 +425,7 @@ fn binaries(no_build: bool) -> Result<Vec<(&'static str, PathBuf)>> {
 
 /// The initramfs: busybox, the binaries, the modules (listed in load order in `/etc/modules`),
 /// `/init` and `/test.sh`.
-fn write_initramfs(path: &Path, kernel: &Kernel, binaries: &[(&str, PathBuf)], test: &str) -> Result {
+fn write_initramfs(path: &Path, kernel: &Kernel, binaries: &[(String, PathBuf)], test: &str) -> Result {
     let mut cpio = Cpio::new();
     for dir in [
         "bin",
@@ -405,6 +440,7 @@ fn write_initramfs(path: &Path, kernel: &Kernel, binaries: &[(&str, PathBuf)], t
         "usr/local",
         "usr/local/bin",
         "root",
+        "run",
     ] {
         cpio.dir(dir);
     }
@@ -443,6 +479,8 @@ struct Cpio {
     out: GzEncoder<Vec<u8>>,
     ino: u32,
     error: Option<std::io::Error>,
+    /// Directories written so far: a file's missing parents are written before it.
+    dirs: std::collections::BTreeSet<String>,
 }
 
 impl Cpio {
@@ -451,14 +489,32 @@ impl Cpio {
             out: GzEncoder::new(Vec::new(), Compression::fast()),
             ino: 0,
             error: None,
+            dirs: std::collections::BTreeSet::new(),
         }
     }
 
     fn dir(&mut self, name: &str) {
-        self.entry(name, 0o040755, (0, 0), &[]);
+        if self.dirs.insert(name.to_owned()) {
+            self.entry(name, 0o040755, (0, 0), &[]);
+        }
     }
 
     fn file(&mut self, name: &str, mode: u32, data: &[u8]) {
+        let mut parent = String::new();
+        for part in name
+            .split('/')
+            .rev()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
+            if !parent.is_empty() {
+                parent.push('/');
+            }
+            parent.push_str(part);
+            self.dir(&parent.clone());
+        }
         self.entry(name, 0o100000 | mode, (0, 0), data);
     }
 
@@ -571,7 +627,7 @@ fn boot(kernel: &Kernel, initrd: &Path, accel: &str, timeout: Duration, echo: bo
     let cpu = if accel == "kvm" { "host" } else { "max" };
     let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args(["-machine", &format!("q35,accel={accel}"), "-cpu", cpu])
-        .args(["-m", "1024", "-smp", "2", "-nic", "none"])
+        .args(["-m", "2048", "-smp", "2", "-nic", "none"])
         .arg("-kernel")
         .arg(&kernel.vmlinuz)
         .arg("-initrd")

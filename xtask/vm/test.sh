@@ -135,4 +135,34 @@ wait $agent
 rc=$?
 [ "$rc" = 0 ] || fail "agent exited $rc on SIGTERM"
 echo "ok: agent exited 0 on SIGTERM"
+
+# A kernel without what the agent needs (its BTF hidden here, as on a kernel built without
+# CONFIG_DEBUG_INFO_BTF): `check` names it in one line, and `run` stays up, not ready, saying
+# why once, rather than exiting (a DaemonSet would crash-loop).
+echo "== a kernel without BTF (an empty file over /sys/kernel/btf/vmlinux)"
+: >/tmp/no-btf
+mount --bind /tmp/no-btf /sys/kernel/btf/vmlinux || fail "cannot hide the kernel's BTF"
+lifeline check >/tmp/check.out 2>&1
+rc=$?
+tail -n 1 /tmp/check.out
+[ "$rc" = 1 ] || fail "lifeline check exited $rc without BTF, not 1"
+tail -n 1 /tmp/check.out | grep -q '^the agent cannot run here: missing tracepoints + offsets (kernel BTF' ||
+    fail "lifeline check's verdict does not name the missing BTF"
+lifeline run --endpoint $SERVER --listen 127.0.0.1:9478 >/tmp/agent.log 2>&1 &
+agent=$!
+readyz() { printf 'GET /readyz HTTP/1.0\r\n\r\n' | nc 127.0.0.1 9478 >/tmp/readyz.out 2>&1; }
+unready() { readyz; grep -q '503 Service Unavailable' /tmp/readyz.out && grep -q 'not ready: this kernel cannot run the agent: .*BTF' /tmp/readyz.out; }
+wait_for 30 "/readyz answers 503 with the reason" unready
+tail -n 1 /tmp/readyz.out
+sleep 3
+kill -0 $agent 2>/dev/null || fail "the agent exited without BTF"
+wget -q -O /dev/null http://127.0.0.1:9478/healthz || fail "/healthz fails without BTF"
+n=$(grep -c 'this kernel cannot run the agent' /tmp/agent.log)
+[ "$n" = 1 ] || fail "the agent's log says why $n times, not once"
+echo "ok: the agent stays up, alive and not ready, and says why once"
+kill $agent
+wait $agent
+rc=$?
+[ "$rc" = 0 ] || fail "agent without BTF exited $rc on SIGTERM"
+umount /sys/kernel/btf/vmlinux
 echo "PASS"

@@ -46,6 +46,19 @@ impl Report {
         self.items.iter().any(|(_, o)| matches!(o, Outcome::Warn(_)))
     }
 
+    /// What is missing, in one line: the name and reason of each FAIL.
+    fn missing(&self) -> String {
+        let fails: Vec<String> = self
+            .items
+            .iter()
+            .filter_map(|(name, o)| match o {
+                Outcome::Fail(why) => Some(format!("{name} ({})", escape_controls(why))),
+                _ => None,
+            })
+            .collect();
+        format!("missing {}", fails.join("; "))
+    }
+
     /// The report, control characters escaped (it quotes process names and kernel errors).
     pub fn render(&self) -> String {
         let mut out = String::from("lifeline check\n");
@@ -59,9 +72,11 @@ impl Report {
             let _ = writeln!(out, "  [{tag}] {name:<22} {}", escape_controls(text));
         }
         let verdict = match (self.can_run(), self.degraded()) {
-            (false, _) => "the agent cannot run here",
-            (true, true) => "the agent can run here, degraded: blind to what WARN says, and /readyz fails",
-            (true, false) => "the agent can run here",
+            (false, _) => format!("the agent cannot run here: {}", self.missing()),
+            (true, true) => {
+                "the agent can run here, degraded: blind to what WARN says, and /readyz fails".into()
+            }
+            (true, false) => "the agent can run here".into(),
         };
         let _ = writeln!(out, "{verdict}");
         out
@@ -130,7 +145,10 @@ pub fn run() -> Report {
         "kernel BTF",
         match std::fs::metadata(offsets::VMLINUX_BTF) {
             Ok(_) => Outcome::Ok(offsets::VMLINUX_BTF.to_owned()),
-            Err(e) => Outcome::Fail(format!("{}: {e}", offsets::VMLINUX_BTF)),
+            Err(e) => Outcome::Fail(format!(
+                "{}: {e} (CONFIG_DEBUG_INFO_BTF: the structure offsets come from it)",
+                offsets::VMLINUX_BTF
+            )),
         },
     ));
     let discovered = offsets::discover();
@@ -289,7 +307,34 @@ mod tests {
             fail[0].contains("CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN missing"),
             "{fail:?}"
         );
-        assert!(cannot_load.render().ends_with("the agent cannot run here\n"));
+        let verdict = cannot_load.render().lines().last().unwrap().to_owned();
+        assert_eq!(
+            verdict,
+            "the agent cannot run here: missing privileges (CAP_BPF and CAP_PERFMON, or \
+             CAP_SYS_ADMIN missing: cannot load and attach the eBPF programs)",
+        );
+    }
+
+    #[test]
+    fn a_kernel_without_what_the_agent_needs_is_named_in_the_verdict() {
+        let r = Report {
+            items: vec![
+                ("privileges", Outcome::Ok("all".into())),
+                (
+                    "kernel BTF",
+                    Outcome::Fail("/sys/kernel/btf/vmlinux: No such file or directory".into()),
+                ),
+                ("sock_diag", Outcome::Ok("answers".into())),
+            ],
+        };
+        assert!(!r.can_run());
+        assert_eq!(
+            r.render().lines().last(),
+            Some(
+                "the agent cannot run here: missing kernel BTF (/sys/kernel/btf/vmlinux: No such file \
+                 or directory)"
+            )
+        );
     }
 
     #[test]

@@ -5,4 +5,5 @@ pub mod cli;
 pub mod config;
 pub mod logging;
 pub mod run;
+pub mod unsupported;
 pub mod workers;

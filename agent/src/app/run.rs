@@ -46,6 +46,7 @@ use crate::{
     sampler::{Sampler, SharedTable},
     snapshot::{Latest, Snapshot},
     table::ConnectionTable,
+    unsupported::Unsupported,
     workers::{ClusterEvictor, Command, Refresher, SampleLoop},
 };
 
@@ -229,8 +230,26 @@ pub async fn run(args: RunArgs) -> Result<()> {
         env!("LIFELINE_REVISION"),
     )?);
 
-    let offsets = offsets::discover()?;
-    let (probes, feed) = Probes::load(&offsets)?;
+    // A kernel without what the agent needs does not make it exit: a DaemonSet would
+    // crash-loop. It stays up, not ready, saying why (`unsupported`).
+    let loaded = offsets::discover()
+        .map_err(Error::from)
+        .and_then(|offsets| Ok(Probes::load(&offsets)?));
+    let (probes, feed) = match loaded {
+        Ok(loaded) => loaded,
+        Err(why) => {
+            return Unsupported {
+                listen,
+                access,
+                fd_limit,
+                metrics,
+                blindness,
+                cluster,
+            }
+            .serve(&why)
+            .await
+        }
+    };
     let probes = Arc::new(Mutex::new(probes));
     probes
         .lock()
@@ -326,6 +345,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         latest,
         ready,
         blindness,
+        unsupported: None,
         metrics,
         cluster: cluster.clone(),
     };

@@ -155,6 +155,9 @@ pub struct ApiState {
     pub ready: Arc<AtomicBool>,
     /// What the agent cannot see (a missing privilege): `/readyz` fails while there is any.
     pub blindness: Arc<Blindness>,
+    /// Why this kernel cannot run the agent (its programs or offsets failed to load), if so:
+    /// the agent then stays up, never ready, saying why here (see `run::unsupported`).
+    pub unsupported: Option<Arc<str>>,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The Kubernetes side, when there is one: pod names and the API versions in use.
     pub cluster: Option<crate::cluster::Cluster>,
@@ -342,7 +345,9 @@ async fn accept_loop(
 
 async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
     let mut not_ready = Vec::new();
-    if !state.ready.load(Ordering::Acquire) {
+    if let Some(why) = &state.unsupported {
+        not_ready.push(format!("this kernel cannot run the agent: {why}"));
+    } else if !state.ready.load(Ordering::Acquire) {
         not_ready.push("starting: probes not attached or first scan not done".to_owned());
     }
     for (what, reason) in state.blindness.reasons() {
