@@ -108,24 +108,34 @@ fn watched_socket(fd: u64) -> Option<u64> {
     unsafe { SEGMENTS.get(segment_key(sk)) }.map(|_| sk)
 }
 
+/// The watched socket of a `*net.TCPConn` at `tcp`: its first word is the `*netFD`, whose
+/// `pfd.Sysfd` is at +16 (the same since Go 1.9).
+#[inline(always)]
+fn tcp_conn_socket(tcp: u64) -> Option<u64> {
+    let netfd = user_u64(tcp)?;
+    let fd = user_u64(netfd + 16)?;
+    if fd >= 1 << 20 {
+        return None;
+    }
+    watched_socket(fd)
+}
+
 /// The watched socket under a `*tls.Conn`: its `conn net.Conn` (first field) holds a
-/// `*net.TCPConn`, whose first word is the `*netFD`, whose `pfd.Sysfd` is at +16 (the same
-/// since Go 1.9). A dialer may wrap the TCP connection in a struct whose first field is the
-/// `net.Conn` (client-go's connection rotation does): one level of that is unwrapped.
+/// `*net.TCPConn`; or a dialer's wrapper that embeds the `net.Conn` among its first fields
+/// (client-go's connection rotation, used by the kubelet, has a func before it): the
+/// interface's data word is tried at +8, +16 and +24 of the wrapper.
 #[inline(always)]
 fn tls_socket(conn: u64) -> Option<u64> {
-    let mut inner = user_u64(conn + 8)?;
-    for _ in 0..2 {
-        if let Some(netfd) = user_u64(inner) {
-            if let Some(fd) = user_u64(netfd + 16) {
-                if fd < 1 << 20 {
-                    if let Some(sk) = watched_socket(fd) {
-                        return Some(sk);
-                    }
-                }
+    let data = user_u64(conn + 8)?;
+    if let Some(sk) = tcp_conn_socket(data) {
+        return Some(sk);
+    }
+    for at in [8u64, 16, 24] {
+        if let Some(inner) = user_u64(data + at) {
+            if let Some(sk) = tcp_conn_socket(inner) {
+                return Some(sk);
             }
         }
-        inner = user_u64(inner + 8)?;
     }
     None
 }

@@ -380,3 +380,34 @@ fn forgotten_processes_start_over() {
     e.retain(|k| *k != 1);
     assert!(!e.evaluate(&1, &connected(&c, 19, 19), c.at(20)).0.is_client);
 }
+
+#[test]
+fn a_stuck_stream_makes_its_client_stale_naming_it_and_blackholed_still_wins() {
+    let (mut e, c) = setup();
+    client(&mut e, &c);
+    let mut obs = connected(&c, 0, 600);
+    obs.established[0].stuck = vec![crate::table::streams::Stuck {
+        stream: 5,
+        description:
+            "watch endpoints (all namespaces): open 10m14s, due to end after 8m14s, nothing since 10m10s"
+                .into(),
+        resource: "endpoints".into(),
+        evidence: c.at(614),
+    }];
+    let (v, t) = e.evaluate(&1, &obs, c.at(615));
+    assert_eq!(v.state, State::Stale);
+    assert_eq!(
+        v.reason,
+        format!("watch endpoints (all namespaces): open 10m14s, due to end after 8m14s, nothing since 10m10s (stream 5 to {EP})")
+    );
+    assert_eq!(v.resource.as_deref(), Some("endpoints"));
+    assert_eq!(t.expect("a transition").detection, Duration::from_secs(1));
+    obs.established[0].stalled_since = Some(c.at(500));
+    let (v, _) = e.evaluate(&1, &obs, c.at(616));
+    assert_eq!(v.state, State::Blackholed, "a broken path is the bigger news");
+    assert_eq!(v.resource, None);
+    obs.established[0].stalled_since = None;
+    obs.established[0].stuck.clear();
+    let (v, _) = e.evaluate(&1, &obs, c.at(617));
+    assert_eq!(v.state, State::Healthy);
+}

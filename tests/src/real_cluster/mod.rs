@@ -24,6 +24,7 @@ pub mod clients;
 mod control_plane;
 mod daemon;
 pub mod findings;
+pub mod holding;
 pub mod image;
 pub mod monitor;
 mod node;
