@@ -41,7 +41,8 @@ pub enum EventKind {
     Segment = 3,
     /// An HTTP/2 frame a Go client wrote or read on a watched connection: a [`FrameEvent`].
     Frame = 4,
-    /// A request's `:method` or `:path` as a Go client encoded it: a [`HeaderEvent`].
+    /// A request's `:method` or `:path` as a Go client encoded it, or the method and path of
+    /// an OpenSSL client's HTTP/1.1 request line: a [`HeaderEvent`].
     Header = 5,
 }
 
@@ -77,7 +78,21 @@ pub struct FrameEvent {
     pub flags: u8,
     /// [`direction`].
     pub direction: u8,
-    pub _pad: [u8; 5],
+    /// [`protocol`]: HTTP/2 frames of a Go client, or an HTTP/1.1 client's messages mapped
+    /// onto frames (see [`protocol::HTTP1`]).
+    pub protocol: u8,
+    pub _pad: [u8; 4],
+}
+
+/// Which protocol a [`FrameEvent`] describes.
+pub mod protocol {
+    /// An HTTP/2 frame header, as read from a Go client.
+    pub const HTTP2: u8 = 0;
+    /// An HTTP/1.1 message of an OpenSSL client, as a frame of stream 1 (one request at a
+    /// time per connection): a request line written is a HEADERS frame sent, a status line
+    /// read a HEADERS frame received, the chunked body's terminator a DATA frame received
+    /// with END_STREAM, other bytes read a DATA frame received (coalesced).
+    pub const HTTP1: u8 = 1;
 }
 
 /// DATA frames received on one stream within this long of the last one sent are not sent:
@@ -127,6 +142,40 @@ pub struct GoroutineKey {
     pub goroutine: u64,
     pub tgid: u32,
     pub _pad: u32,
+}
+
+/// An OpenSSL connection of one process: the `SSL *` (map `SSL_FDS` and the per-connection
+/// coalescing of reads).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SslKey {
+    pub ssl: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+/// An `SSL_read`/`SSL_read_ex` in progress on a watched socket, by thread (map `SSL_READS`):
+/// what its return probe needs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SslRead {
+    pub sk: u64,
+    pub ssl: u64,
+    /// The caller's buffer.
+    pub buf: u64,
+    /// `SSL_read_ex`'s `size_t *readbytes`; 0 for `SSL_read` (the count is its result).
+    pub readbytes: u64,
+}
+
+/// An SSL call whose `SSL *` has no known descriptor yet, by thread (map `SSL_UNBOUND`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SslCall {
+    pub ssl: u64,
+    pub buf: u64,
+    pub len: u64,
+    /// 1 for `SSL_write`/`SSL_write_ex`, 0 for reads.
+    pub write: u64,
 }
 
 /// Key of the per-stream coalescing map.
@@ -435,6 +484,9 @@ mod pod {
     unsafe impl aya::Pod for super::FailureKey {}
     unsafe impl aya::Pod for super::FrameEvent {}
     unsafe impl aya::Pod for super::HeaderEvent {}
+    unsafe impl aya::Pod for super::SslKey {}
+    unsafe impl aya::Pod for super::SslRead {}
+    unsafe impl aya::Pod for super::SslCall {}
 }
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 18);

@@ -27,8 +27,8 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use lifeline_common::{
-    direction, header_field, EventKind, FrameCursor, FrameEvent, GoroutineKey, HeaderEvent, StreamKey,
-    FRAME_COALESCE_NS, HEADER_VALUE_MAX,
+    direction, header_field, protocol, EventKind, FrameCursor, FrameEvent, GoroutineKey, HeaderEvent,
+    StreamKey, FRAME_COALESCE_NS, HEADER_VALUE_MAX,
 };
 
 use crate::{bump, counter, segment_key, EVENTS, OFFSETS, SEGMENTS};
@@ -81,14 +81,14 @@ fn kernel_u64(at: u64) -> Option<u64> {
 }
 
 #[inline(always)]
-fn user_u64(at: u64) -> Option<u64> {
+pub(crate) fn user_u64(at: u64) -> Option<u64> {
     // SAFETY: bpf_probe_read_user tolerates any address.
     unsafe { bpf_probe_read_user(at as *const u64) }.ok()
 }
 
 /// The socket behind descriptor `fd` of the current task, if it is a watched one.
 #[inline(always)]
-fn watched_socket(fd: u64) -> Option<u64> {
+pub(crate) fn watched_socket(fd: u64) -> Option<u64> {
     // SAFETY: helper with no preconditions.
     let task = unsafe { bpf_get_current_task() };
     let files = kernel_u64(task + u64::from(file_offset!(task_struct_files)))?;
@@ -141,13 +141,13 @@ fn tls_socket(conn: u64) -> Option<u64> {
 }
 
 #[inline(always)]
-fn regs(ctx: &ProbeContext) -> &pt_regs {
+pub(crate) fn regs(ctx: &ProbeContext) -> &pt_regs {
     // SAFETY: the probe context is the task's saved registers.
     unsafe { &*ctx.regs }
 }
 
 #[inline(always)]
-fn tgid() -> u32 {
+pub(crate) fn tgid() -> u32 {
     (bpf_get_current_pid_tgid() >> 32) as u32
 }
 
@@ -185,7 +185,8 @@ fn send_frame(sk: u64, goroutine: u64, frame_type: u8, flags: u8, stream_id: u32
         frame_type,
         flags,
         direction: dir,
-        _pad: [0; 5],
+        protocol: protocol::HTTP2,
+        _pad: [0; 4],
     });
     entry.submit(0);
     bump(counter::SENT);

@@ -102,6 +102,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
 };
 
 mod gotls;
+mod openssl;
 
 /// Ports of the apiserver endpoints, one bit per port: the first and, for unrelated sockets,
 /// only test. Changed by userspace at run time.

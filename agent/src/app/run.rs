@@ -35,6 +35,7 @@ use crate::{
     kernel::{
         golang::GoTracer,
         offsets,
+        openssl::SslTracer,
         programs::{self, Probes},
         pump::{KernelStats, Pump, PumpContext},
     },
@@ -334,6 +335,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         ready: ready.clone(),
         kernel: probes.clone(),
         go: GoTracer::default(),
+        ssl: SslTracer::default(),
     };
     let sampler_thread = std::thread::Builder::new()
         .name("sampler".into())

@@ -20,7 +20,11 @@ use crate::{
     cluster::{self, Cluster, EventTarget, EventType, PodRef},
     health::State,
     judge::{self, Judge},
-    kernel::{golang::GoTracer, programs::Probes},
+    kernel::{
+        golang::{GoTracer, Visibility},
+        openssl::SslTracer,
+        programs::Probes,
+    },
     metrics::Metrics,
     prober,
     process::ProcessInfo,
@@ -124,6 +128,8 @@ pub struct SampleLoop {
     /// The kernel programs, for the Go-client uprobes that follow clients' binaries.
     pub kernel: Arc<Mutex<Probes>>,
     pub go: GoTracer,
+    /// The OpenSSL-client uprobes that follow clients' libssl.
+    pub ssl: SslTracer,
 }
 
 impl SampleLoop {
@@ -184,10 +190,14 @@ impl SampleLoop {
                 .collect()
         };
         self.go.reconcile(&self.kernel, &holding, now);
+        self.ssl.reconcile(&self.kernel, &holding, now);
         let cluster = self.cluster.clone();
         let pods = |info: &ProcessInfo| pod_of(cluster.as_ref(), info);
-        let go = &self.go;
-        let visibility = |key| go.visibility(key);
+        let (go, ssl) = (&self.go, &self.ssl);
+        let visibility = |key| match go.visibility(key) {
+            streams @ Visibility::Streams { .. } => streams,
+            connection => ssl.visibility(key).unwrap_or(connection),
+        };
         let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         let targets = judge::probe_targets(&table);
         self.probe_targets.send_if_modified(|current| {

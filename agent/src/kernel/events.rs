@@ -5,8 +5,8 @@ use std::{
 };
 
 use lifeline_common::{
-    direction, header_field, EventKind, FrameEvent, HeaderEvent, SegmentEvent, SockEvent, AF_INET, AF_INET6,
-    HEADER_VALUE_MAX,
+    direction, header_field, protocol, EventKind, FrameEvent, HeaderEvent, SegmentEvent, SockEvent, AF_INET,
+    AF_INET6, HEADER_VALUE_MAX,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -147,6 +147,9 @@ pub struct Frame {
     pub length: u32,
     /// The client sent it (else it read it).
     pub sent: bool,
+    /// An OpenSSL client's HTTP/1.1 message mapped onto a frame of stream 1 (see
+    /// [`lifeline_common::protocol::HTTP1`]), not an HTTP/2 frame.
+    pub http1: bool,
 }
 
 /// Which request header a [`Header`] carries.
@@ -194,6 +197,7 @@ pub fn decode_record(bytes: &[u8], clock: &MonotonicClock) -> Result<Record> {
             flags: raw.flags,
             length: raw.length,
             sent: raw.direction == direction::SENT,
+            http1: raw.protocol == protocol::HTTP1,
         }));
     }
     if bytes.len() == std::mem::size_of::<HeaderEvent>() {

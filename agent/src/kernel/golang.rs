@@ -44,8 +44,9 @@ const RETRY_UNTRACEABLE: Duration = Duration::from_secs(600);
 /// How a client is seen (SPEC "Streams": `visibility`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Visibility {
-    /// Its streams are followed: its binary is probed.
-    Streams { go_version: String },
+    /// Its streams are followed: its binary (or TLS library) is probed; `client` says which
+    /// kind of client it is ("Go HTTP/2 client (go1.23.4)").
+    Streams { client: String },
     /// Only its connections: why.
     Connection { why: String },
 }
@@ -173,7 +174,7 @@ impl GoTracer {
         let binary = self.clients.get(&key).and_then(|id| self.binaries.get(id));
         match binary {
             Some(Binary::Traced { go_version, .. }) => Visibility::Streams {
-                go_version: go_version.clone(),
+                client: format!("Go HTTP/2 client ({go_version})"),
             },
             Some(Binary::Untraceable { why, .. }) => Visibility::Connection { why: why.clone() },
             None => Visibility::Connection {

@@ -9,8 +9,10 @@ pub mod events;
 pub mod filter;
 pub mod golang;
 pub mod offsets;
+pub mod openssl;
 pub mod programs;
 pub mod pump;
+pub mod ssl_probes;
 pub mod uprobes;
 
 /// Registers an fd-owning object (ring buffer, log buffer) with tokio for readability.

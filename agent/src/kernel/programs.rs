@@ -51,6 +51,8 @@ pub enum Error {
     Map { name: &'static str, source: MapError },
     #[error("the Go-client programs did not load: {0}")]
     GoUnavailable(String),
+    #[error("the OpenSSL-client programs did not load: {0}")]
+    SslUnavailable(String),
     #[error("{wanted} endpoints: the kernel map holds at most {MAX_ENDPOINTS}")]
     Capacity { wanted: usize },
 }
@@ -130,6 +132,8 @@ pub struct Probes {
     _logger_task: Option<tokio::task::JoinHandle<()>>,
     /// Whether the Go-client uprobes loaded (see `uprobes.rs`); why not, else.
     pub(super) go_loaded: std::result::Result<(), String>,
+    /// Whether the OpenSSL-client uprobes loaded (see `ssl_probes.rs`); why not, else.
+    pub(super) ssl_loaded: std::result::Result<(), String>,
     pub(super) ebpf: Ebpf,
 }
 
@@ -170,6 +174,11 @@ impl Probes {
             tracing::warn!("Go clients' streams are not followed: {why}");
             why
         });
+        let ssl_loaded = super::ssl_probes::load(&mut ebpf).map_err(|err| {
+            let why = crate::error::chain(&err);
+            tracing::warn!("OpenSSL clients' requests are not followed: {why}");
+            why
+        });
         let endpoints = take_map(&mut ebpf, "ENDPOINTS", LpmTrie::try_from)?;
         let ports = take_map(&mut ebpf, "WATCHED_PORTS", Array::try_from)?;
         let counters = take_map(&mut ebpf, "COUNTERS", PerCpuArray::try_from)?;
@@ -184,6 +193,7 @@ impl Probes {
             offsets: *offsets,
             _logger_task: logger_task,
             go_loaded,
+            ssl_loaded,
             ebpf,
         };
         Ok((probes, KernelFeed { events, failures }))

@@ -161,7 +161,7 @@ pub fn clients(snap: &Snapshot) -> Vec<ClientView> {
             connect_failures: c.recent_failures,
             visibility: c.visibility.as_str().to_owned(),
             visibility_reason: match &c.visibility {
-                Visibility::Streams { go_version } => format!("Go HTTP/2 client ({go_version})"),
+                Visibility::Streams { client } => client.clone(),
                 Visibility::Connection { why } => why.clone(),
             },
             streams: stream_views(c, snap),

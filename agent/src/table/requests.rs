@@ -2,6 +2,10 @@
 //! request's `:method` and `:path` (header records), then writes the HEADERS frame that opens
 //! its stream (a frame record from the same goroutine, naming the socket). The pairing is per
 //! (process, goroutine); a frame finds its connection by the socket's kernel address.
+//!
+//! An OpenSSL client's HTTP/1.1 request comes the same way (its thread in place of the
+//! goroutine), as stream 1 of its connection; a new request line on the connection replaces
+//! the previous request.
 use std::{collections::HashMap, time::Instant};
 
 use super::{
@@ -74,6 +78,18 @@ impl ConnectionTable {
         let Some(conn) = self.conns.get_mut(id) else {
             return;
         };
+        if f.http1 {
+            // Every byte an OpenSSL client reads is seen once its libssl is probed.
+            if !conn.streams.reading {
+                conn.streams.apply(f.at, false, frame::READING, 0, 0, None);
+            }
+            // One request at a time: a request line ends the previous request's stream
+            // (its response was read whole, or it is abandoned).
+            if f.sent && f.frame_type == frame::HEADERS {
+                conn.streams
+                    .apply(f.at, true, frame::RST_STREAM, 0, f.stream_id, None);
+            }
+        }
         conn.streams
             .apply(f.at, f.sent, f.frame_type, f.flags, f.stream_id, request);
     }

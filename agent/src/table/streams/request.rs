@@ -74,7 +74,9 @@ impl Request {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
-                "watch" => watch = value == "true" || value == "1",
+                // As the apiserver decodes it (Convert_Slice_string_To_bool): anything but
+                // "0" and "false" in any case; python-kubernetes sends "True".
+                "watch" => watch = value != "0" && !value.eq_ignore_ascii_case("false"),
                 "timeoutSeconds" => timeout = value.parse::<u64>().ok().map(Duration::from_secs),
                 _ => {}
             }
@@ -219,6 +221,21 @@ mod tests {
             r.describe(),
             "watch discovery.k8s.io/endpointslices (all namespaces)"
         );
+    }
+
+    #[test]
+    fn watch_is_read_as_the_apiserver_reads_it() {
+        let python = Request::parse("GET", "/api/v1/pods?timeoutSeconds=5&watch=True", false);
+        assert_eq!(python.kind, Kind::Watch, "python-kubernetes sends True");
+        assert_eq!(python.timeout, Some(Duration::from_secs(5)));
+        for list in [
+            "/api/v1/pods?watch=false",
+            "/api/v1/pods?watch=FALSE",
+            "/api/v1/pods?watch=0",
+            "/api/v1/pods",
+        ] {
+            assert_eq!(Request::parse("GET", list, false).kind, Kind::List, "{list}");
+        }
     }
 
     #[test]

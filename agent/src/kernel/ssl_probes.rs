@@ -1,0 +1,148 @@
+//! The OpenSSL-client uprobes (`ebpf/src/openssl.rs`): loaded with the other programs,
+//! attached to one libssl file at a time by symbol, detached when no client maps that file
+//! any more.
+use std::path::Path;
+
+use aya::{
+    programs::{
+        trace_point::TracePointLinkId,
+        uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
+        TracePoint, UProbe,
+    },
+    Ebpf,
+};
+
+use super::programs::{program_of, Error, Probes, Result};
+
+/// Program and the exported function it goes on (entry, except `ssl_read_ret`: returns).
+pub const SITES: [(&str, &str); 8] = [
+    ("ssl_set_fd", "SSL_set_fd"),
+    ("ssl_write", "SSL_write"),
+    ("ssl_write", "SSL_write_ex"),
+    ("ssl_read", "SSL_read"),
+    ("ssl_read_ex", "SSL_read_ex"),
+    ("ssl_read_ret", "SSL_read"),
+    ("ssl_read_ret", "SSL_read_ex"),
+    // Python and curl bind a descriptor with SSL_set_fd; the read and write halves alone
+    // are rare, and an unknown SSL * is simply not followed.
+    ("ssl_set_fd", "SSL_set_rfd"),
+];
+
+const PROGRAMS: [&str; 5] = [
+    "ssl_set_fd",
+    "ssl_write",
+    "ssl_read",
+    "ssl_read_ex",
+    "ssl_read_ret",
+];
+
+/// Binds an `SSL *` set up before its library was probed to its descriptor (see
+/// `ebpf/src/openssl.rs`); attached while any libssl is probed.
+const SYSCALLS_PROGRAM: &str = "ssl_sys_enter_rw";
+/// The system calls OpenSSL's socket BIO reads and writes with.
+const SYSCALLS: [&str; 4] = [
+    "sys_enter_read",
+    "sys_enter_write",
+    "sys_enter_recvfrom",
+    "sys_enter_sendto",
+];
+
+/// The system-call tracepoints; give them back to [`Probes::detach_ssl_syscalls`].
+#[derive(Debug)]
+pub struct SyscallLinks(Vec<TracePointLinkId>);
+
+/// The uprobes attached to one library file; give them back to [`Probes::detach_ssl`].
+#[derive(Debug)]
+pub struct Links(Vec<(&'static str, UProbeLinkId)>);
+
+impl Links {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Loads the programs (not attached).
+pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
+    for name in PROGRAMS {
+        let program: &mut UProbe = program_of(ebpf, name)?;
+        program.load().map_err(|source| Error::Program { name, source })?;
+    }
+    let name = SYSCALLS_PROGRAM;
+    let program: &mut TracePoint = program_of(ebpf, name)?;
+    program.load().map_err(|source| Error::Program { name, source })?;
+    Ok(())
+}
+
+impl Probes {
+    /// Why the OpenSSL-client programs cannot be used, if they cannot.
+    pub fn ssl_unavailable(&self) -> Option<&str> {
+        self.ssl_loaded.as_ref().err().map(String::as_str)
+    }
+
+    /// Attaches every site in `library` (all processes that map it): all or nothing.
+    pub fn attach_ssl(&mut self, library: &Path) -> Result<Links> {
+        if let Err(why) = &self.ssl_loaded {
+            return Err(Error::SslUnavailable(why.clone()));
+        }
+        let mut links = Links(Vec::new());
+        for (name, symbol) in SITES {
+            let attached = program_of::<UProbe>(&mut self.ebpf, name).and_then(|p| {
+                p.attach(
+                    UProbeAttachLocation::Symbol(symbol),
+                    library,
+                    UProbeScope::AllProcesses,
+                )
+                .map_err(|source| Error::Program { name, source })
+            });
+            match attached {
+                Ok(link) => links.0.push((name, link)),
+                Err(err) => {
+                    self.detach_ssl(links);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(links)
+    }
+
+    /// Attaches the system-call tracepoints that bind older `SSL *`s: all or nothing.
+    pub fn attach_ssl_syscalls(&mut self) -> Result<SyscallLinks> {
+        let name = SYSCALLS_PROGRAM;
+        let mut links = SyscallLinks(Vec::new());
+        for syscall in SYSCALLS {
+            let attached = program_of::<TracePoint>(&mut self.ebpf, name).and_then(|p| {
+                p.attach("syscalls", syscall)
+                    .map_err(|source| Error::Program { name, source })
+            });
+            match attached {
+                Ok(link) => links.0.push(link),
+                Err(err) => {
+                    self.detach_ssl_syscalls(links);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(links)
+    }
+
+    pub fn detach_ssl_syscalls(&mut self, links: SyscallLinks) {
+        for link in links.0 {
+            if let Ok(p) = program_of::<TracePoint>(&mut self.ebpf, SYSCALLS_PROGRAM) {
+                if let Err(err) = p.detach(link) {
+                    tracing::warn!("detaching {SYSCALLS_PROGRAM}: {err}");
+                }
+            }
+        }
+    }
+
+    /// Detaches what [`attach_ssl`](Self::attach_ssl) attached.
+    pub fn detach_ssl(&mut self, links: Links) {
+        for (name, link) in links.0 {
+            if let Ok(p) = program_of::<UProbe>(&mut self.ebpf, name) {
+                if let Err(err) = p.detach(link) {
+                    tracing::warn!("detaching {name}: {err}");
+                }
+            }
+        }
+    }
+}

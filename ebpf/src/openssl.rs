@@ -1,0 +1,471 @@
+//! Uprobes on OpenSSL clients (python-kubernetes through urllib3 and Python's `ssl`, curl):
+//! which HTTP/1.1 request a watched connection carries and whether its response came and
+//! ended, read from the client's own plaintext without keeping any of it.
+//!
+//! HTTP/1.1 carries one request at a time per connection; each becomes stream 1 of
+//! [`protocol::HTTP1`] frame records, so the table follows it like an HTTP/2 stream:
+//!
+//! - `ssl_set_fd`, at `SSL_set_fd(ssl, fd)`: which descriptor an `SSL *` uses (Python's `ssl`
+//!   and curl bind every connection this way). No OpenSSL struct is read: their layout
+//!   changes between versions.
+//! - `ssl_write`, at `SSL_write`/`SSL_write_ex(ssl, buf, num)`: a buffer that starts with a
+//!   request line (`GET /api/v1/pods?watch=1 HTTP/1.1`) gives the method and the path up to
+//!   the next space, as header records, and a HEADERS frame record. Nothing after the path
+//!   leaves the kernel: the headers that follow (`Authorization` among them) are never copied
+//!   out of the per-CPU scratch buffer.
+//! - `ssl_read` / `ssl_read_ex`, at the entries of `SSL_read`/`SSL_read_ex(ssl, buf, num,
+//!   [readbytes])`: the buffer, by thread; `ssl_read_ret`, at their returns: the bytes read
+//!   start with `HTTP/1.` (response headers: a HEADERS frame record), end with the chunked
+//!   body's terminator (`0\r\n\r\n`: a DATA frame record with END_STREAM), or are any other
+//!   response bytes (a DATA frame record, at most one per second per connection).
+//!
+//! An `SSL *` bound before the probes came (a client whose libssl was probed after it
+//! connected, the usual case for the first client of a library) is bound by the first read
+//! or write system call its thread makes inside an SSL call (`ssl_sys_enter_rw`, attached
+//! only while some libssl is probed): once per `SSL *`, watched or not.
+//!
+//! Cost: the probes fire only in processes that map a probed libssl file (userspace attaches
+//! them per library file of a client). A call on a connection that is not watched costs the
+//! uprobe and one hash lookup (`SSL_FDS`, then the descriptor's socket in `SEGMENTS`).
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_buf},
+    macros::{map, tracepoint, uprobe, uretprobe},
+    maps::{HashMap, LruHashMap, PerCpuArray},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
+};
+use lifeline_common::{
+    direction, header_field, protocol, EventKind, FrameEvent, HeaderEvent, SslCall, SslKey, SslRead,
+    FRAME_COALESCE_NS, HEADER_VALUE_MAX,
+};
+
+use crate::{
+    bump, counter,
+    gotls::{regs, tgid, user_u64, watched_socket},
+    EVENTS,
+};
+
+/// Frame types and flags (as `gotls.rs`): what the table reads.
+const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const END_STREAM: u8 = 1;
+/// The one stream of an HTTP/1.1 connection.
+const STREAM: u32 = 1;
+/// Longest method token read (`OPTIONS`, `CONNECT`: 7).
+const METHOD_MAX: usize = 7;
+/// `"HTTP/1."`: a response's status line.
+const STATUS_LINE: &[u8; 7] = b"HTTP/1.";
+/// The last chunk of a chunked body after the previous chunk's CRLF (RFC 9112 §7.1).
+const TERMINATOR: &[u8; 7] = b"\r\n0\r\n\r\n";
+
+/// The descriptor of each `SSL *` of each process, from `SSL_set_fd`.
+#[map]
+static SSL_FDS: LruHashMap<SslKey, u32> = LruHashMap::with_max_entries(16384, 0);
+
+/// `SSL_FDS` value of an `SSL *` whose descriptor is not a watched socket.
+const NOT_WATCHED: u32 = u32::MAX;
+
+/// SSL calls in progress on an `SSL *` whose descriptor is not known yet (its `SSL_set_fd`
+/// came before the probes), by thread: the first read or write system call the thread makes
+/// inside the call names the descriptor (`sys_enter_rw`).
+#[map]
+static SSL_UNBOUND: HashMap<u64, SslCall> = HashMap::with_max_entries(4096, 0);
+
+/// Reads in progress on watched sockets, by thread (`pid_tgid`).
+#[map]
+static SSL_READS: HashMap<u64, SslRead> = HashMap::with_max_entries(4096, 0);
+
+/// When a liveness DATA record of each watched socket was last sent.
+#[map]
+static SSL_SEEN: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// Where a request line's path is looked at before only the path is copied out.
+#[repr(C)]
+pub struct Scratch {
+    bytes: [u8; HEADER_VALUE_MAX],
+}
+
+#[map]
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// What is known of the descriptor under `ssl` of the current process.
+enum Bound {
+    Watched(u64),
+    NotWatched,
+    Unknown,
+}
+
+#[inline(always)]
+fn ssl_socket(ssl: u64) -> Bound {
+    let key = SslKey {
+        ssl,
+        tgid: tgid(),
+        _pad: 0,
+    };
+    // SAFETY: copied out at once.
+    match unsafe { SSL_FDS.get(key) }.copied() {
+        None => Bound::Unknown,
+        Some(NOT_WATCHED) => Bound::NotWatched,
+        Some(fd) => match watched_socket(u64::from(fd)) {
+            Some(sk) => Bound::Watched(sk),
+            None => Bound::NotWatched,
+        },
+    }
+}
+
+/// An SSL call on an `SSL *` of unknown descriptor: the thread's next read or write system
+/// call names it.
+#[inline(always)]
+fn unbound(ssl: u64, buf: u64, len: u64, write: bool) {
+    let call = SslCall {
+        ssl,
+        buf,
+        len,
+        write: u64::from(write),
+    };
+    let _ = SSL_UNBOUND.insert(bpf_get_current_pid_tgid(), call, 0);
+}
+
+#[tracepoint]
+pub fn ssl_sys_enter_rw(ctx: TracePointContext) -> u32 {
+    let _ = try_ssl_sys_enter_rw(&ctx);
+    0
+}
+
+/// `syscalls/sys_enter_{read,write,recvfrom,sendto}`: the descriptor is the first argument
+/// (offset 16, after the common fields and the syscall number). Every such call on the node
+/// pays one lookup while the program is attached (only while some libssl is probed).
+fn try_ssl_sys_enter_rw(ctx: &TracePointContext) -> Option<()> {
+    let thread = bpf_get_current_pid_tgid();
+    // SAFETY: copied out at once.
+    let call = *unsafe { SSL_UNBOUND.get(thread) }?;
+    let _ = SSL_UNBOUND.remove(thread);
+    // SAFETY: the tracepoint's arguments, read by offset.
+    let fd: u64 = unsafe { ctx.read_at(16) }.ok()?;
+    let key = SslKey {
+        ssl: call.ssl,
+        tgid: tgid(),
+        _pad: 0,
+    };
+    let Some(sk) = watched_socket(fd) else {
+        let _ = SSL_FDS.insert(key, NOT_WATCHED, 0);
+        return None;
+    };
+    let _ = SSL_FDS.insert(key, fd as u32, 0);
+    if call.write != 0 {
+        write_request(sk, call.buf, call.len);
+    }
+    Some(())
+}
+
+#[inline(always)]
+fn send_frame(sk: u64, frame_type: u8, flags: u8, length: u32, dir: u8) {
+    let Some(mut entry) = EVENTS.reserve::<FrameEvent>(0) else {
+        bump(counter::LOST);
+        return;
+    };
+    entry.write(FrameEvent {
+        // SAFETY: helper with no preconditions.
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        sk,
+        goroutine: bpf_get_current_pid_tgid(),
+        kind: EventKind::Frame as u32,
+        tgid: tgid(),
+        stream_id: STREAM,
+        length,
+        frame_type,
+        flags,
+        direction: dir,
+        protocol: protocol::HTTP1,
+        _pad: [0; 4],
+    });
+    entry.submit(0);
+    bump(counter::SENT);
+}
+
+#[uprobe]
+pub fn ssl_set_fd(ctx: ProbeContext) -> u32 {
+    let r = regs(&ctx);
+    let key = SslKey {
+        ssl: r.rdi,
+        tgid: tgid(),
+        _pad: 0,
+    };
+    let _ = SSL_FDS.insert(key, r.rsi as u32, 0);
+    0
+}
+
+#[uprobe]
+pub fn ssl_write(ctx: ProbeContext) -> u32 {
+    let _ = try_ssl_write(&ctx);
+    0
+}
+
+/// `SSL_write(ssl, buf, num)` and `SSL_write_ex(ssl, buf, num, written)`.
+fn try_ssl_write(ctx: &ProbeContext) -> Option<()> {
+    let r = regs(ctx);
+    let (ssl, buf, len) = (r.rdi, r.rsi, r.rdx & 0x7fff_ffff);
+    match ssl_socket(ssl) {
+        Bound::Watched(sk) => write_request(sk, buf, len),
+        Bound::NotWatched => None,
+        Bound::Unknown => {
+            unbound(ssl, buf, len, true);
+            None
+        }
+    }
+}
+
+/// A write on a watched socket: a request line, if it starts with one.
+#[inline(always)]
+fn write_request(sk: u64, buf: u64, len: u64) -> Option<()> {
+    let mut head = [0u8; METHOD_MAX + 2];
+    if len < head.len() as u64 {
+        return None;
+    }
+    // SAFETY: a user address; the helper tolerates any.
+    unsafe { bpf_probe_read_user_buf(buf as *const u8, &mut head) }.ok()?;
+    let method_len = method_token(&head)?;
+    let path_at = buf + method_len as u64 + 1;
+    let available = len - method_len as u64 - 1;
+    let scratch = SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: the per-CPU scratch buffer, ours for the duration of the program.
+    let scratch = unsafe { &mut (*scratch).bytes };
+    let copy = if available < HEADER_VALUE_MAX as u64 {
+        available as u32
+    } else {
+        HEADER_VALUE_MAX as u32
+    };
+    if copy == 0 {
+        return None;
+    }
+    // SAFETY: at most the scratch buffer's size, from a user address the helper checks.
+    let failed = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            scratch.as_mut_ptr().cast(),
+            copy,
+            path_at as *const _,
+        )
+    } != 0;
+    if failed {
+        return None;
+    }
+    // The path ends at the space before the protocol version. A loop helper: an unrolled
+    // scan of 512 bytes with an exit at each is more than the verifier follows.
+    let mut scan = Scan {
+        bytes: scratch.as_ptr(),
+        copy,
+        end: HEADER_VALUE_MAX as u32 + 1,
+    };
+    // SAFETY: the callback reads only `scan` and the scratch buffer, within bounds.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            HEADER_VALUE_MAX as u32,
+            path_end as *mut c_void,
+            (&mut scan as *mut Scan).cast(),
+            0,
+        )
+    };
+    let path_len = scan.end;
+    send_header(
+        header_field::METHOD,
+        &head as *const u8,
+        method_len as u32,
+        method_len as u32,
+    );
+    let copied = if path_len > HEADER_VALUE_MAX as u32 {
+        HEADER_VALUE_MAX as u32
+    } else {
+        path_len
+    };
+    send_header(header_field::PATH, scratch.as_ptr(), copied, path_len);
+    send_frame(sk, HEADERS, 0, len as u32, direction::SENT);
+    Some(())
+}
+
+/// The state of the scan for a path's end (`path_end`).
+#[repr(C)]
+struct Scan {
+    bytes: *const u8,
+    copy: u32,
+    /// The path's length; `HEADER_VALUE_MAX + 1` while no end is found (a cut path).
+    end: u32,
+}
+
+/// One step of the scan: byte `index` of the scratch buffer ends the path if it is a space
+/// or a line end, or if it is past the bytes copied.
+extern "C" fn path_end(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the caller's `Scan`, alive for the whole loop.
+    let scan = unsafe { &mut *ctx.cast::<Scan>() };
+    if index >= u64::from(scan.copy) {
+        scan.end = scan.copy;
+        return 1;
+    }
+    if index >= HEADER_VALUE_MAX as u64 {
+        return 1;
+    }
+    // SAFETY: within the scratch buffer (checked above).
+    let b = unsafe { *scan.bytes.add(index as usize) };
+    if b == b' ' || b == b'\r' || b == b'\n' {
+        scan.end = index as u32;
+        return 1;
+    }
+    0
+}
+
+/// The length of the method token a request line starts with (`GET /…`), if it is one: 3
+/// to 7 capitals, a space, a slash.
+#[inline(always)]
+fn method_token(head: &[u8; METHOD_MAX + 2]) -> Option<usize> {
+    let mut n = 0;
+    while n < METHOD_MAX {
+        if !head[n].is_ascii_uppercase() {
+            break;
+        }
+        n += 1;
+    }
+    (n >= 3 && head[n] == b' ' && head[n + 1] == b'/').then_some(n)
+}
+
+/// One header record: `copy` bytes of kernel memory at `from` (the method in the stack, or
+/// the path in the scratch buffer); `len` is the value's whole length.
+#[inline(always)]
+fn send_header(field: u32, from: *const u8, copy: u32, len: u32) {
+    let Some(mut entry) = EVENTS.reserve::<HeaderEvent>(0) else {
+        bump(counter::LOST);
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` is the reserved record, written field by field before submit.
+    unsafe {
+        (*event).timestamp_ns = bpf_ktime_get_ns();
+        (*event).goroutine = bpf_get_current_pid_tgid();
+        (*event).kind = EventKind::Header as u32;
+        (*event).tgid = tgid();
+        (*event).field = field;
+        (*event).value_len = len;
+        let mut copy = copy & 0x3ff;
+        if copy > HEADER_VALUE_MAX as u32 {
+            copy = HEADER_VALUE_MAX as u32;
+        }
+        let dst = (*event).value.as_mut_ptr();
+        if copy == 0
+            || aya_ebpf::helpers::generated::bpf_probe_read_kernel(dst.cast(), copy, from.cast()) != 0
+        {
+            (*event).value_len = 0;
+        }
+    }
+    entry.submit(0);
+    bump(counter::SENT);
+}
+
+#[uprobe]
+pub fn ssl_read(ctx: ProbeContext) -> u32 {
+    let r = regs(&ctx);
+    remember_read(r.rdi, r.rsi, 0);
+    0
+}
+
+#[uprobe]
+pub fn ssl_read_ex(ctx: ProbeContext) -> u32 {
+    let r = regs(&ctx);
+    remember_read(r.rdi, r.rsi, r.rcx);
+    0
+}
+
+#[inline(always)]
+fn remember_read(ssl: u64, buf: u64, readbytes: u64) {
+    let sk = match ssl_socket(ssl) {
+        Bound::Watched(sk) => sk,
+        Bound::NotWatched => return,
+        // Resolved by the return probe, once the thread's system call named it.
+        Bound::Unknown => {
+            unbound(ssl, buf, 0, false);
+            0
+        }
+    };
+    let read = SslRead {
+        sk,
+        ssl,
+        buf,
+        readbytes,
+    };
+    let _ = SSL_READS.insert(bpf_get_current_pid_tgid(), read, 0);
+}
+
+#[uretprobe]
+pub fn ssl_read_ret(ctx: RetProbeContext) -> u32 {
+    let _ = try_ssl_read_ret(&ctx);
+    0
+}
+
+fn try_ssl_read_ret(ctx: &RetProbeContext) -> Option<()> {
+    let thread = bpf_get_current_pid_tgid();
+    // SAFETY: copied out at once.
+    let mut read = *unsafe { SSL_READS.get(thread) }?;
+    let _ = SSL_READS.remove(thread);
+    if read.sk == 0 {
+        // A read of data OpenSSL already held makes no system call: forget the call.
+        let _ = SSL_UNBOUND.remove(thread);
+        match ssl_socket(read.ssl) {
+            Bound::Watched(sk) => read.sk = sk,
+            _ => return None,
+        }
+    }
+    let result: i64 = ctx.ret();
+    let n = if read.readbytes != 0 {
+        if result != 1 {
+            return None;
+        }
+        user_u64(read.readbytes)?
+    } else {
+        if result <= 0 {
+            return None;
+        }
+        result as u64
+    };
+    let n = n & 0x7fff_ffff;
+    let mut marked = false;
+    if n >= STATUS_LINE.len() as u64 {
+        let mut head = [0u8; 7];
+        // SAFETY: a user address; the helper tolerates any.
+        unsafe { bpf_probe_read_user_buf(read.buf as *const u8, &mut head) }.ok()?;
+        if &head == STATUS_LINE {
+            send_frame(read.sk, HEADERS, 0, n as u32, direction::RECEIVED);
+            marked = true;
+        }
+    }
+    let mut tail = [0u8; 7];
+    let ended = if n >= TERMINATOR.len() as u64 {
+        // SAFETY: as above.
+        unsafe { bpf_probe_read_user_buf((read.buf + n - 7) as *const u8, &mut tail) }.is_ok()
+            && &tail == TERMINATOR
+    } else if n == 5 {
+        let mut last = [0u8; 5];
+        // SAFETY: as above.
+        unsafe { bpf_probe_read_user_buf(read.buf as *const u8, &mut last) }.is_ok()
+            && last[..] == TERMINATOR[2..]
+    } else {
+        false
+    };
+    // SAFETY: helper with no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if ended {
+        let _ = SSL_SEEN.remove(read.sk);
+        send_frame(read.sk, DATA, END_STREAM, n as u32, direction::RECEIVED);
+        return Some(());
+    }
+    if marked {
+        let _ = SSL_SEEN.insert(read.sk, now, 0);
+        return Some(());
+    }
+    // SAFETY: copied out at once.
+    if let Some(last) = unsafe { SSL_SEEN.get(read.sk) } {
+        if now.wrapping_sub(*last) < FRAME_COALESCE_NS {
+            return None;
+        }
+    }
+    let _ = SSL_SEEN.insert(read.sk, now, 0);
+    send_frame(read.sk, DATA, 0, n as u32, direction::RECEIVED);
+    Some(())
+}
