@@ -3,7 +3,8 @@
 //! that only the kernel can prove (the pure rules are unit-tested in `agent/src/health`):
 //! dual-stack sockets, a client's own idle close, peer closes across an agent restart, connects
 //! into a blackhole, drops on the client's own path, requests left unanswered, silence beyond a
-//! learned rhythm, forked children, removed endpoints and the failure reasons.
+//! learned rhythm, forked children, removed endpoints and the failure reasons; and an OpenSSL
+//! client's requests (python3-kubernetes): a hung watch named, no secret in any output.
 use std::{
     net::SocketAddr,
     process::{Command, Stdio},
@@ -744,4 +745,180 @@ fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
     }
     drop(pods);
     drop(nodes);
+}
+
+/// A python3-kubernetes client (`tests/clients/py-streams.py`) against `ll-apiserver`: `args`
+/// and `env` as the script takes them.
+fn python_client(api: &ApiServer, dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Watched {
+    let kubeconfig = dir.path().join("kubeconfig");
+    write_kubeconfig(&kubeconfig, &api.url(), &api.ca_pem());
+    let mut cmd = Command::new(SYSTEM_PYTHON);
+    cmd.arg(client_script("py-streams.py"))
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(args)
+        .envs(env.iter().copied());
+    Watched::spawn("py-streams.py", cmd)
+}
+
+/// The streams `/api/v1/clients` lists for `pid`.
+fn streams_of(agent: &Agent, pid: u32) -> Vec<Value> {
+    find_pid(&agent.clients(), pid)
+        .and_then(|c| c["streams"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// watch_grace, seconds, for the stream tests.
+const WATCH_GRACE: f64 = 3.0;
+
+/// Issue 16, OpenSSL: a python3-kubernetes watch that the apiserver answers and then never
+/// ends is stuck once its own timeoutSeconds and watch_grace are past, named in the reason; a
+/// watch that flows is healthy with its stream listed, through its ends and the next watches.
+#[test]
+fn an_openssl_clients_hung_watch_is_stuck_and_a_flowing_one_is_listed() {
+    init!();
+    let certs = TempDir::new();
+    let api = ApiServer::start(
+        bin!("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        certs.path(),
+        &["--hang-watches", "pods"],
+    );
+    let sink = WebhookSink::start();
+    let grace = format!("{WATCH_GRACE}s");
+    let (agent, dir) = agent(&[api.addr().to_string()], &sink, "", &["--watch-grace", &grace]);
+    let hung = python_client(&api, &dir, &["--resource", "pods", "--timeout-seconds", "4"], &[]);
+    let flowing = python_client(
+        &api,
+        &dir,
+        &["--resource", "namespaces", "--timeout-seconds", "3"],
+        &[],
+    );
+    let (hung_pid, flowing_pid) = (hung.pid(), flowing.pid());
+    let c = agent.wait_clients(
+        secs(20.0),
+        "both python clients seen at stream level",
+        |clients| {
+            let seen = |pid| {
+                find_pid(clients, pid).is_some_and(|c| {
+                    c["visibility"] == "streams"
+                        && c["visibility_reason"] == "OpenSSL HTTP/1.1 client (libssl.so.3)"
+                })
+            };
+            (seen(hung_pid) && seen(flowing_pid)).then(|| clients.to_vec())
+        },
+    );
+    assert!(c.len() >= 2);
+    hung.wait_line(secs(20.0), "the hung watch started", |l| l.text == "WATCH_START");
+    let started = SystemTime::now();
+    let watch = agent.wait_clients(secs(10.0), "the hung watch listed", |_| {
+        streams_of(&agent, hung_pid)
+            .into_iter()
+            .find(|s| s["kind"] == "watch" && s["resource"] == "pods")
+    });
+    assert_eq!(watch["method"], "GET");
+    assert_eq!(watch["path"], "/api/v1/pods?timeoutSeconds=4&watch=True");
+    assert_eq!(watch["response_headers"], true, "{watch}");
+    let (c, at) = wait_state(&agent, hung_pid, "stale", secs(4.0 + WATCH_GRACE + 10.0));
+    // Due 4 s after it started, stuck watch_grace later (the tick and the listing's own
+    // delay on top).
+    assert_within(
+        "stuck",
+        started,
+        at,
+        4.0 + WATCH_GRACE - 1.5,
+        4.0 + WATCH_GRACE + 3.0,
+    );
+    assert!(
+        reason(&c).starts_with("watch pods (all namespaces): open ")
+            && reason(&c).contains("due to end after 4s"),
+        "{c}"
+    );
+    let stuck: Vec<Value> = streams_of(&agent, hung_pid)
+        .into_iter()
+        .filter(|s| s["stuck"] == true)
+        .collect();
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    // The flowing watch ended (chunked terminator) and started again several times meanwhile.
+    let ends = flowing.lines().iter().filter(|l| l.text == "WATCH_END").count();
+    assert!(ends >= 2, "the namespaces watch ended {ends} times");
+    hold(secs(5.0), "the flowing watch healthy, its stream listed", || {
+        let clients = agent.clients();
+        let c = find_pid(&clients, flowing_pid).cloned();
+        let listed = streams_of(&agent, flowing_pid);
+        let ok = c.as_ref().is_some_and(|c| c["state"] == "healthy")
+            && listed.len() == 1
+            && listed[0]["kind"] == "watch"
+            && listed[0]["resource"] == "namespaces"
+            && listed[0]["stuck"] == false;
+        if ok {
+            Ok(())
+        } else {
+            Err((c, listed))
+        }
+    });
+}
+
+/// Issue 16's secrets: the python client's bearer token (the line after the request line),
+/// the body of its create and the watched object's data never appear in the agent's API
+/// answers, metrics or log, though every one of those requests went through the probes.
+#[test]
+fn no_token_and_no_body_byte_of_an_openssl_client_leaves_the_kernel() {
+    init!();
+    const TOKEN: &str = "secret-token-xyz";
+    const DATA: &str = "secret-data-xyz";
+    let certs = TempDir::new();
+    let api = ApiServer::start(
+        bin!("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        certs.path(),
+        &[],
+    );
+    let sink = WebhookSink::start();
+    let (agent, dir) = agent(&[api.addr().to_string()], &sink, "", &["--watch-grace", "3s"]);
+    let py = python_client(
+        &api,
+        &dir,
+        &[
+            "--resource",
+            "events",
+            "--timeout-seconds",
+            "2",
+            "--create-event",
+            "ll-secret",
+        ],
+        &[("PY_STREAMS_TOKEN", TOKEN), ("PY_STREAMS_NOTE", DATA)],
+    );
+    py.wait_line(secs(20.0), "the event created", |l| l.text == "CREATED");
+    // The create went through the probes: its request line (token and body in the same
+    // write) is the stream listed until the watch replaces it.
+    let create = agent.wait_clients(secs(2.0), "the create listed", |_| {
+        streams_of(&agent, py.pid())
+            .into_iter()
+            .find(|s| s["kind"] == "create" && s["resource"] == "events")
+    });
+    assert_eq!(create["method"], "POST");
+    assert_eq!(create["path"], "/api/v1/namespaces/default/events");
+    assert_eq!(create["response_headers"], true, "{create}");
+    let added = py.wait_line(secs(10.0), "the watch's event with the data", |l| {
+        l.text == "ADDED ll-secret"
+    });
+    assert!(!added.stderr);
+    py.wait_line(secs(10.0), "a watch ended", |l| l.text == "WATCH_END");
+    let watch = agent.wait_clients(secs(10.0), "the watch listed", |_| {
+        streams_of(&agent, py.pid())
+            .into_iter()
+            .find(|s| s["kind"] == "watch" && s["resource"] == "events")
+    });
+    assert_eq!(watch["path"], "/api/v1/events?timeoutSeconds=2&watch=True");
+    // Everything the agent says: its API, metrics, log (and what the sink got).
+    let mut said = vec![agent.get("/api/v1/clients").1, agent.get("/metrics").1];
+    said.push(agent.get("/api/v1/endpoints").1);
+    said.push(agent.stderr());
+    said.extend(sink.alerts().iter().map(Value::to_string));
+    for text in &said {
+        for secret in [TOKEN, DATA, "Bearer", "Authorization"] {
+            assert!(!text.contains(secret), "{secret} in the agent's output:\n{text}");
+        }
+    }
 }
