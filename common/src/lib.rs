@@ -176,6 +176,9 @@ pub struct SslCall {
     pub len: u64,
     /// 1 for `SSL_write`/`SSL_write_ex`, 0 for reads.
     pub write: u64,
+    /// When the call began (`bpf_ktime_get_ns`): userspace attaches the system-call
+    /// tracepoints that bind it while such calls are recent.
+    pub at_ns: u64,
 }
 
 /// Key of the per-stream coalescing map.

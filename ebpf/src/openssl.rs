@@ -22,7 +22,8 @@
 //! An `SSL *` bound before the probes came (a client whose libssl was probed after it
 //! connected, the usual case for the first client of a library) is bound by the first read
 //! or write system call its thread makes inside an SSL call (`ssl_sys_enter_rw`, attached
-//! only while some libssl is probed): once per `SSL *`, watched or not.
+//! only for a while after a libssl is probed and while unbound calls are recent): once per
+//! `SSL *`, watched or not.
 //!
 //! Cost: the probes fire only in processes that map a probed libssl file (userspace attaches
 //! them per library file of a client). A call on a connection that is not watched costs the
@@ -32,7 +33,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_buf},
     macros::{map, tracepoint, uprobe, uretprobe},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{LruHashMap, PerCpuArray},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use lifeline_common::{
@@ -70,11 +71,12 @@ const NOT_WATCHED: u32 = u32::MAX;
 /// came before the probes), by thread: the first read or write system call the thread makes
 /// inside the call names the descriptor (`sys_enter_rw`).
 #[map]
-static SSL_UNBOUND: HashMap<u64, SslCall> = HashMap::with_max_entries(4096, 0);
+static SSL_UNBOUND: LruHashMap<u64, SslCall> = LruHashMap::with_max_entries(4096, 0);
 
-/// Reads in progress on watched sockets, by thread (`pid_tgid`).
+/// Reads in progress on watched sockets, by thread (`pid_tgid`). LRU, as `SSL_UNBOUND`: a
+/// thread killed inside a call (or blocked in a hung watch forever) never removes its entry.
 #[map]
-static SSL_READS: HashMap<u64, SslRead> = HashMap::with_max_entries(4096, 0);
+static SSL_READS: LruHashMap<u64, SslRead> = LruHashMap::with_max_entries(4096, 0);
 
 /// When a liveness DATA record of each watched socket was last sent.
 #[map]
@@ -123,6 +125,8 @@ fn unbound(ssl: u64, buf: u64, len: u64, write: bool) {
         buf,
         len,
         write: u64::from(write),
+        // SAFETY: helper with no preconditions.
+        at_ns: unsafe { bpf_ktime_get_ns() },
     };
     let _ = SSL_UNBOUND.insert(bpf_get_current_pid_tgid(), call, 0);
 }
@@ -133,9 +137,11 @@ pub fn ssl_sys_enter_rw(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// `syscalls/sys_enter_{read,write,recvfrom,sendto}`: the descriptor is the first argument
-/// (offset 16, after the common fields and the syscall number). Every such call on the node
-/// pays one lookup while the program is attached (only while some libssl is probed).
+/// `syscalls/sys_enter_{read,write}` (OpenSSL's socket BIO reads and writes with these): the
+/// descriptor is the first argument (offset 16, after the common fields and the syscall
+/// number). Every such call on the node pays the tracepoint and one lookup while the program
+/// is attached: userspace attaches it only while unbound calls are recent (see
+/// `agent/src/kernel/openssl.rs`).
 fn try_ssl_sys_enter_rw(ctx: &TracePointContext) -> Option<()> {
     let thread = bpf_get_current_pid_tgid();
     // SAFETY: copied out at once.
@@ -355,7 +361,9 @@ fn send_header(field: u32, from: *const u8, copy: u32, len: u32) {
             (*event).value_len = 0;
         }
     }
-    entry.submit(0);
+    // The frame record that follows wakes userspace: a wakeup costs an interrupt (on a VM
+    // an exit), more than the rest of the program.
+    entry.submit(u64::from(aya_ebpf::bindings::BPF_RB_NO_WAKEUP));
     bump(counter::SENT);
 }
 

@@ -22,6 +22,23 @@ const LINGER: Duration = Duration::from_secs(300);
 /// A library that could not be probed is tried again after this long.
 const RETRY_UNTRACEABLE: Duration = Duration::from_secs(600);
 
+/// The system-call tracepoints stay this long after a library is probed...
+const BIND_WINDOW: Duration = Duration::from_secs(60);
+/// ... and this long after a call on an unbound `SSL *` that began within [`UNBOUND_RECENT`].
+const BIND_LINGER: Duration = Duration::from_secs(10);
+const UNBOUND_RECENT: Duration = Duration::from_secs(3);
+
+/// CLOCK_MONOTONIC in nanoseconds, the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// A library file, by device and inode (the same file in every container that maps it).
 type LibraryId = (u64, u64);
 
@@ -52,8 +69,10 @@ pub struct SslTracer {
     libraries: HashMap<LibraryId, Library>,
     /// Each client's libssl, by pid and start time (pids are reused).
     clients: HashMap<(u32, u64), Mapped>,
-    /// The system-call tracepoints, attached while any library is probed.
+    /// The system-call tracepoints, attached while [`bind_until`](Self::bind_until).
     syscalls: Option<SyscallLinks>,
+    /// Until when the system-call tracepoints are wanted.
+    bind_until: Option<Instant>,
 }
 
 impl SslTracer {
@@ -99,12 +118,10 @@ impl SslTracer {
                     why: format!("the kernel refused the OpenSSL-client programs: {why}"),
                     since: now,
                 },
-                None if self.syscalls.is_none() && !self.bind_syscalls(probes) => Library::Untraceable {
-                    why: "the system-call tracepoints that bind its connections could not be attached".into(),
-                    since: now,
-                },
                 None => match lock().attach_ssl(&file) {
                     Ok(links) => {
+                        // Its clients' connections are older than the probes: bind them.
+                        self.bind_until = Some(now + BIND_WINDOW);
                         tracing::info!(pid, library = %mapped.display(), uprobes = links.len(), "following this OpenSSL client's HTTP/1.1 requests");
                         Library::Traced {
                             links,
@@ -153,35 +170,41 @@ impl SslTracer {
                 tracing::info!(library = ?id, "no client has mapped this libssl for {}s: its probes are detached", LINGER.as_secs());
             }
         }
+        self.bind_when_needed(probes, now);
+    }
+
+    /// The system-call tracepoints cost every read and write on the node: they are attached
+    /// for [`BIND_WINDOW`] after a library is probed (its clients' connections are older than
+    /// the probes), then only while calls on unbound `SSL *`s are recent (a process idle
+    /// during the window, or one that binds its descriptors another way than `SSL_set_fd`).
+    fn bind_when_needed(&mut self, probes: &std::sync::Mutex<Probes>, now: Instant) {
+        let mut probes = probes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let traced = self
             .libraries
             .values()
             .any(|l| matches!(l, Library::Traced { .. }));
-        if !traced {
-            if let Some(links) = self.syscalls.take() {
-                lock().detach_ssl_syscalls(links);
-            }
+        let recent = monotonic_ns().saturating_sub(UNBOUND_RECENT.as_nanos() as u64);
+        if traced && probes.ssl_unbound_since(recent) {
+            self.bind_until = self.bind_until.max(Some(now + BIND_LINGER));
         }
-    }
-
-    /// Attaches the system-call tracepoints; false (logged) when the kernel refuses them.
-    fn bind_syscalls(&mut self, probes: &std::sync::Mutex<Probes>) -> bool {
-        let attached = probes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .attach_ssl_syscalls();
-        match attached {
-            Ok(links) => {
-                self.syscalls = Some(links);
-                true
-            }
-            Err(err) => {
-                tracing::warn!(
-                    "OpenSSL clients' requests are not followed: {}",
-                    crate::error::chain(&err)
-                );
-                false
-            }
+        let wanted = traced && self.bind_until.is_some_and(|until| now < until);
+        match (wanted, self.syscalls.take()) {
+            (true, None) => match probes.attach_ssl_syscalls() {
+                Ok(links) => {
+                    tracing::debug!("binding OpenSSL connections older than their probes");
+                    self.syscalls = Some(links);
+                }
+                Err(err) => {
+                    // Connections bound by SSL_set_fd after the probes are still followed.
+                    tracing::warn!(
+                        "OpenSSL connections older than their probes are not followed: {}",
+                        crate::error::chain(&err)
+                    );
+                    self.bind_until = None;
+                }
+            },
+            (false, Some(links)) => probes.detach_ssl_syscalls(links),
+            (_, links) => self.syscalls = links,
         }
     }
 

@@ -12,6 +12,8 @@ use aya::{
     Ebpf,
 };
 
+use lifeline_common::SslCall;
+
 use super::programs::{program_of, Error, Probes, Result};
 
 /// Program and the exported function it goes on (entry, except `ssl_read_ret`: returns).
@@ -39,13 +41,8 @@ const PROGRAMS: [&str; 5] = [
 /// Binds an `SSL *` set up before its library was probed to its descriptor (see
 /// `ebpf/src/openssl.rs`); attached while any libssl is probed.
 const SYSCALLS_PROGRAM: &str = "ssl_sys_enter_rw";
-/// The system calls OpenSSL's socket BIO reads and writes with.
-const SYSCALLS: [&str; 4] = [
-    "sys_enter_read",
-    "sys_enter_write",
-    "sys_enter_recvfrom",
-    "sys_enter_sendto",
-];
+/// The system calls OpenSSL's socket BIO reads and writes with (`readsocket`/`writesocket`).
+const SYSCALLS: [&str; 2] = ["sys_enter_read", "sys_enter_write"];
 
 /// The system-call tracepoints; give them back to [`Probes::detach_ssl_syscalls`].
 #[derive(Debug)]
@@ -133,6 +130,22 @@ impl Probes {
                 }
             }
         }
+    }
+
+    /// Whether an SSL call on an `SSL *` of unknown descriptor began at or after `since_ns`
+    /// (kernel monotonic time): the system-call tracepoints would bind it.
+    pub fn ssl_unbound_since(&self, since_ns: u64) -> bool {
+        let Some(map) = self.ebpf.map("SSL_UNBOUND") else {
+            return false;
+        };
+        let Ok(calls) = aya::maps::HashMap::<_, u64, SslCall>::try_from(map) else {
+            return false;
+        };
+        let recent = calls
+            .iter()
+            .filter_map(std::result::Result::ok)
+            .any(|(_, call)| call.at_ns >= since_ns);
+        recent
     }
 
     /// Detaches what [`attach_ssl`](Self::attach_ssl) attached.
