@@ -842,21 +842,29 @@ fn an_openssl_clients_hung_watch_is_stuck_and_a_flowing_one_is_listed() {
     // The flowing watch ended (chunked terminator) and started again several times meanwhile.
     let ends = flowing.lines().iter().filter(|l| l.text == "WATCH_END").count();
     assert!(ends >= 2, "the namespaces watch ended {ends} times");
-    hold(secs(5.0), "the flowing watch healthy, its stream listed", || {
+    // Healthy throughout, never stuck, its watch listed — but for the instant between a
+    // watch's end and the next request line, which a snapshot may fall into.
+    let (mut polls, mut listed_polls) = (0, 0);
+    let until = Instant::now() + secs(6.0);
+    while Instant::now() < until {
         let clients = agent.clients();
-        let c = find_pid(&clients, flowing_pid).cloned();
-        let listed = streams_of(&agent, flowing_pid);
-        let ok = c.as_ref().is_some_and(|c| c["state"] == "healthy")
-            && listed.len() == 1
-            && listed[0]["kind"] == "watch"
-            && listed[0]["resource"] == "namespaces"
-            && listed[0]["stuck"] == false;
-        if ok {
-            Ok(())
-        } else {
-            Err((c, listed))
+        let c = find_pid(&clients, flowing_pid).expect("the flowing client listed");
+        assert_eq!(c["state"], "healthy", "{c}");
+        let listed = c["streams"].as_array().cloned().unwrap_or_default();
+        assert!(listed.len() <= 1, "{c}");
+        if let Some(s) = listed.first() {
+            assert_eq!(s["kind"], "watch", "{c}");
+            assert_eq!(s["resource"], "namespaces", "{c}");
+            assert_eq!(s["stuck"], false, "{c}");
+            listed_polls += 1;
         }
-    });
+        polls += 1;
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        listed_polls * 10 >= polls * 8,
+        "the watch listed in {listed_polls} of {polls} polls"
+    );
 }
 
 /// Issue 16's secrets: the python client's bearer token (the line after the request line),

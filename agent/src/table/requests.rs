@@ -133,6 +133,80 @@ mod tests {
         );
     }
 
+    /// An OpenSSL client's HTTP/1.1 messages as the kernel sends them (`ebpf/src/openssl.rs`).
+    fn http1(lab: &crate::testkit::Lab, ms: u64, sk: u64, sent: bool, frame_type: u8, flags: u8) -> Frame {
+        Frame {
+            at: lab.at(ms),
+            sk,
+            tgid: 7,
+            goroutine: 70,
+            stream_id: 1,
+            frame_type,
+            flags,
+            length: 100,
+            sent,
+            http1: true,
+        }
+    }
+
+    #[test]
+    fn an_http1_request_replaces_the_previous_one_and_its_terminator_ends_it() {
+        let mut lab = crate::testkit::Lab::new();
+        lab.connect(0, 0xa, 40000, 7);
+        let request = |lab: &mut crate::testkit::Lab, ms: u64, method: &str, path: &str| {
+            let at = lab.at(ms);
+            lab.table.apply_header(&Header {
+                at,
+                tgid: 7,
+                goroutine: 70,
+                field: HeaderField::Method,
+                value: method.into(),
+                cut: false,
+            });
+            lab.table.apply_header(&Header {
+                at,
+                tgid: 7,
+                goroutine: 70,
+                field: HeaderField::Path,
+                value: path.into(),
+                cut: false,
+            });
+            let f = http1(lab, ms, 0xa, true, frame::HEADERS, 0);
+            lab.table.apply_frame(&f);
+        };
+        let open = |lab: &crate::testkit::Lab| -> Vec<(String, bool, bool)> {
+            let conn = lab.table.connections().next().expect("the connection");
+            conn.streams
+                .open()
+                .map(|s| {
+                    (
+                        s.request.as_ref().map(Request::describe).unwrap_or_default(),
+                        s.response_at.is_some(),
+                        s.whole,
+                    )
+                })
+                .collect()
+        };
+        request(&mut lab, 10, "GET", "/api/v1/namespaces/default/pods");
+        let f = http1(&lab, 12, 0xa, false, frame::HEADERS, 0);
+        lab.table.apply_frame(&f);
+        assert_eq!(open(&lab), vec![("list pods in default".to_string(), true, true)]);
+        // A plain response has no terminator: the next request line replaces it.
+        request(&mut lab, 20, "GET", "/api/v1/pods?timeoutSeconds=5&watch=True");
+        assert_eq!(
+            open(&lab),
+            vec![("watch pods (all namespaces)".to_string(), false, true)]
+        );
+        let f = http1(&lab, 22, 0xa, false, frame::HEADERS, 0);
+        lab.table.apply_frame(&f);
+        // The chunked body's terminator ends the watch.
+        let f = http1(&lab, 5000, 0xa, false, 0, frame::END_STREAM);
+        lab.table.apply_frame(&f);
+        assert!(open(&lab).is_empty());
+        let conn = lab.table.connections().next().expect("the connection");
+        assert_eq!(conn.streams.ended, 2);
+    }
+
     #[test]
     fn pending_requests_are_bounded() {
         let t0 = Instant::now();
