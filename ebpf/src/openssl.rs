@@ -8,6 +8,7 @@
 //! - `ssl_set_fd`, at `SSL_set_fd(ssl, fd)`: which descriptor an `SSL *` uses (Python's `ssl`
 //!   and curl bind every connection this way). No OpenSSL struct is read: their layout
 //!   changes between versions.
+//! - `ssl_free`, at `SSL_free(ssl)`: forgets it.
 //! - `ssl_write`, at `SSL_write`/`SSL_write_ex(ssl, buf, num)`: a buffer that starts with a
 //!   request line (`GET /api/v1/pods?watch=1 HTTP/1.1`) gives the method and the path up to
 //!   the next space, as header records, and a HEADERS frame record. Nothing after the path
@@ -199,6 +200,19 @@ pub fn ssl_set_fd(ctx: ProbeContext) -> u32 {
         _pad: 0,
     };
     let _ = SSL_FDS.insert(key, r.rsi as u32, 0);
+    0
+}
+
+/// `SSL_free(ssl)`: the address may come back for another connection, which must not inherit
+/// this one's descriptor (or its `NOT_WATCHED`).
+#[uprobe]
+pub fn ssl_free(ctx: ProbeContext) -> u32 {
+    let key = SslKey {
+        ssl: regs(&ctx).rdi,
+        tgid: tgid(),
+        _pad: 0,
+    };
+    let _ = SSL_FDS.remove(key);
     0
 }
 

@@ -17,8 +17,9 @@ use lifeline_common::SslCall;
 use super::programs::{program_of, Error, Probes, Result};
 
 /// Program and the exported function it goes on (entry, except `ssl_read_ret`: returns).
-pub const SITES: [(&str, &str); 8] = [
+pub const SITES: [(&str, &str); 9] = [
     ("ssl_set_fd", "SSL_set_fd"),
+    ("ssl_free", "SSL_free"),
     ("ssl_write", "SSL_write"),
     ("ssl_write", "SSL_write_ex"),
     ("ssl_read", "SSL_read"),
@@ -30,8 +31,9 @@ pub const SITES: [(&str, &str); 8] = [
     ("ssl_set_fd", "SSL_set_rfd"),
 ];
 
-const PROGRAMS: [&str; 5] = [
+const PROGRAMS: [&str; 6] = [
     "ssl_set_fd",
+    "ssl_free",
     "ssl_write",
     "ssl_read",
     "ssl_read_ex",
