@@ -402,6 +402,12 @@ fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
     Some(())
 }
 
+/// Forgets where the written frames of socket `sk` stood (it left ESTABLISHED).
+#[inline(always)]
+pub(crate) fn forget(sk: u64) {
+    let _ = WRITE_FRAMES.remove(sk);
+}
+
 /// The written frames can no longer be followed on `sk` until a write starts a frame again:
 /// userspace stops judging the connection's open streams (one of their ends may go unseen).
 #[inline(always)]

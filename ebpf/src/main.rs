@@ -480,6 +480,8 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
     emit(EventKind::StateChange, &w, old, new, None);
     if new != tcp_state::ESTABLISHED {
         let _ = SEGMENTS.remove(segment_key(sk));
+        // A socket later allocated at the same address starts with its own preface.
+        gotls::forget(sk);
     }
     if old == tcp_state::SYN_SENT {
         // Read by `ended_with` for this event; not needed any more.

@@ -422,6 +422,14 @@ mod tests {
         metrics.alerts_sent.with_label_values(&["r", "ok"]).inc();
         metrics.ebpf_events.with_label_values(&["state_change"]).inc();
         metrics.endpoint_reachable.with_label_values(&["e"]).set(1);
+        metrics
+            .client_watches
+            .with_label_values(&["", "", "", "x", "pods"])
+            .set(1);
+        metrics
+            .client_stream_stuck
+            .with_label_values(&["", "", "", "x", "pods"])
+            .set(1);
         let exported = exported_names(&metrics);
         let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/components/monitoring/");
         for file in ["dashboard.json", "prometheus-rules.yaml"] {
@@ -448,6 +456,8 @@ mod tests {
             "lifeline_detection_seconds",
             "lifeline_build_info",
             "lifeline_endpoint_reachable",
+            "lifeline_client_watches",
+            "lifeline_client_stream_stuck",
         ] {
             assert!(exported.contains(name), "{name} not exported");
         }

@@ -344,14 +344,13 @@ mod tests {
         }
     }
 
-    /// Not a test: prints what [`inspect`] finds, and how long it takes, in the binaries named
-    /// by `GOBIN_INSPECT` (colon-separated), for the names the agent probes. Measure with
-    /// `GOBIN_INSPECT=/path/kubelet /usr/bin/time -v cargo test --release -p lifeline --bins
-    /// host::gobin::tests::report -- --ignored --nocapture` (time -v of the test binary itself
-    /// for its peak RSS).
+    /// The stripped Kubernetes 1.20.2 binaries `cargo xtask setup` builds (or those named by
+    /// `GOBIN_INSPECT`, colon-separated): every function the agent probes is found, with its
+    /// RETs, and the build's Go version; prints what was found and how long it took (peak RSS:
+    /// run the test binary under `/usr/bin/time -v`).
     #[test]
-    #[ignore = "reads the binaries named by GOBIN_INSPECT"]
-    fn report() {
+    #[ignore = "root tier: reads the Kubernetes binaries that `cargo xtask setup` builds"]
+    fn the_kubernetes_binaries_have_every_probed_function() {
         const AGENT: [&str; 6] = [
             "crypto/tls.(*Conn).Read",
             "crypto/tls.(*Conn).Write",
@@ -360,27 +359,42 @@ mod tests {
             "net/http.http2readFrameHeader",
             "k8s.io/kubernetes/vendor/golang.org/x/net/http2.readFrameHeader",
         ];
-        let paths = std::env::var("GOBIN_INSPECT").expect("GOBIN_INSPECT");
+        const K8S_BIN: &str = "/var/tmp/lifeline-k8s/v1.20.2/bin";
+        let paths = std::env::var("GOBIN_INSPECT").unwrap_or_else(|_| {
+            [
+                "kubelet",
+                "kube-proxy",
+                "kube-controller-manager",
+                "kube-scheduler",
+            ]
+            .map(|b| format!("{K8S_BIN}/{b}"))
+            .join(":")
+        });
         for path in paths.split(':') {
             let started = std::time::Instant::now();
-            let found = inspect(Path::new(path), &AGENT);
+            let found = inspect(Path::new(path), &AGENT)
+                .unwrap_or_else(|e| panic!("{e} (run `cargo xtask setup` to build the Kubernetes binaries)"));
             let took = started.elapsed();
-            match found {
-                Err(e) => println!("{e} ({took:?})"),
-                Ok(found) => {
-                    println!("{path}: {} in {took:?}", found.go_version);
-                    for f in found.functions {
-                        println!(
-                            "  {} entry {:#x} end {:#x} offset {:#x}, {} RETs at {:x?}",
-                            f.name,
-                            f.entry,
-                            f.end,
-                            f.entry_offset,
-                            f.returns.len(),
-                            f.returns
-                        );
-                    }
-                }
+            println!("{path}: {} in {took:?}", found.go_version);
+            assert!(
+                found.go_version.starts_with("go1.19"),
+                "{path}: {}",
+                found.go_version
+            );
+            for f in &found.functions {
+                println!(
+                    "  {} entry {:#x} end {:#x} offset {:#x}, {} RETs at {:x?}",
+                    f.name,
+                    f.entry,
+                    f.end,
+                    f.entry_offset,
+                    f.returns.len(),
+                    f.returns
+                );
+            }
+            let names: Vec<&str> = found.functions.iter().map(|f| f.name.as_str()).collect();
+            for name in AGENT {
+                assert!(names.contains(&name), "{path}: no {name}; found {names:?}");
             }
         }
     }

@@ -3,14 +3,32 @@
 use std::fmt::Write as _;
 
 #[derive(Default)]
-pub struct Findings(Vec<String>);
+pub struct Findings {
+    found: Vec<String>,
+    /// A trial run of checks that will be repeated: nothing printed.
+    quiet: bool,
+}
 
 impl Findings {
-    /// Records a failed expectation (and prints it at once).
+    /// Findings of a trial: recorded, not printed.
+    pub fn quiet() -> Findings {
+        Findings {
+            found: Vec::new(),
+            quiet: true,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.found.is_empty()
+    }
+
+    /// Records a failed expectation (and prints it at once, unless quiet).
     pub fn add(&mut self, what: impl Into<String>) {
         let what = what.into();
-        eprintln!("FINDING: {what}");
-        self.0.push(what);
+        if !self.quiet {
+            eprintln!("FINDING: {what}");
+        }
+        self.found.push(what);
     }
 
     /// Records `what()` unless `ok`.
@@ -22,9 +40,9 @@ impl Findings {
 
     /// Panics listing every finding of `case`, if there is one.
     pub fn assert_none(self, case: &str) {
-        if !self.0.is_empty() {
-            let mut text = format!("{case}: {} failed expectation(s):\n", self.0.len());
-            for (i, f) in self.0.iter().enumerate() {
+        if !self.found.is_empty() {
+            let mut text = format!("{case}: {} failed expectation(s):\n", self.found.len());
+            for (i, f) in self.found.iter().enumerate() {
                 let _ = writeln!(text, "{}. {f}", i + 1);
             }
             panic!("{text}");
