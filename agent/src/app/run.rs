@@ -315,6 +315,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         ready: ready.clone(),
         kernel: probes.clone(),
         go: GoTracer::default(),
+        go_probes: !args.no_go_probes,
     };
     let sampler_thread = std::thread::Builder::new()
         .name("sampler".into())

@@ -124,6 +124,8 @@ pub struct SampleLoop {
     /// The kernel programs, for the Go-client uprobes that follow clients' binaries.
     pub kernel: Arc<Mutex<Probes>>,
     pub go: GoTracer,
+    /// False with `--no-go-probes`: the Go tracer never attaches.
+    pub go_probes: bool,
 }
 
 impl SampleLoop {
@@ -183,7 +185,9 @@ impl SampleLoop {
                 .map(|p| (p.info.pid, p.info.start_time_ticks))
                 .collect()
         };
-        self.go.reconcile(&self.kernel, &holding, now);
+        if self.go_probes {
+            self.go.reconcile(&self.kernel, &holding, now);
+        }
         let cluster = self.cluster.clone();
         let pods = |info: &ProcessInfo| pod_of(cluster.as_ref(), info);
         let go = &self.go;
