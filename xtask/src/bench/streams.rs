@@ -239,6 +239,12 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
             if let Some(a) = agent {
                 lab.stop(a);
             }
+            if w.events_per_second < 1.0 {
+                return Err(Failed(format!(
+                    "round {round}, {}: the kubectl watches printed no event (did they exit?)",
+                    observer.label()
+                )));
+            }
             if observer == Observer::None {
                 baseline = (w.events_per_second, w.client_us_per_event);
             }
