@@ -64,6 +64,10 @@ pub struct RunArgs {
     /// Log remediation actions instead of taking them.
     #[arg(long)]
     pub dry_run: bool,
+    /// Attach no client uprobes (Go or OpenSSL): every client is judged at connection level
+    /// (what they cost is measured against this in `cargo xtask bench`).
+    #[arg(long)]
+    pub no_go_probes: bool,
     /// This node's name (default: $NODE_NAME, then the hostname).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,

@@ -336,6 +336,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         kernel: probes.clone(),
         go: GoTracer::default(),
         ssl: SslTracer::default(),
+        go_probes: !args.no_go_probes,
     };
     let sampler_thread = std::thread::Builder::new()
         .name("sampler".into())

@@ -130,6 +130,8 @@ pub struct SampleLoop {
     pub go: GoTracer,
     /// The OpenSSL-client uprobes that follow clients' libssl.
     pub ssl: SslTracer,
+    /// False with `--no-go-probes`: neither tracer ever attaches (the connection-only agent).
+    pub go_probes: bool,
 }
 
 impl SampleLoop {
@@ -189,8 +191,10 @@ impl SampleLoop {
                 .map(|p| (p.info.pid, p.info.start_time_ticks))
                 .collect()
         };
-        self.go.reconcile(&self.kernel, &holding, now);
-        self.ssl.reconcile(&self.kernel, &holding, now);
+        if self.go_probes {
+            self.go.reconcile(&self.kernel, &holding, now);
+            self.ssl.reconcile(&self.kernel, &holding, now);
+        }
         let cluster = self.cluster.clone();
         let pods = |info: &ProcessInfo| pod_of(cluster.as_ref(), info);
         let (go, ssl) = (&self.go, &self.ssl);

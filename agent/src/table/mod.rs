@@ -518,7 +518,12 @@ impl ConnectionTable {
     /// Applies one kernel event. `owner` is the process the caller resolved from the event's
     /// `owner_tgid` (None when the event ran in softirq or the process is already gone).
     pub fn apply_event(&mut self, ev: &KernelEvent, owner: Option<ProcessInfo>) -> Option<Applied> {
-        self.next_sample_due = None;
+        // A segment changes one known connection: its due time is folded into the plan below
+        // (busy connections send many; discarding the plan for each walked the whole table
+        // every round). Anything else may add, move or end connections: walk again.
+        if !matches!(ev.change, Change::Segment { .. }) {
+            self.next_sample_due = None;
+        }
         let connect = matches!(
             ev.change,
             Change::State {
@@ -604,6 +609,8 @@ impl ConnectionTable {
                     conn.first_answer = conn.ordered.last_answer();
                 }
                 conn.last_request = conn.last_request.max(conn.ordered.last_request());
+                let due = conn.sample_due_at(ev.at);
+                self.next_sample_due = self.next_sample_due.map(|n| n.min(due));
                 if let (Some(at), Some(pid)) = (request, conn.owner) {
                     if let Some(p) = self.processes.get_mut(&pid) {
                         p.note_request(at);
@@ -1257,14 +1264,18 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) {
     let sent = tcp.bytes_sent.saturating_sub(tcp.bytes_retrans);
     let segs_out = tcp.data_segs_out.saturating_sub(tcp.total_retrans);
     let first = conn.sampled_at.is_none();
+    // Payload the kernel's segment events reported since the last sample is known, timed
+    // there: it does not keep a connection from being quiet (a watch that receives an event
+    // every few seconds is sampled as seldom as an idle one).
+    let reported = conn.last_receive > conn.sampled_at && conn.sampled_at.is_some();
     if (!first || conn.origin == Origin::Event) && tcp.bytes_received > conn.bytes_received {
         let ago = Duration::from_millis(u64::from(tcp.last_data_recv_ms));
         let t_recv = now.checked_sub(ago).unwrap_or(now);
         conn.last_receive = conn.last_receive.max(Some(t_recv));
     }
+    let inbound = tcp.bytes_received != conn.bytes_received || tcp.data_segs_in != conn.data_segs_in;
     let changed = first
-        || tcp.bytes_received != conn.bytes_received
-        || tcp.data_segs_in != conn.data_segs_in
+        || (inbound && !reported)
         || sent != conn.bytes_sent
         || segs_out != conn.data_segs_out
         || tcp.bytes_acked != conn.bytes_acked;

@@ -711,6 +711,55 @@ fn a_quiet_connection_is_sampled_every_few_seconds_anything_pending_every_second
 }
 
 #[test]
+fn payload_that_segments_reported_keeps_the_sampling_plan_and_the_connection_quiet() {
+    // A watch that receives an event every few seconds, every segment reported by the kernel.
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = counters(2000, 4, 600, 3);
+    lab.sample(1000, 40000, tcp);
+    let quiet_from = 1000 + QUIET_AFTER.as_millis() as u64;
+    lab.sample(quiet_from, 40000, tcp);
+    let targets = lab
+        .table
+        .sample_targets(lab.at(quiet_from + 100))
+        .expect("walked");
+    assert!(!targets[0].due, "quiet, sampled just now");
+    // An event's payload arrives: the plan stands, the table is not walked for it.
+    lab.apply(quiet_from + 2000, 0xa, 40000, segment(900, 600), 0);
+    assert_eq!(
+        lab.table.sample_targets(lab.at(quiet_from + 2100)),
+        None,
+        "a segment of a quiet connection kept it quiet: no walk"
+    );
+    // Its sample, when due, finds only what the segment reported: still quiet.
+    let next = quiet_from + QUIET_EVERY.as_millis() as u64;
+    let targets = lab.table.sample_targets(lab.at(next)).expect("due");
+    assert!(targets[0].due);
+    tcp.bytes_received += 900;
+    tcp.data_segs_in += 1;
+    lab.sample(next, 40000, tcp);
+    assert!(lab.table.connections().next().unwrap().quiet(lab.at(next + 1000)));
+    assert_eq!(lab.table.sample_targets(lab.at(next + 1000)), None);
+    // Payload no event reported is a change: sampled every second again.
+    tcp.bytes_received += 900;
+    tcp.data_segs_in += 1;
+    let later = next + QUIET_EVERY.as_millis() as u64;
+    lab.sample(later, 40000, tcp);
+    assert!(!lab
+        .table
+        .connections()
+        .next()
+        .unwrap()
+        .quiet(lab.at(later + 1000)));
+    // A request (the client sends) makes it due at once, without a walk being forced.
+    lab.apply(later + 1500, 0xa, 40000, segment(0, 1800), 0);
+    assert!(lab
+        .table
+        .sample_targets(lab.at(later + 1600))
+        .is_some_and(|t| t[0].due));
+}
+
+#[test]
 fn segments_without_socket_or_namespace_match_the_one_connection_with_their_addresses() {
     // A kernel whose tcp_probe record has no `skaddr` (6.1): sk 0, netns 0.
     let mut lab = Lab::new();

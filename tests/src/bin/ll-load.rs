@@ -2,13 +2,15 @@
 //! a network namespace with `ip netns exec`.
 //!
 //! ```text
-//! ll-load serve  --listen ADDR [--close]                 accept forever (--close: close each at once)
+//! ll-load serve  --listen ADDR [--close] [--push-every S] accept forever (--close: close each at once)
 //! ll-load churn  --connect ADDR --seconds S [--threads N] connect, wait for the server's close, repeat
 //! ll-load hold   --connect ADDR --count N [--threads N] [--send-every S]  open N connections at once and hold them
 //! ll-load refuse --connect ADDR --seconds S [--rate R] [--threads N]  connects that are refused
 //! ```
 //!
-//! `serve` prints `listening LOCAL`. `churn` and `refuse` print `done CONNECTS FAILED` at the
+//! `serve` prints `listening LOCAL`; with `--push-every S` it writes 200 bytes on every
+//! connection it holds every S seconds, spread over the interval (payload that clients receive,
+//! as a busy watch's events). `churn` and `refuse` print `done CONNECTS FAILED` at the
 //! end (with `--linger`, they then wait for stdin to close, so an observer can look at the
 //! process before it exits). With `--send-every S`, `hold` writes a 200-byte request on every
 //! connection every S seconds (the server never answers: a client waiting for replies). `hold` prints `connected LOCAL` for every connection, then `held N failed F`, and keeps
@@ -32,6 +34,7 @@ struct Args {
     close: bool,
     linger: bool,
     send_every: Option<f64>,
+    push_every: Option<f64>,
 }
 
 fn parse() -> Args {
@@ -47,6 +50,7 @@ fn parse() -> Args {
         close: false,
         linger: false,
         send_every: None,
+        push_every: None,
     };
     while let Some(flag) = argv.next() {
         let mut value = || argv.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -59,6 +63,7 @@ fn parse() -> Args {
             "--close" => args.close = true,
             "--linger" => args.linger = true,
             "--send-every" => args.send_every = Some(value().parse().expect("--send-every S")),
+            "--push-every" => args.push_every = Some(value().parse().expect("--push-every S")),
             other => panic!("ll-load: unknown argument {other}"),
         }
     }
@@ -137,14 +142,42 @@ fn listen(addr: SocketAddr) -> TcpListener {
 fn serve(args: &Args) {
     let listener = listen(args.addr);
     println!("listening {}", listener.local_addr().expect("local_addr"));
-    let mut held = Vec::new();
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    if let Some(every) = args.push_every {
+        let held = held.clone();
+        thread::spawn(move || push(&held, Duration::from_secs_f64(every)));
+    }
     for stream in listener.incoming() {
         match stream {
             // Closing first leaves TIME_WAIT on this side, so churning clients never run out
             // of ports.
             Ok(s) if args.close => drop(s),
-            Ok(s) => held.push(s),
+            Ok(s) => held.lock().expect("lock").push(s),
             Err(e) => eprintln!("ll-load: accept: {e}"),
+        }
+    }
+}
+
+/// Writes 200 bytes on each of `held` once per `every`, one connection after the other spread
+/// over the interval; a connection whose write fails is dropped.
+fn push(held: &std::sync::Mutex<Vec<TcpStream>>, every: Duration) {
+    let payload = [b'x'; 200];
+    loop {
+        let n = held.lock().expect("lock").len();
+        if n == 0 {
+            thread::sleep(every);
+            continue;
+        }
+        let gap = every / n as u32;
+        let start = Instant::now();
+        for i in 0..n {
+            let mut all = held.lock().expect("lock");
+            if i < all.len() && all[i].write_all(&payload).is_err() {
+                all.swap_remove(i);
+            }
+            drop(all);
+            let next = start + gap * (i as u32 + 1);
+            thread::sleep(next.saturating_duration_since(Instant::now()));
         }
     }
 }

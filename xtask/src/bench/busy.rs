@@ -1,0 +1,133 @@
+//! Busy connections: every tracked connection receives payload every few seconds (a busy
+//! node's informers), against idle ones, as the sampler pays for them; with `LL_BENCH_BASELINE`
+//! set to another agent binary, that one is measured first on the same connections (before and
+//! after a change, in one run).
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    thread,
+    time::Duration,
+};
+
+use super::{
+    cpu_seconds, sampling_us_per_socket, status_kib, wait_listed, Bins, Hold, Lab, Report, WATCHED_PORT,
+};
+use crate::{Failed, Result};
+
+/// Connections held, all of one process.
+const CONNECTIONS: usize = 3000;
+/// Seconds between two payloads the server writes on each connection (spread over the interval).
+const PUSH_EVERY: &str = "5";
+/// Seconds measured per row, after the table is complete and a quiet spell could begin.
+const SECONDS: u64 = 20;
+
+/// `lifeline --version`'s revision of `binary`.
+fn revision(binary: &Path) -> String {
+    Command::new(binary)
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .trim_start_matches("lifeline ")
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
+
+/// Sockets sampled per second, from the sampler's rounds logged between bytes `from` and `to`.
+fn sampled_per_second(log: &Path, (from, to): (u64, u64), seconds: f64) -> f64 {
+    let text = fs::read(log).unwrap_or_default();
+    let text = String::from_utf8_lossy(text.get(from as usize..to as usize).unwrap_or_default());
+    let sampled: f64 = text
+        .lines()
+        .filter(|l| l.contains("sampling round"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("sampled=")?.parse::<f64>().ok())
+        })
+        .sum();
+    sampled / seconds
+}
+
+pub(super) fn busy_section(bins: &Bins, report: &mut Report) -> Result {
+    let mut agents: Vec<(String, PathBuf)> = Vec::new();
+    if let Some(before) = std::env::var_os("LL_BENCH_BASELINE").map(PathBuf::from) {
+        if !before.is_file() {
+            return Err(Failed(format!(
+                "LL_BENCH_BASELINE={}: no such file",
+                before.display()
+            )));
+        }
+        agents.push((format!("before ({})", revision(&before)), before));
+    }
+    agents.push((
+        format!("this build ({})", revision(&bins.lifeline)),
+        bins.lifeline.clone(),
+    ));
+    report.line("## Busy connections");
+    report.line("");
+    report.line(format!(
+        "{CONNECTIONS} connections to the watched endpoint, all of one process, in one \
+         namespace: *busy*, the server writes 200 bytes on each every {PUSH_EVERY} s (spread \
+         over the interval, {} payloads a second, as a busy node's informers receive events), \
+         or *idle*. Agent CPU over {SECONDS} s once the table is complete and 15 s old; \
+         *sampling* is the sampler thread's own CPU (see Tracked connections), *sampled* the \
+         sockets it read per second.",
+        CONNECTIONS / PUSH_EVERY.parse::<usize>().expect("seconds")
+    ));
+    report.line("");
+    report.line(
+        "| agent | connections | agent CPU | per connection | sampling per connection | sampled/s | RSS |",
+    );
+    report.line("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    for busy in [true, false] {
+        let mut lab = Lab::new()?;
+        let listen = format!("127.0.0.1:{WATCHED_PORT}");
+        let mut server = lab.in_ns(&bins.load);
+        server.args(["serve", "--listen", &listen]);
+        if busy {
+            server.args(["--push-every", PUSH_EVERY]);
+        }
+        lab.spawn(&mut server)?;
+        thread::sleep(Duration::from_millis(300));
+        let (hold, held) = Hold::start(&lab, bins, CONNECTIONS)?;
+        for (label, binary) in &agents {
+            let log = std::env::temp_dir().join(format!("llbench-{}-busy.log", std::process::id()));
+            let these = Bins {
+                lifeline: binary.clone(),
+                load: bins.load.clone(),
+            };
+            let agent = lab.agent_logging(&these, &[], Some(&log))?;
+            let listed = wait_listed(CONNECTIONS, Duration::from_secs(60));
+            // Past QUIET_AFTER (10 s unchanged) from the first samples, and a little more.
+            thread::sleep(Duration::from_secs(15));
+            let log_size = || fs::metadata(&log).map_or(0, |m| m.len());
+            let (c0, from) = (cpu_seconds(agent), log_size());
+            thread::sleep(Duration::from_secs(SECONDS));
+            let per_second = (cpu_seconds(agent) - c0) / SECONDS as f64;
+            let span = (from, log_size());
+            let sampling = sampling_us_per_socket(&log, span, SECONDS as f64, CONNECTIONS);
+            report.line(format!(
+                "| {label} | {CONNECTIONS} {} | {:.2} ms/s | {:.2} µs/s | {} | {:.0} | {} MiB |",
+                if busy { "busy" } else { "idle" },
+                per_second * 1000.0,
+                per_second * 1e6 / CONNECTIONS as f64,
+                sampling.map_or("?".into(), |us| format!("{us:.2} µs/s")),
+                sampled_per_second(&log, span, SECONDS as f64),
+                status_kib(agent, "VmRSS") / 1024,
+            ));
+            if listed < CONNECTIONS {
+                report.line(format!(
+                    "(only {listed} of {CONNECTIONS} listed; ll-load: {held})"
+                ));
+            }
+            lab.stop(agent);
+            let _ = fs::remove_file(&log);
+        }
+        drop(hold);
+    }
+    report.line("");
+    Ok(())
+}

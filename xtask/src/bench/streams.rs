@@ -1,0 +1,416 @@
+//! Go clients' streams: what the uprobes on a Go client's `crypto/tls` and HTTP/2 framer cost.
+//! Several `kubectl get pods -w` (Go 1.19, stripped, as built for Kubernetes 1.20) watch the
+//! fixture apiserver, which changes a pod every 10 ms: a DATA frame per event on every watch.
+//! The same kubectl processes run throughout; in interleaved rounds nobody observes them, the
+//! connection-only agent (`--no-go-probes`) does, or the agent with its Go probes does.
+//! Printed: the clients' events per second and CPU per event against no observer, the kernel's
+//! cost per probed call (`kernel.bpf_stats_enabled`), the agent's CPU per stream record over
+//! the connection-only agent's; then a client that runs no probed binary (python's OpenSSL,
+//! while the kubectls are stopped, their probes still attached) against no observer, and the
+//! probes' calls meanwhile.
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::{BufRead, BufReader},
+    process::{Child, Stdio},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use super::{
+    cpu_seconds, http_get, median, metric, per_call, prog_stats, Bins, Lab, Report, AGENT_ADDR, WATCHED_PORT,
+};
+use crate::{workspace, Failed, Result};
+
+const KUBECTL: &str = "/opt/lifeline-kubectl-1.20/usr/bin/kubectl";
+/// Watches at once (each its own kubectl process and connection).
+const WATCHES: usize = 4;
+const EVENT_INTERVAL: &str = "10ms";
+/// Seconds measured per observer and round.
+const SECONDS: u64 = 10;
+const ROUNDS: usize = 3;
+/// Seconds of the python client per observer.
+const PYTHON_SECONDS: &str = "5";
+/// Keep-alive HTTPS GETs over one connection for ARGV[3] seconds; prints `done N`.
+const PYTHON_CLIENT: &str = r#"
+import http.client, ssl, sys, time
+c = http.client.HTTPSConnection(sys.argv[1], int(sys.argv[2]), context=ssl._create_unverified_context())
+n, end = 0, time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    c.request("GET", "/api/v1/namespaces/default/pods/web-0", headers={"Authorization": "Bearer x"})
+    c.getresponse().read()
+    n += 1
+print("done", n)
+"#;
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Observer {
+    None,
+    Connections,
+    Streams,
+}
+
+impl Observer {
+    fn label(self) -> &'static str {
+        match self {
+            Observer::None => "no agent",
+            Observer::Connections => "agent, connection-only (`--no-go-probes`)",
+            Observer::Streams => "agent with the Go probes",
+        }
+    }
+
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            Observer::Connections => &["--no-go-probes"],
+            _ => &[],
+        }
+    }
+}
+
+/// One kubectl watch, its output lines (one per event) counted.
+struct Watch {
+    child: Child,
+    lines: Arc<AtomicU64>,
+}
+
+impl Watch {
+    fn start(lab: &Lab) -> Result<Watch> {
+        let server = format!("https://127.0.0.1:{WATCHED_PORT}");
+        let mut child = lab
+            .in_ns(KUBECTL)
+            .args(["--server", &server, "--insecure-skip-tls-verify", "--token", "x"])
+            .args(["get", "pods", "-w"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| Failed(format!("{KUBECTL}: {e}")))?;
+        let lines = Arc::new(AtomicU64::new(0));
+        let out = child.stdout.take().expect("piped");
+        let counted = lines.clone();
+        thread::spawn(move || {
+            for _ in BufReader::new(out).lines().map_while(std::result::Result::ok) {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        Ok(Watch { child, lines })
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: plain syscall on our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What one window measured.
+#[derive(Default)]
+struct Window {
+    events_per_second: f64,
+    client_us_per_event: f64,
+    agent_cpu: f64,
+    records: f64,
+    calls: Vec<(String, u64, f64)>,
+}
+
+/// Whether the agent says every watch's process has `visibility: streams`.
+fn all_streams(pids: &[u32]) -> bool {
+    let Ok((_, body)) = http_get(AGENT_ADDR, "/api/v1/clients", Duration::from_secs(5)) else {
+        return false;
+    };
+    let Ok(serde_json::Value::Array(clients)) = serde_json::from_str(&body) else {
+        return false;
+    };
+    pids.iter().all(|pid| {
+        clients
+            .iter()
+            .any(|c| c["pid"].as_u64() == Some(u64::from(*pid)) && c["visibility"] == "streams")
+    })
+}
+
+fn measure(watches: &[Watch], agent: Option<u32>) -> Window {
+    let lines = || {
+        watches
+            .iter()
+            .map(|w| w.lines.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let client_cpu = || watches.iter().map(|w| cpu_seconds(w.child.id())).sum::<f64>();
+    let records = || metric("lifeline_ebpf_events_total", &["kind=\"stream\""]);
+    let (l0, c0, t0) = (lines(), client_cpu(), Instant::now());
+    let (a0, s0, r0) = agent.map_or((0.0, BTreeMap::new(), 0.0), |p| {
+        (cpu_seconds(p), prog_stats(p), records())
+    });
+    thread::sleep(Duration::from_secs(SECONDS));
+    let (l1, c1, secs) = (lines(), client_cpu(), t0.elapsed().as_secs_f64());
+    let mut w = Window {
+        events_per_second: (l1 - l0) as f64 / secs,
+        client_us_per_event: (c1 - c0) * 1e6 / (l1 - l0).max(1) as f64,
+        ..Window::default()
+    };
+    if let Some(p) = agent {
+        w.agent_cpu = (cpu_seconds(p) - a0) / secs;
+        w.records = records() - r0;
+        w.calls = per_call(&s0, &prog_stats(p))
+            .into_iter()
+            .filter(|c| c.0.starts_with("go_"))
+            .collect();
+    }
+    w
+}
+
+/// Runs the python client in the namespace: requests per second.
+fn python(lab: &Lab) -> Result<f64> {
+    let port = WATCHED_PORT.to_string();
+    let out = lab
+        .in_ns("python3")
+        .args(["-c", PYTHON_CLIENT, "127.0.0.1", &port, PYTHON_SECONDS])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Failed(format!("python3: {e}")))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let n: f64 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| Failed(format!("the python client said {text:?}")))?;
+    Ok(n / PYTHON_SECONDS.parse::<f64>().expect("seconds"))
+}
+
+/// Starts an agent for `observer` (None for no agent) and waits until it follows the watches
+/// (every one `visibility: streams` with the probes; a few seconds otherwise).
+fn observe(lab: &mut Lab, bins: &Bins, observer: Observer, pids: &[u32]) -> Result<Option<u32>> {
+    if observer == Observer::None {
+        thread::sleep(Duration::from_secs(3));
+        return Ok(None);
+    }
+    let agent = lab.agent(bins, observer.flags())?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    thread::sleep(Duration::from_secs(3));
+    while observer == Observer::Streams && !all_streams(pids) {
+        if Instant::now() > deadline {
+            return Err(Failed(
+                "the watches were not followed by streams within 30 s".into(),
+            ));
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    Ok(Some(agent))
+}
+
+pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
+    if !std::path::Path::new(KUBECTL).is_file() {
+        return Err(Failed(format!("{KUBECTL} is missing: run `cargo xtask setup`")));
+    }
+    let mut lab = Lab::new()?;
+    let certs = std::env::temp_dir().join(format!("llbench-{}-certs", std::process::id()));
+    let listen = format!("127.0.0.1:{WATCHED_PORT}");
+    let apiserver = workspace().join("target/debug/ll-apiserver");
+    let mut server = lab.in_ns(&apiserver);
+    server.args(["--listen", &listen, "--cert-dir"]).arg(&certs);
+    // The fixture ends a watch after 60 s by default, and `kubectl get -w` exits then.
+    server.args(["--event-interval", EVENT_INTERVAL, "--watch-timeout", "1h"]);
+    lab.spawn(&mut server)?;
+    thread::sleep(Duration::from_secs(2));
+    let watches = (0..WATCHES)
+        .map(|_| Watch::start(&lab))
+        .collect::<Result<Vec<_>>>()?;
+    let pids: Vec<u32> = watches.iter().map(|w| w.child.id()).collect();
+    thread::sleep(Duration::from_secs(3));
+
+    let order = [Observer::None, Observer::Connections, Observer::Streams];
+    let mut windows: BTreeMap<Observer, Vec<Window>> = BTreeMap::new();
+    let mut ratios: BTreeMap<Observer, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for round in 0..ROUNDS {
+        let mut baseline = (f64::NAN, f64::NAN);
+        for observer in order {
+            let agent = observe(&mut lab, bins, observer, &pids)?;
+            let w = measure(&watches, agent);
+            if let Some(a) = agent {
+                lab.stop(a);
+            }
+            if w.events_per_second < 1.0 {
+                return Err(Failed(format!(
+                    "round {round}, {}: the kubectl watches printed no event (did they exit?)",
+                    observer.label()
+                )));
+            }
+            if observer == Observer::None {
+                baseline = (w.events_per_second, w.client_us_per_event);
+            }
+            eprintln!(
+                "round {round}: {:<44} {:6.0} events/s, client {:6.1} µs/event, agent {:.2} ms/s, {:.0} stream records",
+                observer.label(),
+                w.events_per_second,
+                w.client_us_per_event,
+                w.agent_cpu * 1000.0,
+                w.records
+            );
+            let r = ratios.entry(observer).or_default();
+            r.0.push(w.events_per_second / baseline.0);
+            r.1.push(w.client_us_per_event / baseline.1);
+            windows.entry(observer).or_default().push(w);
+        }
+    }
+
+    // A client that runs no probed binary: the kubectls stopped (still connected, their binary
+    // still probed), a python OpenSSL client's requests against each observer.
+    for w in &watches {
+        w.signal(libc::SIGSTOP);
+    }
+    let mut python_rows = Vec::new();
+    for observer in order {
+        let agent = match observer {
+            Observer::None => None,
+            // Probes still attached to kubectl's binary while it is stopped.
+            _ => observe(&mut lab, bins, observer, &[])?,
+        };
+        if observer == Observer::Streams {
+            // The stopped kubectls are followed (their probes attached) before python runs.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !all_streams(&pids) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(500));
+            }
+        }
+        let before = agent.map(prog_stats);
+        let rate = python(&lab)?;
+        let go_calls: u64 = match (agent, before) {
+            (Some(a), Some(b)) => per_call(&b, &prog_stats(a))
+                .iter()
+                .filter(|c| c.0.starts_with("go_"))
+                .map(|c| c.1)
+                .sum(),
+            _ => 0,
+        };
+        let attached = agent.map(|_| all_streams(&pids));
+        if let Some(a) = agent {
+            lab.stop(a);
+        }
+        eprintln!(
+            "python with {:<44} {rate:6.0} requests/s, go_* calls {go_calls}",
+            observer.label()
+        );
+        python_rows.push((observer, rate, go_calls, attached));
+    }
+    for w in &watches {
+        w.signal(libc::SIGCONT);
+    }
+    let _ = fs::remove_dir_all(&certs);
+
+    report.line("## Go clients' streams");
+    report.line("");
+    report.line(format!(
+        "{WATCHES} `kubectl get pods -w` (kubectl 1.20: Go 1.19, stripped) on the fixture \
+         apiserver, which changes a pod every {EVENT_INTERVAL} (a DATA frame per event on every \
+         watch, one output line per event); the same processes throughout, {SECONDS} s per \
+         observer, {ROUNDS} interleaved rounds (medians; ratios against the round's no-agent \
+         window). Client CPU is the kubectls' own (all threads) per event they printed."
+    ));
+    report.line("");
+    report.line("| observer | events/s | vs no agent | client CPU per event | vs no agent | agent CPU | stream records/s |");
+    report.line("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let med = |o: Observer, f: fn(&Window) -> f64| median(windows[&o].iter().map(f).collect());
+    for observer in order {
+        let (rate_ratio, cpu_ratio) = &ratios[&observer];
+        report.line(format!(
+            "| {} | {:.0} | {:.3} | {:.1} µs | {:.3} | {} | {} |",
+            observer.label(),
+            med(observer, |w| w.events_per_second),
+            median(rate_ratio.clone()),
+            med(observer, |w| w.client_us_per_event),
+            median(cpu_ratio.clone()),
+            if observer == Observer::None {
+                "—".to_owned()
+            } else {
+                format!("{:.2} ms/s", med(observer, |w| w.agent_cpu) * 1000.0)
+            },
+            if observer == Observer::None {
+                "—".to_owned()
+            } else {
+                format!("{:.0}", med(observer, |w| w.records) / SECONDS as f64)
+            },
+        ));
+    }
+    let extra = med(Observer::Streams, |w| w.agent_cpu) - med(Observer::Connections, |w| w.agent_cpu);
+    let records = med(Observer::Streams, |w| w.records) / SECONDS as f64;
+    let gross = med(Observer::Streams, |w| {
+        w.agent_cpu / (w.records / SECONDS as f64).max(1.0)
+    });
+    let calls = med(Observer::Streams, |w| {
+        w.calls.iter().map(|c| c.1).sum::<u64>() as f64
+    }) / SECONDS as f64;
+    report.line("");
+    report.line(format!(
+        "Agent CPU per stream record (`lifeline_ebpf_events_total{{kind=\"stream\"}}`): {:.1} µs \
+         over the connection-only agent's CPU ({:.2} ms/s more for {records:.0} records/s); \
+         {:.1} µs counting all of the agent's CPU. Per probed call ({calls:.0} calls/s; DATA \
+         frames of a stream are coalesced in the kernel, so most calls send no record): {:.2} µs \
+         of agent CPU over the connection-only agent's.",
+        extra * 1e6 / records.max(1.0),
+        extra * 1000.0,
+        gross * 1e6,
+        extra * 1e6 / calls.max(1.0)
+    ));
+    report.line("");
+    report.line("Kernel cost per probed call (`kernel.bpf_stats`, the probes' windows summed):");
+    report.line("");
+    report.line("| program | calls/s | ns per call |");
+    report.line("| --- | ---: | ---: |");
+    let mut sums: BTreeMap<String, (u64, f64)> = BTreeMap::new();
+    for w in &windows[&Observer::Streams] {
+        for (name, calls, ns) in &w.calls {
+            let s = sums.entry(name.clone()).or_default();
+            s.0 += calls;
+            s.1 += *calls as f64 * ns;
+        }
+    }
+    let total_seconds = (SECONDS as usize * windows[&Observer::Streams].len()) as f64;
+    for (name, (calls, ns)) in &sums {
+        report.line(format!(
+            "| {name} | {:.0} | {:.0} |",
+            *calls as f64 / total_seconds,
+            ns / (*calls).max(1) as f64
+        ));
+    }
+    report.line("");
+    report.line(format!(
+        "A client that runs no probed binary: python's `http.client` over OpenSSL, keep-alive \
+         GETs for {PYTHON_SECONDS} s, while the kubectls are stopped (SIGSTOP: still connected, \
+         kubectl's binary still probed while the agent runs)."
+    ));
+    report.line("");
+    report.line(
+        "| observer | python requests/s | vs no agent | go_* probe calls meanwhile | kubectl still probed |",
+    );
+    report.line("| --- | ---: | ---: | ---: | --- |");
+    let base = python_rows.first().map_or(f64::NAN, |r| r.1);
+    for (observer, rate, calls, attached) in python_rows {
+        report.line(format!(
+            "| {} | {rate:.0} | {:.3} | {} | {} |",
+            observer.label(),
+            rate / base,
+            if observer == Observer::None {
+                "—".into()
+            } else {
+                calls.to_string()
+            },
+            match attached {
+                None => "—",
+                Some(true) => "yes",
+                Some(false) => "no",
+            }
+        ));
+    }
+    report.line("");
+    Ok(())
+}
