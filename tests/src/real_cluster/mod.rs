@@ -23,11 +23,14 @@ use std::{
 pub mod clients;
 mod control_plane;
 mod daemon;
+pub mod dashboard;
 pub mod findings;
 pub mod image;
 pub mod monitor;
 mod node;
 pub mod pki;
+pub mod podmonitor;
+pub mod prometheus;
 pub mod supervisor;
 
 pub use control_plane::{ControlPlane, Options, Restart, Stop, User};
