@@ -16,7 +16,12 @@
 //!    new one started at once: both `disconnected`, both get an Event; the opted-in pod is
 //!    evicted through the Eviction API (the apiserver's audit log says who and how) and its
 //!    replacement is healthy; the other is left alone (same UID, the skip counted).
-//! 4. Teardown (the harness's guards) leaves no process, mount, cgroup, bridge, address or
+//! 4. The monitoring path (`e2e/monitoring.rs`, README "End to end"): a real Prometheus scraping
+//!    as the shipped PodMonitor says, with the shipped rules, sending to a real Alertmanager:
+//!    `LifelineClientDisconnected` fires, reaches Alertmanager and resolves; every dashboard
+//!    panel is queried; `LifelineAgentDown` goes pending for a stopped agent; `kubectl
+//!    lifeline`, with the README's RBAC only, lists the never-redial pod.
+//! 5. Teardown (the harness's guards) leaves no process, mount, cgroup, bridge, address or
 //!    iptables chain behind.
 //!
 //! The image archive is `$LIFELINE_IMAGE`, else `target/image/lifeline-<version>-<arch>.tar`
@@ -1105,6 +1110,16 @@ fn check_monitoring(
             )
         });
     }
+    // The labels promtool's unit test gives its `up` series are the ones a real scrape has.
+    let names: BTreeSet<&str> = down["labels"]
+        .as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    let unit_test = unit_test_labels(&workspace(), DOWN);
+    let unit_test: BTreeSet<&str> = unit_test.iter().map(String::as_str).collect();
+    findings.check(names == unit_test, || {
+        format!("{DOWN}'s labels are {names:?}; prometheus-rules.test.yaml tests it with {unit_test:?}")
+    });
     wait_alert_gone(prom, DOWN, agent_pod, secs(30));
     mark("LifelineAgentDown pending while the agent is stopped, cleared after");
 

@@ -395,3 +395,21 @@ pub fn plugin_viewer(
     cp.apply(&readme_rbac(workspace, namespace));
     kubeconfig
 }
+
+/// The label names promtool's unit test (`prometheus-rules.test.yaml`) expects on alert `name`
+/// (`alertname` included): what it assumes a real scrape gives.
+pub fn unit_test_labels(workspace: &Path, name: &str) -> BTreeSet<String> {
+    let path = workspace.join("deploy/components/monitoring/prometheus-rules.test.yaml");
+    let text = std::fs::read_to_string(&path).expect("prometheus-rules.test.yaml");
+    let tests: Value = serde_saphyr::from_str(&text).expect("prometheus-rules.test.yaml is YAML");
+    let expected = tests["tests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| t["alert_rule_test"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a["alertname"] == name)
+        .flat_map(|a| a["exp_alerts"].as_array().cloned().unwrap_or_default())
+        .find_map(|e| e["exp_labels"].as_object().cloned())
+        .unwrap_or_else(|| panic!("prometheus-rules.test.yaml has no exp_labels for {name}"));
+    expected.keys().cloned().chain(["alertname".to_owned()]).collect()
+}

@@ -2,9 +2,10 @@
 //! plain Prometheus scrapes exactly as the shipped `deploy/components/monitoring/podmonitor.yaml`
 //! says (one truth: that file). What the operator does (its `generatePodMonitorConfig`):
 //! Kubernetes pod discovery in the PodMonitor's namespace (unless `namespaceSelector` says
-//! otherwise), `keep` on the selector's labels and on the port's name, the target labels
-//! `namespace`, `container`, `pod`, `job` (from `jobLabel` when the pod has it, else
-//! `NAMESPACE/NAME`) and `endpoint` (the port's name), then the endpoint's own `relabelings`.
+//! otherwise), pods that are done dropped, `keep` on the selector's labels and on the port's
+//! name, the target labels `namespace`, `container`, `pod`, `job` (from `jobLabel` when the pod
+//! has it, else `NAMESPACE/NAME`) and `endpoint` (the port's name), then the endpoint's own
+//! `relabelings`.
 //! A field this module does not know is an error, never ignored: the shipped file must not say
 //! more than the test scrapes.
 //!
@@ -88,8 +89,11 @@ pub fn scrape_configs(podmonitor: &Value, targets_file: &str, interval: &str) ->
         let port = endpoint["port"]
             .as_str()
             .ok_or(format!("podMetricsEndpoints[{i}].port (a port name) is missing"))?;
-        let mut relabel: Vec<Value> =
-            vec![json!({"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"})];
+        let mut relabel: Vec<Value> = vec![
+            json!({"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}),
+            // Pods that are done are not scraped (the operator's `filterRunning`, on by default).
+            json!({"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"}),
+        ];
         for (label, value) in match_labels {
             let value = value
                 .as_str()
@@ -268,6 +272,9 @@ mod tests {
         assert_eq!(namespace(&shipped()).unwrap(), "lifeline");
         let relabel = c["relabel_configs"].as_array().unwrap();
         let has = |want: Value| relabel.contains(&want);
+        assert!(has(
+            json!({"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"})
+        ));
         assert!(has(
             json!({"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "http"})
         ));
