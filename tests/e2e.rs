@@ -16,7 +16,12 @@
 //!    new one started at once: both `disconnected`, both get an Event; the opted-in pod is
 //!    evicted through the Eviction API (the apiserver's audit log says who and how) and its
 //!    replacement is healthy; the other is left alone (same UID, the skip counted).
-//! 4. Teardown (the harness's guards) leaves no process, mount, cgroup, bridge, address or
+//! 4. The monitoring path (`e2e/monitoring.rs`, README "End to end"): a real Prometheus scraping
+//!    as the shipped PodMonitor says, with the shipped rules, sending to a real Alertmanager:
+//!    `LifelineClientDisconnected` fires, reaches Alertmanager and resolves; every dashboard
+//!    panel is queried; `LifelineAgentDown` goes pending for a stopped agent; `kubectl
+//!    lifeline`, with the README's RBAC only, lists the never-redial pod.
+//! 5. Teardown (the harness's guards) leaves no process, mount, cgroup, bridge, address or
 //!    iptables chain behind.
 //!
 //! The image archive is `$LIFELINE_IMAGE`, else `target/image/lifeline-<version>-<arch>.tar`
@@ -28,18 +33,21 @@ use std::{
     path::{Path, PathBuf},
     process::Command,
     thread,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use lifeline_integration::{
     init, real_cluster,
     real_cluster::{
-        findings::Findings, image::Image, in_cluster_kubeconfig, monitor::Monitor, secs, ControlPlane,
-        HostLock, Node, Options, Stop, KUBECTL,
+        findings::Findings, image::Image, in_cluster_kubeconfig, monitor::Monitor, prometheus::Monitoring,
+        secs, ControlPlane, HostLock, Node, Options, Stop, KUBECTL,
     },
     *,
 };
 use serde_json::Value;
+
+#[path = "e2e/monitoring.rs"]
+mod monitoring;
 
 /// The agent's namespace and DaemonSet (deploy/base).
 const AGENT_NS: &str = "lifeline";
@@ -612,6 +620,9 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
         kubeconfig: cp.admin_kubeconfig(),
     };
     mark("cluster and node up", &mut timeline);
+    // Prometheus (the shipped PodMonitor's scrape, the shipped rules) and Alertmanager.
+    let prom = Monitoring::start(&cp.admin_kubeconfig(), &workspace());
+    mark("Prometheus and Alertmanager up", &mut timeline);
 
     // Step 2 of the README: the image into the node's containerd. And the test workloads'
     // image: ll-stuck with its shared libraries, talking to the ClusterIP with the pod's
@@ -771,10 +782,28 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
         });
     }
 
+    // Prometheus scrapes the agent pod, with the labels the rules and the dashboard use.
+    let up = format!(
+        "up{{job=\"lifeline\", namespace=\"{AGENT_NS}\", pod=\"{agent_pod}\", node=\"{}\"}} == 1",
+        node.name
+    );
+    wait_until(secs(30), "Prometheus scraping the agent pod", || {
+        match prom.query(&up, None) {
+            Ok(r) if !r.is_empty() => Ok(()),
+            other => Err(Shown(format!("{up}: {other:?}\n{}", prom.logs()))),
+        }
+    });
+    mark("Prometheus scrapes the agent", &mut timeline);
+    // `kubectl lifeline` as a service account with the README's RBAC only.
+    let plugin_dir = TempDir::new();
+    let viewer = monitoring::plugin_viewer(&cp, &workspace(), AGENT_NS, plugin_dir.path(), &mut findings);
+    mark("kubectl lifeline's service account", &mut timeline);
+
     // The fault: the apiserver SIGKILLed, a new one started at once. The re-dialing clients
     // come back; ll-stuck in both pods never dials again.
     let monitor = Monitor::start(agent_addr(), |c| c["comm"] == "kube-apiserver");
     let done_before = remediations("restart", "done");
+    let incident = SystemTime::now();
     let restart = cp.restart_apiserver(Stop::Kill);
     mark("apiserver restarted (SIGKILL)", &mut timeline);
     let (opted_ref, plain_ref) = (
@@ -794,6 +823,34 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
         }
     });
     mark("both ll-stuck pods disconnected", &mut timeline);
+    // `kubectl lifeline`: the never-redial pod without opt-in listed unhealthy, with its node
+    // (the opted-in one may already be evicted).
+    match monitoring::kubectl_lifeline(&viewer, plugin_dir.path()) {
+        Ok(rows) => {
+            let listed = |pod: &str| {
+                rows.iter().any(|r| {
+                    r.len() == 6
+                        && r[0] == node.name
+                        && r[1] == NS
+                        && r[2] == pod
+                        && r[3] == "ll-stuck"
+                        && r[5] == "disconnected"
+                })
+            };
+            findings.check(listed(&name_of(&plain)), || {
+                format!(
+                    "`kubectl lifeline` does not list {plain_ref} disconnected on {}: {rows:?}",
+                    node.name
+                )
+            });
+            findings.check(
+                rows.iter().all(|r| r.get(1).map(String::as_str) == Some(NS)),
+                || format!("`kubectl lifeline` lists clients other than the test pods: {rows:?}"),
+            );
+        }
+        Err(e) => findings.add(e),
+    }
+    mark("kubectl lifeline lists the pod", &mut timeline);
     // The monitor started just before the SIGKILL and polls every second: each was judged
     // `disconnect_grace` after the loss.
     for s in [&both.0, &both.1] {
@@ -918,8 +975,20 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
         restart.ready_after.as_secs_f64()
     );
     mark("checks done", &mut timeline);
+    check_monitoring(
+        &cp,
+        &node,
+        &prom,
+        incident,
+        (&opted, &plain),
+        (&agent_pod, agent_pid),
+        &mut findings,
+        &mut |w| mark(w, &mut timeline),
+    );
+    drop(prom);
 
     // Teardown: the guards, then what they must have removed.
+    drop(plugin_dir);
     let replacement_pid = pod_pid(&node, &replacement);
     let traces = Traces {
         pids: vec![
@@ -954,4 +1023,137 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
         eprintln!("  {:6.1} s  {what}", at.as_secs_f64());
     }
     findings.assert_none("end-to-end");
+}
+
+/// The monitoring path during and after the incident (README "Monitoring"): the rule alerts in
+/// Prometheus and Alertmanager, every dashboard panel, `LifelineAgentDown`.
+#[allow(clippy::too_many_arguments)]
+fn check_monitoring(
+    cp: &ControlPlane,
+    node: &Node,
+    prom: &Monitoring,
+    incident: SystemTime,
+    (opted, plain): (&Value, &Value),
+    (agent_pod, agent_pid): (&str, u32),
+    findings: &mut Findings,
+    mark: &mut dyn FnMut(&str),
+) {
+    use monitoring::*;
+    const DISCONNECTED: &str = "LifelineClientDisconnected";
+    let (opted_pod, plain_pod) = (name_of(opted), name_of(plain));
+    // The pod left disconnected: the rule fires `for: 1m` after the agent's judgement, with the
+    // client's labels (honorLabels) and the node's (the PodMonitor's relabeling).
+    let alert = wait_alert(prom, DISCONNECTED, &plain_pod, "firing", secs(120));
+    check_client_labels(&alert, NS, &plain_pod, "ll-stuck", &node.name, findings);
+    mark("LifelineClientDisconnected firing in Prometheus");
+    if let Some(am) = wait_alertmanager(prom, DISCONNECTED, &plain_pod, true, secs(30)) {
+        check_client_labels(&am, NS, &plain_pod, "ll-stuck", &node.name, findings);
+    }
+    mark("LifelineClientDisconnected in Alertmanager");
+
+    // Every dashboard panel, the incident still on (the pod without opt-in).
+    check_panels(prom, &workspace(), &node.name, NS, incident, findings);
+    mark("dashboard panels queried");
+
+    // The opted-in pod was evicted within the rule's `for: 1m`: its alert was pending, never
+    // fired, and is gone. Nothing else fired; the apiserver was down for seconds, so
+    // LifelineApiserverOutage (`for: 30s`) may have been pending, no more.
+    let history = alert_history(prom, incident);
+    eprintln!("ALERTS since the SIGKILL (alertname, alertstate, pod): {history:?}");
+    findings.check(
+        history.contains(&(DISCONNECTED.into(), "pending".into(), opted_pod.clone())),
+        || format!("{DISCONNECTED} was never pending for the opted-in pod {opted_pod}: {history:?}"),
+    );
+    findings.check(
+        !history.contains(&(DISCONNECTED.into(), "firing".into(), opted_pod.clone())),
+        || format!("{DISCONNECTED} fired for {opted_pod}, evicted within the rule's `for: 1m`: {history:?}"),
+    );
+    let active = prom.alerts().unwrap_or_default();
+    findings.check(
+        !active.iter().any(|a| a["labels"]["pod"] == opted_pod.as_str()),
+        || format!("an alert for the evicted pod {opted_pod} is still active: {active:#?}"),
+    );
+    for (name, state, pod) in &history {
+        let expected = name == DISCONNECTED && (*pod == opted_pod || *pod == plain_pod);
+        let brief = name == "LifelineApiserverOutage" && state == "pending";
+        findings.check(expected || brief, || {
+            format!("{name} ({state}, pod {pod:?}) during the incident: it implies only {DISCONNECTED} for the two ll-stuck pods")
+        });
+    }
+
+    // Resolution: the pod without opt-in deleted by hand, its alert resolves in both.
+    cp.kubectl_ok(&["-n", NS, "delete", "pod", &plain_pod, "--wait=false"]);
+    wait_alert_gone(prom, DISCONNECTED, &plain_pod, secs(60));
+    wait_alertmanager(prom, DISCONNECTED, &plain_pod, false, secs(30));
+    mark("LifelineClientDisconnected resolved in Prometheus and Alertmanager");
+
+    // LifelineAgentDown (`up == 0`, `for: 5m`: its firing is promtool's unit test,
+    // prometheus-rules.test.yaml). Here: the agent stopped (SIGSTOP: its scrapes time out) makes
+    // it pending for its pod and node, and SIGCONT clears it.
+    const DOWN: &str = "LifelineAgentDown";
+    // SAFETY: signals to the agent's pid, read from containerd.
+    unsafe { libc::kill(agent_pid as i32, libc::SIGSTOP) };
+    let down = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_alert(prom, DOWN, agent_pod, "pending", secs(20))
+    }));
+    unsafe { libc::kill(agent_pid as i32, libc::SIGCONT) };
+    let down = down.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    for (name, want) in [
+        ("node", node.name.as_str()),
+        ("namespace", AGENT_NS),
+        ("job", "lifeline"),
+    ] {
+        findings.check(down["labels"][name] == want, || {
+            format!(
+                "{DOWN}: label {name} is {}, not {want}: {down:#}",
+                down["labels"][name]
+            )
+        });
+    }
+    // The labels promtool's unit test gives its `up` series are the ones a real scrape has.
+    let names: BTreeSet<&str> = down["labels"]
+        .as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    let unit_test = unit_test_labels(&workspace(), DOWN);
+    let unit_test: BTreeSet<&str> = unit_test.iter().map(String::as_str).collect();
+    findings.check(names == unit_test, || {
+        format!("{DOWN}'s labels are {names:?}; prometheus-rules.test.yaml tests it with {unit_test:?}")
+    });
+    wait_alert_gone(prom, DOWN, agent_pod, secs(30));
+    mark("LifelineAgentDown pending while the agent is stopped, cleared after");
+
+    // The agent pod deleted: the DaemonSet's replacement is scraped and no agent alert is left.
+    let deleted = SystemTime::now();
+    cp.kubectl_ok(&["-n", AGENT_NS, "delete", "pod", agent_pod, "--wait=false"]);
+    let new = wait_one_ready_pod(cp, AGENT_NS, "app.kubernetes.io/name=lifeline", |p| {
+        name_of(p) != agent_pod
+    });
+    let up = format!(
+        "up{{job=\"lifeline\", pod=\"{}\", node=\"{}\"}} == 1",
+        name_of(&new),
+        node.name
+    );
+    wait_until(
+        secs(30),
+        "Prometheus scraping the replacement agent pod",
+        || match prom.query(&up, None) {
+            Ok(r) if !r.is_empty() => Ok(()),
+            other => Err(Shown(format!("{up}: {other:?}"))),
+        },
+    );
+    wait_until(secs(30), "no LifelineAgentDown left", || {
+        let alerts = prom.alerts().map_err(Shown)?;
+        if alerts.iter().any(|a| a["labels"]["alertname"] == DOWN) {
+            Err(Shown(format!("{alerts:#?}")))
+        } else {
+            Ok(())
+        }
+    });
+    let seen: Vec<_> = alert_history(prom, deleted)
+        .into_iter()
+        .filter(|(name, _, _)| name == DOWN)
+        .collect();
+    eprintln!("{DOWN} while the agent pod was replaced: {seen:?}");
+    mark("agent pod replaced by the DaemonSet, scraped again");
 }

@@ -27,7 +27,7 @@ use serve::{api, status, views};
 use table::sampler;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_from(serve::plugin::argv());
     logging::init(cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -55,6 +55,16 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            cli::Command::Cluster(args) => match serve::plugin::run(&args).await {
+                Ok((table, _)) => {
+                    print!("{table}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("kubectl lifeline: {}", error::chain(&err));
+                    ExitCode::FAILURE
+                }
+            },
             cli::Command::Check => {
                 let report = check::run();
                 print!("{}", report.render());

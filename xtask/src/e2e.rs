@@ -10,10 +10,16 @@ use crate::{cargo, hoststate, image, run, Failed, Result};
 /// The kubectl the suite drives the cluster with (its kustomize reads `deploy/`: 1.21 or newer).
 const KUBECTL: &str = "/usr/bin/kubectl";
 
+/// The Prometheus and Alertmanager that watch the agents as the shipped monitoring component
+/// says (tests/e2e/monitoring.rs).
+const MONITORING_PACKAGES: [&str; 2] = ["prometheus", "prometheus-alertmanager"];
+
 /// What the suite needs on the machine, installed if missing: the node's Debian packages and
-/// the Kubernetes binaries (cached after the first build), tracefs, a kubectl.
+/// the Kubernetes binaries (cached after the first build), Prometheus and Alertmanager, tracefs,
+/// a kubectl.
 fn prerequisites() -> Result {
     crate::kubernetes::setup()?;
+    crate::setup::apt(&MONITORING_PACKAGES)?;
     crate::setup::tracefs()?;
     let kubectl = Command::new(KUBECTL).args(["version", "--client"]).output();
     if !kubectl.is_ok_and(|o| o.status.success()) {
@@ -33,21 +39,25 @@ pub fn e2e() -> Result {
 }
 
 /// `cargo test --test e2e` with the archive at `archive` (the suite's output shown: it prints
-/// each step and a timeline).
+/// each step and a timeline), and the image's binary as `kubectl-lifeline` (`LIFELINE_BIN`).
 /// It leaves the host's iptables rules and routes as it found them (kube-proxy's and the CNI
 /// plugin's included).
 fn suite(archive: &Path) -> Result {
     hoststate::remove_legacy_reject();
     let before = hoststate::snapshot()?;
-    let ran = run(cargo().env("LIFELINE_IMAGE", archive).args([
-        "test",
-        "-p",
-        "lifeline-integration",
-        "--test",
-        "e2e",
-        "--",
-        "--test-threads=1",
-        "--nocapture",
-    ]));
+    let binary = image::static_binary(&image::host_target()?);
+    let ran = run(cargo()
+        .env("LIFELINE_IMAGE", archive)
+        .env("LIFELINE_BIN", binary)
+        .args([
+            "test",
+            "-p",
+            "lifeline-integration",
+            "--test",
+            "e2e",
+            "--",
+            "--test-threads=1",
+            "--nocapture",
+        ]));
     crate::both(ran, hoststate::unchanged(&before, "the end-to-end suite"))
 }

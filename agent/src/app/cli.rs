@@ -31,6 +31,9 @@ pub enum Command {
     Status(StatusArgs),
     /// Kernel and privilege preflight; exit 1 if the agent cannot run here.
     Check,
+    /// Every node's unhealthy clients, through the Kubernetes API (also `kubectl lifeline`:
+    /// the binary installed as `kubectl-lifeline`).
+    Cluster(crate::serve::plugin::ClusterArgs),
 }
 
 /// One `--endpoint` value: a name may resolve to several addresses.

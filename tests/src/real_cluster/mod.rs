@@ -23,12 +23,15 @@ use std::{
 pub mod clients;
 mod control_plane;
 mod daemon;
+pub mod dashboard;
 pub mod findings;
 pub mod holding;
 pub mod image;
 pub mod monitor;
 mod node;
 pub mod pki;
+pub mod podmonitor;
+pub mod prometheus;
 pub mod supervisor;
 
 pub use control_plane::{ControlPlane, Options, Restart, Stop, User};
