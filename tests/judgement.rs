@@ -69,11 +69,17 @@ fn server_across(net: &VethPair, sink: &WebhookSink) -> (Server, SocketAddr, Age
 }
 
 /// Waits until `pid` is judged (a client, past min_client_age) and in `state`; returns its
-/// object and when it was seen so.
+/// object and when it was seen so. A process listed before its connection is (its connect
+/// seen, not its establishment) is "not a client yet": not judged either.
 fn wait_state(agent: &Agent, pid: u32, state: &str, timeout: Duration) -> (Value, SystemTime) {
     let c = agent.wait_clients(timeout, &format!("pid {pid} {state}"), |clients| {
         find_pid(clients, pid)
-            .filter(|c| c["state"] == state && !c["reason"].as_str().unwrap_or("").contains("not judged yet"))
+            .filter(|c| {
+                let reason = c["reason"].as_str().unwrap_or("");
+                c["state"] == state
+                    && !reason.contains("not judged yet")
+                    && !reason.contains("not a client yet")
+            })
             .cloned()
     });
     (c, SystemTime::now())

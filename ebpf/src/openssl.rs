@@ -251,14 +251,23 @@ fn write_request(sk: u64, buf: u64, len: u64) -> Option<()> {
     let scratch = SCRATCH.get_ptr_mut(0)?;
     // SAFETY: the per-CPU scratch buffer, ours for the duration of the program.
     let scratch = unsafe { &mut (*scratch).bytes };
-    let copy = if available < HEADER_VALUE_MAX as u64 {
-        available as u32
+    let mut copy: u64 = if available < HEADER_VALUE_MAX as u64 {
+        available
     } else {
-        HEADER_VALUE_MAX as u32
+        HEADER_VALUE_MAX as u64
     };
+    // Bounded again where the helper takes it: older verifiers (6.1) lose a bound across the
+    // stack spill the compiler puts between the comparison above and the call, and the
+    // compiler would drop a plain mask it can prove redundant.
+    // SAFETY: an AND on a register.
+    unsafe { core::arch::asm!("{c} &= 1023", c = inout(reg) copy) };
+    if copy > HEADER_VALUE_MAX as u64 {
+        copy = HEADER_VALUE_MAX as u64;
+    }
     if copy == 0 {
         return None;
     }
+    let copy = copy as u32;
     // SAFETY: at most the scratch buffer's size, from a user address the helper checks.
     let failed = unsafe {
         aya_ebpf::helpers::generated::bpf_probe_read_user(
