@@ -7,7 +7,10 @@ export PATH=/usr/local/bin:/bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
-mount -t tmpfs tmpfs /tmp
+# No tmpfs over /tmp: the initramfs's root is already writable, and a checkout under /tmp
+# (CI clones there) puts the root suites' helpers at /tmp/.../target/debug, which a mount
+# would hide.
+mkdir -p /tmp
 mount -t tmpfs tmpfs /run
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
