@@ -652,6 +652,13 @@ fn check_held_watches(
     findings: &mut Findings,
 ) {
     let resources = ["storage.k8s.io/storageclasses", "persistentvolumes"];
+    // The soak ran before this poll: a stream due before it is timed by when the agent called
+    // the scheduler stale (its first stuck stream, the PersistentVolume watch, is that), and
+    // one due later by this poll.
+    let poll_started = SystemTime::now();
+    let stale_since = find_pid(&bench.agent.clients(), standby)
+        .filter(|c| c["state"] == "stale")
+        .and_then(|c| Some((wall(&c["state_since"])?, c["reason"].as_str()?.to_owned())));
     let mut first_stuck: std::collections::BTreeMap<&str, (SystemTime, Value)> = Default::default();
     let give_up = since + secs(600 + 120 + 60);
     while first_stuck.len() < resources.len() && SystemTime::now() < give_up {
@@ -689,11 +696,20 @@ fn check_held_watches(
             ),
             (_, None) => (None, "watch_grace"),
         };
+        let named = |why: &str| why.contains(r.rsplit('/').next().unwrap_or(r));
+        let seen = match (&stale_since, due) {
+            (Some((since, why)), Some(due)) if due < poll_started && named(why) => *since,
+            (_, Some(due)) if due < poll_started => {
+                eprintln!("the held {r} watch was due during the soak, before this poll: not timed");
+                due
+            }
+            _ => *seen,
+        };
         match due {
             Some(due) => check_detected(
                 &format!("the held {r} watch stuck ({rule})"),
                 due,
-                *seen,
+                seen,
                 (-1.0, 3.0),
                 findings,
             ),
@@ -872,7 +888,13 @@ fn watches_listed(bench: &Bench, findings: &mut Findings) {
 /// process: never an alert.
 fn check_restarts(bench: &mut Bench, grace: u64, findings: &mut Findings) {
     // The apiserver's own loopback client exits with it: not one of the clients under test.
-    let monitor = Monitor::start(bench.agent.addr, |c| c["comm"] == "kube-apiserver");
+    let excused = bench.excused.clone();
+    let monitor = Monitor::start(bench.agent.addr, move |c| {
+        c["comm"] == "kube-apiserver"
+            || connections(c)
+                .iter()
+                .any(|k| excused.iter().any(|e| k["endpoint"] == e.as_str()))
+    });
 
     for how in [Stop::Kill, Stop::Term] {
         let restart = bench.cp.restart_apiserver(how);

@@ -77,9 +77,11 @@ impl Judge {
                     local: c.tuple.local,
                     endpoint: c.endpoint.to_string(),
                     last_payload: c.last_payload.unwrap_or(c.first_seen),
-                    // Where the client's streams are read, requests and their response
-                    // headers come from them (a stuck stream), not from byte order.
-                    waiting_since: if c.streams.visible() { None } else { c.waiting(now) },
+                    // Byte order stays the evidence of rule A on every connection: a client
+                    // that gives up each request at its own timeout (a lease GET with
+                    // timeout=10s behind a dead gateway) leaves no single stream unanswered for
+                    // stale_after, but its connection answers nothing for that long.
+                    waiting_since: c.waiting(now),
                     stuck: c.streams.stuck(now, t.stale_after, t.watch_grace, MAX_WATCH),
                     stalled_since: c.stalled_since,
                     unreadable: !c.readable(now)

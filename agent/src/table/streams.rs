@@ -102,6 +102,7 @@ pub struct Streams {
 
 impl Streams {
     /// Whether the client's frames are read both ways on this connection.
+    #[cfg(test)]
     pub fn visible(&self) -> bool {
         self.reading && self.frames_sent > 0
     }
