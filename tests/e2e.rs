@@ -19,8 +19,9 @@
 //! 4. The monitoring path (`e2e/monitoring.rs`, README "End to end"): a real Prometheus scraping
 //!    as the shipped PodMonitor says, with the shipped rules, sending to a real Alertmanager:
 //!    `LifelineClientDisconnected` fires, reaches Alertmanager and resolves; every dashboard
-//!    panel is queried; `LifelineAgentDown` goes pending for a stopped agent; `kubectl
-//!    lifeline`, with the README's RBAC only, lists the never-redial pod.
+//!    panel is queried; `LifelineAgentDown` goes pending for a stopped agent, and fires for
+//!    the node once its agent pod is deleted and the replacement cannot be scheduled, then
+//!    resolves; `kubectl lifeline`, with the README's RBAC only, lists the never-redial pod.
 //! 5. Teardown (the harness's guards) leaves no process, mount, cgroup, bridge, address or
 //!    iptables chain behind.
 //!
@@ -39,8 +40,12 @@ use std::{
 use lifeline_integration::{
     init, real_cluster,
     real_cluster::{
-        findings::Findings, image::Image, in_cluster_kubeconfig, monitor::Monitor, prometheus::Monitoring,
-        secs, ControlPlane, HostLock, Node, Options, Stop, KUBECTL,
+        findings::Findings,
+        image::Image,
+        in_cluster_kubeconfig,
+        monitor::Monitor,
+        prometheus::{Kubelet, Monitoring},
+        secs, ControlPlane, HostLock, Node, Options, Stop, User, KUBECTL,
     },
     *,
 };
@@ -621,7 +626,20 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
     };
     mark("cluster and node up", &mut timeline);
     // Prometheus (the shipped PodMonitor's scrape, the shipped rules) and Alertmanager.
-    let prom = Monitoring::start(&cp.admin_kubeconfig(), &workspace());
+    let kubelet = Kubelet {
+        endpoint: node.kubelet_endpoint(),
+        node: node.name.clone(),
+        token: cp.token(User::Admin).to_owned(),
+    };
+    let prom = Monitoring::start(&cp.admin_kubeconfig(), &workspace(), &kubelet);
+    // The kubelet's scrape answers (the rules' word that the node is in the cluster).
+    let kubelet_up = format!("up{{job=\"kubelet\", node=\"{}\"}} == 1", node.name);
+    wait_until(secs(30), "Prometheus scraping the kubelet", || {
+        match prom.query(&kubelet_up, None) {
+            Ok(r) if !r.is_empty() => Ok(()),
+            other => Err(Shown(format!("{kubelet_up}: {other:?}\n{}", prom.diagnosis()))),
+        }
+    });
     mark("Prometheus and Alertmanager up", &mut timeline);
 
     // Step 2 of the README: the image into the node's containerd. And the test workloads'
@@ -976,7 +994,7 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
     );
     mark("checks done", &mut timeline);
     check_monitoring(
-        &cp,
+        &mut cp,
         &node,
         &prom,
         incident,
@@ -1029,7 +1047,7 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
 /// Prometheus and Alertmanager, every dashboard panel, `LifelineAgentDown`.
 #[allow(clippy::too_many_arguments)]
 fn check_monitoring(
-    cp: &ControlPlane,
+    cp: &mut ControlPlane,
     node: &Node,
     prom: &Monitoring,
     incident: SystemTime,
@@ -1043,10 +1061,10 @@ fn check_monitoring(
     let (opted_pod, plain_pod) = (name_of(opted), name_of(plain));
     // The pod left disconnected: the rule fires `for: 1m` after the agent's judgement, with the
     // client's labels (honorLabels) and the node's (the PodMonitor's relabeling).
-    let alert = wait_alert(prom, DISCONNECTED, &plain_pod, "firing", secs(120));
+    let alert = wait_alert(prom, DISCONNECTED, &[("pod", &plain_pod)], "firing", secs(120));
     check_client_labels(&alert, NS, &plain_pod, "ll-stuck", &node.name, findings);
     mark("LifelineClientDisconnected firing in Prometheus");
-    if let Some(am) = wait_alertmanager(prom, DISCONNECTED, &plain_pod, true, secs(30)) {
+    if let Some(am) = wait_alertmanager(prom, DISCONNECTED, &[("pod", &plain_pod)], true, secs(30)) {
         check_client_labels(&am, NS, &plain_pod, "ll-stuck", &node.name, findings);
     }
     mark("LifelineClientDisconnected in Alertmanager");
@@ -1083,52 +1101,78 @@ fn check_monitoring(
 
     // Resolution: the pod without opt-in deleted by hand, its alert resolves in both.
     cp.kubectl_ok(&["-n", NS, "delete", "pod", &plain_pod, "--wait=false"]);
-    wait_alert_gone(prom, DISCONNECTED, &plain_pod, secs(60));
-    wait_alertmanager(prom, DISCONNECTED, &plain_pod, false, secs(30));
+    wait_alert_gone(prom, DISCONNECTED, &[("pod", &plain_pod)], secs(60));
+    wait_alertmanager(prom, DISCONNECTED, &[("pod", &plain_pod)], false, secs(30));
     mark("LifelineClientDisconnected resolved in Prometheus and Alertmanager");
 
-    // LifelineAgentDown (`up == 0`, `for: 5m`: its firing is promtool's unit test,
-    // prometheus-rules.test.yaml). Here: the agent stopped (SIGSTOP: its scrapes time out) makes
-    // it pending for its pod and node, and SIGCONT clears it.
+    // LifelineAgentDown, its first way (`up == 0`): the agent stopped (SIGSTOP: its scrapes
+    // time out) makes it pending for its pod and node, and SIGCONT clears it (its firing after
+    // `for: 5m` is promtool's unit test; the second way below waits it out).
     const DOWN: &str = "LifelineAgentDown";
     // SAFETY: signals to the agent's pid, read from containerd.
     unsafe { libc::kill(agent_pid as i32, libc::SIGSTOP) };
     let down = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_alert(prom, DOWN, agent_pod, "pending", secs(20))
+        wait_alert(prom, DOWN, &[("pod", agent_pod)], "pending", secs(20))
     }));
     unsafe { libc::kill(agent_pid as i32, libc::SIGCONT) };
     let down = down.unwrap_or_else(|e| std::panic::resume_unwind(e));
-    for (name, want) in [
-        ("node", node.name.as_str()),
-        ("namespace", AGENT_NS),
-        ("job", "lifeline"),
-    ] {
-        findings.check(down["labels"][name] == want, || {
-            format!(
-                "{DOWN}: label {name} is {}, not {want}: {down:#}",
-                down["labels"][name]
-            )
-        });
-    }
-    // The labels promtool's unit test gives its `up` series are the ones a real scrape has.
-    let names: BTreeSet<&str> = down["labels"]
-        .as_object()
-        .map(|m| m.keys().map(String::as_str).collect())
-        .unwrap_or_default();
-    let unit_test = unit_test_labels(&workspace(), DOWN);
-    let unit_test: BTreeSet<&str> = unit_test.iter().map(String::as_str).collect();
-    findings.check(names == unit_test, || {
-        format!("{DOWN}'s labels are {names:?}; prometheus-rules.test.yaml tests it with {unit_test:?}")
-    });
-    wait_alert_gone(prom, DOWN, agent_pod, secs(30));
+    check_agent_labels(&down, &node.name, findings);
+    wait_alert_gone(prom, DOWN, &[("pod", agent_pod)], secs(30));
     mark("LifelineAgentDown pending while the agent is stopped, cleared after");
 
-    // The agent pod deleted: the DaemonSet's replacement is scraped and no agent alert is left.
-    let deleted = SystemTime::now();
-    cp.kubectl_ok(&["-n", AGENT_NS, "delete", "pod", agent_pod, "--wait=false"]);
-    let new = wait_one_ready_pod(cp, AGENT_NS, "app.kubernetes.io/name=lifeline", |p| {
-        name_of(p) != agent_pod
+    // Its second way: the agent pod deleted while its replacement cannot be placed (the
+    // scheduler stopped: the DaemonSet's pod waits, Pending, without a node or an address).
+    // The node has no agent pod: LifelineAgentDown fires `for: 5m` after the old pod's target
+    // went, for the node (no pod), and reaches the Alertmanager. The scheduler back, the
+    // replacement runs, is scraped, and the alert resolves in both.
+    let scheduler_server = cp.options().scheduler_server.clone().unwrap_or(cp.url());
+    cp.stop_component("kube-scheduler");
+    let selector = "app.kubernetes.io/name=lifeline";
+    cp.kubectl_ok(&[
+        "-n",
+        AGENT_NS,
+        "delete",
+        "pod",
+        agent_pod,
+        "--wait=true",
+        "--timeout=120s",
+    ]);
+    let gone = Instant::now();
+    let pending = wait_until(
+        secs(60),
+        "the DaemonSet's replacement Pending, unscheduled",
+        || {
+            let pods = live_pods(cp, AGENT_NS, selector);
+            match pods.as_slice() {
+                [p] if name_of(p) != agent_pod
+                    && p["status"]["phase"] == "Pending"
+                    && p["spec"]["nodeName"].is_null()
+                    && p["status"]["podIP"].is_null() =>
+                {
+                    Ok(name_of(p))
+                }
+                _ => Err(Shown(format!("{pods:#?}"))),
+            }
+        },
+    );
+    mark("agent pod deleted, its replacement unscheduled");
+    let node_only = [("node", node.name.as_str()), ("pod", "")];
+    let fired = wait_alert(prom, DOWN, &node_only, "firing", secs(300 + 60));
+    let after = gone.elapsed();
+    // `for: 5m` from the first evaluation without the old target (gone from discovery within
+    // a second of the pod object, a scrape and an evaluation later): not before 5 minutes
+    // after the deletion returned less those seconds, not much after.
+    findings.check(after >= secs(295), || {
+        format!("{DOWN} fired {after:?} after the agent pod was deleted, before its `for: 5m`")
     });
+    check_agent_labels(&fired, &node.name, findings);
+    mark("LifelineAgentDown firing for the node without an agent pod");
+    if let Some(am) = wait_alertmanager(prom, DOWN, &node_only, true, secs(30)) {
+        check_agent_labels(&am, &node.name, findings);
+    }
+    mark("LifelineAgentDown in Alertmanager");
+    cp.start_scheduler("kube-scheduler", &scheduler_server);
+    let new = wait_one_ready_pod(cp, AGENT_NS, selector, |p| name_of(p) == pending);
     let up = format!(
         "up{{job=\"lifeline\", pod=\"{}\", node=\"{}\"}} == 1",
         name_of(&new),
@@ -1142,18 +1186,21 @@ fn check_monitoring(
             other => Err(Shown(format!("{up}: {other:?}"))),
         },
     );
-    wait_until(secs(30), "no LifelineAgentDown left", || {
-        let alerts = prom.alerts().map_err(Shown)?;
-        if alerts.iter().any(|a| a["labels"]["alertname"] == DOWN) {
-            Err(Shown(format!("{alerts:#?}")))
-        } else {
-            Ok(())
-        }
-    });
-    let seen: Vec<_> = alert_history(prom, deleted)
-        .into_iter()
-        .filter(|(name, _, _)| name == DOWN)
-        .collect();
-    eprintln!("{DOWN} while the agent pod was replaced: {seen:?}");
-    mark("agent pod replaced by the DaemonSet, scraped again");
+    wait_alert_gone(prom, DOWN, &[("node", node.name.as_str())], secs(30));
+    wait_alertmanager(prom, DOWN, &[("node", node.name.as_str())], false, secs(30));
+    mark("scheduler back: the replacement scraped, LifelineAgentDown resolved in both");
+}
+
+/// Checks an agent alert's labels: the node's, the agent's job and namespace, and a label set
+/// promtool's unit test expects.
+fn check_agent_labels(alert: &Value, node: &str, findings: &mut Findings) {
+    for (name, want) in [("node", node), ("namespace", AGENT_NS), ("job", "lifeline")] {
+        findings.check(alert["labels"][name] == want, || {
+            format!(
+                "{}: label {name} is {}, not {want}: {alert:#}",
+                alert["labels"]["alertname"], alert["labels"][name]
+            )
+        });
+    }
+    monitoring::check_unit_tested_labels(alert, &workspace(), findings);
 }

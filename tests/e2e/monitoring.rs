@@ -67,36 +67,39 @@ fn label<'a>(v: &'a Value, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
-/// Prometheus's alert `name` for `pod` (any pod if empty) in `state`, once there.
-pub fn wait_alert(m: &Monitoring, name: &str, pod: &str, state: &str, timeout: Duration) -> Value {
+/// Label values an alert must have; "" for a label it must not have.
+pub type Labels<'a> = &'a [(&'a str, &'a str)];
+
+fn has(alert: &Value, labels: Labels) -> bool {
+    labels.iter().all(|(name, want)| label(alert, name) == *want)
+}
+
+/// Prometheus's alert `name` with `labels` in `state`, once there.
+pub fn wait_alert(m: &Monitoring, name: &str, labels: Labels, state: &str, timeout: Duration) -> Value {
     wait_until(
         timeout,
-        &format!("{name} {state} for pod {pod:?} in Prometheus"),
+        &format!("{name} {state} with {labels:?} in Prometheus"),
         || {
             let alerts = m.alerts().map_err(Shown)?;
             alerts
                 .iter()
-                .find(|a| {
-                    label(a, "alertname") == name
-                        && (pod.is_empty() || label(a, "pod") == pod)
-                        && a["state"] == state
-                })
+                .find(|a| label(a, "alertname") == name && has(a, labels) && a["state"] == state)
                 .cloned()
                 .ok_or_else(|| Shown(format!("{alerts:#?}\n{}", m.diagnosis())))
         },
     )
 }
 
-/// Waits until Prometheus has no alert `name` for `pod` any more.
-pub fn wait_alert_gone(m: &Monitoring, name: &str, pod: &str, timeout: Duration) {
+/// Waits until Prometheus has no alert `name` with `labels` any more.
+pub fn wait_alert_gone(m: &Monitoring, name: &str, labels: Labels, timeout: Duration) {
     wait_until(
         timeout,
-        &format!("{name} for pod {pod} resolved in Prometheus"),
+        &format!("{name} with {labels:?} resolved in Prometheus"),
         || {
             let alerts = m.alerts().map_err(Shown)?;
             let left: Vec<&Value> = alerts
                 .iter()
-                .filter(|a| label(a, "alertname") == name && label(a, "pod") == pod)
+                .filter(|a| label(a, "alertname") == name && has(a, labels))
                 .collect();
             if left.is_empty() {
                 Ok(())
@@ -107,28 +110,24 @@ pub fn wait_alert_gone(m: &Monitoring, name: &str, pod: &str, timeout: Duration)
     );
 }
 
-/// The Alertmanager's alert `name` for `pod`: `present` waits for it, else for its absence
+/// The Alertmanager's alert `name` with `labels`: `present` waits for it, else for its absence
 /// (resolved alerts are not listed).
 pub fn wait_alertmanager(
     m: &Monitoring,
     name: &str,
-    pod: &str,
+    labels: Labels,
     present: bool,
     timeout: Duration,
 ) -> Option<Value> {
     let what = if present { "received" } else { "resolved" };
     wait_until(
         timeout,
-        &format!("{name} for pod {pod} {what} in Alertmanager"),
+        &format!("{name} with {labels:?} {what} in Alertmanager"),
         || {
             let alerts = m.alertmanager_alerts().map_err(Shown)?;
             let found = alerts
                 .iter()
-                .find(|a| {
-                    label(a, "alertname") == name
-                        && label(a, "pod") == pod
-                        && a["status"]["state"] == "active"
-                })
+                .find(|a| label(a, "alertname") == name && has(a, labels) && a["status"]["state"] == "active")
                 .cloned();
             match (present, found) {
                 (true, Some(a)) => Ok(Some(a)),
@@ -401,20 +400,38 @@ pub fn plugin_viewer(
     kubeconfig
 }
 
-/// The label names promtool's unit test (`prometheus-rules.test.yaml`) expects on alert `name`
-/// (`alertname` included): what it assumes a real scrape gives.
-pub fn unit_test_labels(workspace: &Path, name: &str) -> BTreeSet<String> {
+/// The label sets promtool's unit test (`prometheus-rules.test.yaml`) expects on alert `name`
+/// (`alertname` included), each once: what it assumes a real scrape gives.
+pub fn unit_test_labels(workspace: &Path, name: &str) -> BTreeSet<BTreeSet<String>> {
     let path = workspace.join("deploy/components/monitoring/prometheus-rules.test.yaml");
     let text = std::fs::read_to_string(&path).expect("prometheus-rules.test.yaml");
     let tests: Value = serde_saphyr::from_str(&text).expect("prometheus-rules.test.yaml is YAML");
-    let expected = tests["tests"]
+    let expected: BTreeSet<BTreeSet<String>> = tests["tests"]
         .as_array()
         .into_iter()
         .flatten()
         .flat_map(|t| t["alert_rule_test"].as_array().cloned().unwrap_or_default())
         .filter(|a| a["alertname"] == name)
         .flat_map(|a| a["exp_alerts"].as_array().cloned().unwrap_or_default())
-        .find_map(|e| e["exp_labels"].as_object().cloned())
-        .unwrap_or_else(|| panic!("prometheus-rules.test.yaml has no exp_labels for {name}"));
-    expected.keys().cloned().chain(["alertname".to_owned()]).collect()
+        .filter_map(|e| e["exp_labels"].as_object().cloned())
+        .map(|labels| labels.keys().cloned().chain(["alertname".to_owned()]).collect())
+        .collect();
+    assert!(
+        !expected.is_empty(),
+        "prometheus-rules.test.yaml has no exp_labels for {name}"
+    );
+    expected
+}
+
+/// Checks that a real alert's label names are a set promtool's unit test expects of it.
+pub fn check_unit_tested_labels(alert: &Value, workspace: &Path, findings: &mut Findings) {
+    let name = label(alert, "alertname");
+    let names: BTreeSet<String> = alert["labels"]
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    let tested = unit_test_labels(workspace, name);
+    findings.check(tested.contains(&names), || {
+        format!("{name}'s labels are {names:?}; prometheus-rules.test.yaml tests it with {tested:?}")
+    });
 }

@@ -13,6 +13,7 @@
 //! processes killed, mounts under its directory unmounted, the bridge and the cgroups removed.
 use std::{
     fs,
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
     thread,
@@ -85,6 +86,8 @@ pub struct Node {
     dir: PathBuf,
     socket: PathBuf,
     admin_kubeconfig: PathBuf,
+    /// The kubelet's HTTPS port (its API and `/metrics`, on every address of the host).
+    kubelet_port: u16,
     kubelet: Option<Daemon>,
     containerd: Option<Daemon>,
 }
@@ -104,6 +107,7 @@ impl Node {
             socket: dir.join("containerd/containerd.sock"),
             admin_kubeconfig: cp.admin_kubeconfig(),
             dir,
+            kubelet_port: free_port(),
             kubelet: None,
             containerd: None,
         };
@@ -128,6 +132,11 @@ impl Node {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where the kubelet serves its API and `/metrics` (HTTPS, webhook authentication).
+    pub fn kubelet_endpoint(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.kubelet_port))
     }
 
     /// The kubelet's pid.
@@ -300,7 +309,7 @@ evictionHard:
   nodefs.inodesFree: 1%
 ",
             cgroup_root = self.cgroup_root,
-            port = free_port(),
+            port = self.kubelet_port,
             ca = cp.ca_pem().display(),
         );
         let config_path = d.join("config.yaml");

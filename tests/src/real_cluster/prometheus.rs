@@ -4,7 +4,10 @@
 //! the shipped rule file loaded as is, alerts sent to the Alertmanager. Only the intervals are
 //! the test's (scrape and evaluation every second; the rules' `for:` are the shipped ones), and
 //! the pod discovery (Debian's Prometheus has no Kubernetes discovery): a thread lists the
-//! PodMonitor's namespace's pods every second and rewrites the file-discovery targets.
+//! PodMonitor's namespace's pods every second and rewrites the file-discovery targets. Beside
+//! the agents, the node's kubelet is scraped as kube-prometheus scrapes it (job `kubelet`, the
+//! node's name in `node`, HTTPS without verifying the kubelet's self-signed certificate, a
+//! bearer token): the rules' source for which nodes are in the cluster.
 use std::{
     fs,
     net::SocketAddr,
@@ -25,6 +28,14 @@ use crate::{free_port, http_get};
 
 /// Scrape and rule evaluation interval.
 pub const INTERVAL: &str = "1s";
+
+/// A kubelet to scrape: where, the node's name, a token the kubelet's webhook authorizes for
+/// `nodes/metrics`.
+pub struct Kubelet {
+    pub endpoint: SocketAddr,
+    pub node: String,
+    pub token: String,
+}
 
 pub struct Monitoring {
     dir: PathBuf,
@@ -111,9 +122,10 @@ fn discover(kubeconfig: PathBuf, namespace: String, file: PathBuf, stop: Arc<Ato
 }
 
 impl Monitoring {
-    /// Starts both, Prometheus discovering the agent pods through `kubeconfig` and loading
-    /// `deploy/components/monitoring/prometheus-rules.yaml` of `workspace`.
-    pub fn start(kubeconfig: &Path, workspace: &Path) -> Monitoring {
+    /// Starts both, Prometheus discovering the agent pods through `kubeconfig`, scraping
+    /// `kubelet`, and loading `deploy/components/monitoring/prometheus-rules.yaml` of
+    /// `workspace`.
+    pub fn start(kubeconfig: &Path, workspace: &Path, kubelet: &Kubelet) -> Monitoring {
         let monitoring = workspace.join("deploy/components/monitoring");
         let nanos = unix(SystemTime::now()) as u64;
         let dir = std::env::temp_dir().join(format!("lifeline-prom-{}-{nanos}", std::process::id()));
@@ -146,8 +158,20 @@ impl Monitoring {
         let podmonitor: Value = serde_saphyr::from_str(&text).expect("podmonitor.yaml is YAML");
         let targets = dir.join("targets.json");
         fs::write(&targets, "[]").expect("targets.json");
-        let scrape = podmonitor::scrape_configs(&podmonitor, &targets.display().to_string(), INTERVAL)
+        let mut scrape = podmonitor::scrape_configs(&podmonitor, &targets.display().to_string(), INTERVAL)
             .unwrap_or_else(|e| panic!("podmonitor.yaml: {e}"));
+        let token = dir.join("kubelet.token");
+        fs::write(&token, &kubelet.token).expect("kubelet.token");
+        scrape.push(json!({
+            "job_name": "kubelet",
+            "scheme": "https",
+            "tls_config": {"insecure_skip_verify": true},
+            "authorization": {"credentials_file": token},
+            "static_configs": [{
+                "targets": [kubelet.endpoint.to_string()],
+                "labels": {"node": kubelet.node, "metrics_path": "/metrics"},
+            }],
+        }));
         let namespace = podmonitor::namespace(&podmonitor).unwrap_or_else(|e| panic!("podmonitor.yaml: {e}"));
         let stop = Arc::new(AtomicBool::new(false));
         let discovery = {
