@@ -240,7 +240,7 @@ pub fn client_snapshot(pid: u32, start_time_ticks: u64, state: State, since: Ins
         }],
         recent_failures: 0,
         selected: false,
-        visibility: crate::kernel::golang::Visibility::Connection {
+        visibility: crate::kernel::probed::Visibility::Connection {
             why: "not a Go program".into(),
         },
     }

@@ -21,8 +21,9 @@ use crate::{
     health::State,
     judge::{self, Judge},
     kernel::{
-        golang::{GoTracer, Visibility},
+        golang::{self, GoTracer},
         openssl::SslTracer,
+        probed::Visibility,
         programs::Probes,
     },
     metrics::Metrics,
@@ -198,7 +199,7 @@ impl SampleLoop {
         let cluster = self.cluster.clone();
         let pods = |info: &ProcessInfo| pod_of(cluster.as_ref(), info);
         let (go, ssl) = (&self.go, &self.ssl);
-        let visibility = |key| match go.visibility(key) {
+        let visibility = |key| match golang::visibility(go, key) {
             streams @ Visibility::Streams { .. } => streams,
             connection => ssl.visibility(key).unwrap_or(connection),
         };

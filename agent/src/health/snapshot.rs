@@ -10,7 +10,7 @@ use crate::{
     cluster::pods::PodRef,
     endpoint::{Endpoint, EndpointSet},
     health::{Thresholds, Transition, Verdict},
-    kernel::golang::Visibility,
+    kernel::probed::Visibility,
     process::ProcessInfo,
     reachability::EndpointStatus,
     table::streams::request::Request,

@@ -7,9 +7,11 @@ use tokio::io::{unix::AsyncFd, Interest};
 
 pub mod events;
 pub mod filter;
+pub mod go_probes;
 pub mod golang;
 pub mod offsets;
 pub mod openssl;
+pub mod probed;
 pub mod programs;
 pub mod pump;
 pub mod ssl_probes;

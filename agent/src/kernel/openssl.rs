@@ -1,26 +1,20 @@
 //! Which OpenSSL clients' requests are followed: the OpenSSL-client uprobes (`ssl_probes.rs`)
 //! go on the libssl file every client process maps (python-kubernetes through Python's `ssl`,
-//! curl), by device and inode like the Go binaries of `golang.rs`; they come off when no
-//! client has mapped the file for [`LINGER`]. Clients that link OpenSSL statically (node) or
-//! use another TLS stack keep the connection-level judgement.
+//! curl), for as long as `probed.rs` keeps a file probed. Clients that link OpenSSL
+//! statically (node) or use another TLS stack keep the connection-level judgement.
 use std::{
-    collections::{HashMap, HashSet},
-    os::unix::fs::MetadataExt,
+    collections::HashSet,
     path::{Path, PathBuf},
+    sync::{Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
 use super::{
-    golang::Visibility,
+    probed::{Client, ProbedFiles, Runtime, Seen, Visibility},
     programs::Probes,
-    ssl_probes::{Links, SyscallLinks},
+    ssl_probes::SyscallLinks,
+    uprobes::Links,
 };
-
-/// Probes stay on a library this long after its last client went away.
-const LINGER: Duration = Duration::from_secs(300);
-
-/// A library that could not be probed is tried again after this long.
-const RETRY_UNTRACEABLE: Duration = Duration::from_secs(600);
 
 /// The system-call tracepoints stay this long after a library is probed...
 const BIND_WINDOW: Duration = Duration::from_secs(60);
@@ -39,36 +33,64 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// A library file, by device and inode (the same file in every container that maps it).
-type LibraryId = (u64, u64);
+/// OpenSSL clients, probed in the libssl they map.
+pub struct OpenSsl;
 
-enum Library {
-    Traced {
-        links: Links,
-        /// Its file name ("libssl.so.3").
-        name: String,
-        unused_since: Option<Instant>,
-    },
-    Untraceable {
-        why: String,
-        since: Instant,
-    },
+/// A probed libssl file.
+pub struct Library {
+    links: Links,
+    /// Its file name ("libssl.so.3").
+    name: String,
 }
 
-/// What one client maps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mapped {
-    Library(LibraryId),
-    /// No libssl: not an OpenSSL client (or a static one).
-    Nothing,
+impl Runtime for OpenSsl {
+    type Probed = Library;
+    type Kernel = Probes;
+    const FILE: &'static str = "libssl";
+
+    fn file_of(pid: u32) -> std::io::Result<Option<PathBuf>> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        // Through the process's own root: the file its container sees.
+        Ok(libssl(&maps).map(|mapped| PathBuf::from(format!("/proc/{pid}/root{}", mapped.display()))))
+    }
+
+    fn probe(probes: &Mutex<Probes>, file: &Path, pid: u32) -> Option<Result<Library, String>> {
+        let name = file
+            .file_name()
+            .map_or_else(|| "libssl".into(), |n| n.to_string_lossy().into_owned());
+        let mut probes = probes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(why) = probes.ssl_unavailable() {
+            return Some(Err(format!(
+                "the kernel refused the OpenSSL-client programs: {why}"
+            )));
+        }
+        match probes.attach_ssl(file) {
+            Ok(links) => {
+                tracing::info!(pid, library = %file.display(), uprobes = links.len(), "following this OpenSSL client's HTTP/1.1 requests");
+                Some(Ok(Library { links, name }))
+            }
+            Err(_) if !file.exists() => None,
+            Err(err) => Some(Err(format!(
+                "its {name} could not be probed: {}",
+                crate::error::chain(&err)
+            ))),
+        }
+    }
+
+    fn sites(library: &Library) -> usize {
+        library.links.len()
+    }
+
+    fn unprobe(probes: &mut Probes, library: Library) {
+        probes.detach_uprobes(library.links);
+    }
 }
 
-/// The probed libssl files and the clients that map them.
+/// The probed libssl files, the clients that map them, and the system-call tracepoints that
+/// bind connections older than the probes.
 #[derive(Default)]
 pub struct SslTracer {
-    libraries: HashMap<LibraryId, Library>,
-    /// Each client's libssl, by pid and start time (pids are reused).
-    clients: HashMap<(u32, u64), Mapped>,
+    libraries: ProbedFiles<OpenSsl>,
     /// The system-call tracepoints, attached while [`bind_until`](Self::bind_until).
     syscalls: Option<SyscallLinks>,
     /// Until when the system-call tracepoints are wanted.
@@ -76,99 +98,12 @@ pub struct SslTracer {
 }
 
 impl SslTracer {
-    /// Makes the probes follow `clients` (pid, start time): attaches to libssl files new among
-    /// them, detaches from files none of them maps any more.
-    pub fn reconcile(
-        &mut self,
-        probes: &std::sync::Mutex<Probes>,
-        clients: &HashSet<(u32, u64)>,
-        now: Instant,
-    ) {
-        self.clients.retain(|key, _| clients.contains(key));
-        let lock = || probes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let unavailable = lock().ssl_unavailable().map(str::to_owned);
-        for &key in clients {
-            if self.clients.contains_key(&key) {
-                continue;
-            }
-            let pid = key.0;
-            let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-                continue;
-            };
-            let Some(mapped) = libssl(&maps) else {
-                self.clients.insert(key, Mapped::Nothing);
-                continue;
-            };
-            // Through the process's own root: the file its container sees.
-            let file = PathBuf::from(format!("/proc/{pid}/root{}", mapped.display()));
-            let Ok(meta) = std::fs::metadata(&file) else {
-                continue;
-            };
-            let id = (meta.dev(), meta.ino());
-            self.clients.insert(key, Mapped::Library(id));
-            let retry = matches!(self.libraries.get(&id), Some(Library::Untraceable { since, .. }) if now.saturating_duration_since(*since) >= RETRY_UNTRACEABLE);
-            if self.libraries.contains_key(&id) && !retry {
-                continue;
-            }
-            let name = mapped
-                .file_name()
-                .map_or_else(|| "libssl".into(), |n| n.to_string_lossy().into_owned());
-            let library = match &unavailable {
-                Some(why) => Library::Untraceable {
-                    why: format!("the kernel refused the OpenSSL-client programs: {why}"),
-                    since: now,
-                },
-                None => match lock().attach_ssl(&file) {
-                    Ok(links) => {
-                        // Its clients' connections are older than the probes: bind them.
-                        self.bind_until = Some(now + BIND_WINDOW);
-                        tracing::info!(pid, library = %mapped.display(), uprobes = links.len(), "following this OpenSSL client's HTTP/1.1 requests");
-                        Library::Traced {
-                            links,
-                            name,
-                            unused_since: None,
-                        }
-                    }
-                    Err(_) if !file.exists() => {
-                        self.clients.remove(&key);
-                        continue;
-                    }
-                    Err(err) => {
-                        let why = format!("its {name} could not be probed: {}", crate::error::chain(&err));
-                        tracing::info!(pid, "requests not followed for this client: {why}");
-                        Library::Untraceable { why, since: now }
-                    }
-                },
-            };
-            self.libraries.insert(id, library);
-        }
-        let used: HashSet<LibraryId> = self
-            .clients
-            .values()
-            .filter_map(|m| match m {
-                Mapped::Library(id) => Some(*id),
-                Mapped::Nothing => None,
-            })
-            .collect();
-        let mut gone = Vec::new();
-        for (id, library) in &mut self.libraries {
-            match library {
-                Library::Traced { unused_since, .. } => {
-                    if used.contains(id) {
-                        *unused_since = None;
-                    } else if now.saturating_duration_since(*unused_since.get_or_insert(now)) >= LINGER {
-                        gone.push(*id);
-                    }
-                }
-                Library::Untraceable { .. } if !used.contains(id) => gone.push(*id),
-                Library::Untraceable { .. } => {}
-            }
-        }
-        for id in gone {
-            if let Some(Library::Traced { links, .. }) = self.libraries.remove(&id) {
-                lock().detach_ssl(links);
-                tracing::info!(library = ?id, "no client has mapped this libssl for {}s: its probes are detached", LINGER.as_secs());
-            }
+    /// Makes the probes follow `clients`: probes libssl files new among them, detaches from
+    /// files none of them maps any more.
+    pub fn reconcile(&mut self, probes: &Mutex<Probes>, clients: &HashSet<Client>, now: Instant) {
+        if self.libraries.reconcile(probes, clients, now) > 0 {
+            // Its clients' connections are older than the probes: bind them.
+            self.bind_until = Some(now + BIND_WINDOW);
         }
         self.bind_when_needed(probes, now);
     }
@@ -177,12 +112,12 @@ impl SslTracer {
     /// for [`BIND_WINDOW`] after a library is probed (its clients' connections are older than
     /// the probes), then only while calls on unbound `SSL *`s are recent (a process idle
     /// during the window, or one that binds its descriptors another way than `SSL_set_fd`).
-    fn bind_when_needed(&mut self, probes: &std::sync::Mutex<Probes>, now: Instant) {
-        let mut probes = probes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let traced = self
-            .libraries
-            .values()
-            .any(|l| matches!(l, Library::Traced { .. }));
+    fn bind_when_needed(&mut self, probes: &Mutex<Probes>, now: Instant) {
+        let traced = self.libraries.probed().next().is_some();
+        if !traced && self.syscalls.is_none() {
+            return;
+        }
+        let mut probes = probes.lock().unwrap_or_else(PoisonError::into_inner);
         let recent = monotonic_ns().saturating_sub(UNBOUND_RECENT.as_nanos() as u64);
         if traced && probes.ssl_unbound_since(recent) {
             self.bind_until = self.bind_until.max(Some(now + BIND_LINGER));
@@ -209,16 +144,14 @@ impl SslTracer {
     }
 
     /// How client `key` is seen, when it maps a libssl; None for other clients.
-    pub fn visibility(&self, key: (u32, u64)) -> Option<Visibility> {
-        let Some(Mapped::Library(id)) = self.clients.get(&key) else {
-            return None;
-        };
-        Some(match self.libraries.get(id)? {
-            Library::Traced { name, .. } => Visibility::Streams {
-                client: format!("OpenSSL HTTP/1.1 client ({name})"),
-            },
-            Library::Untraceable { why, .. } => Visibility::Connection { why: why.clone() },
-        })
+    pub fn visibility(&self, key: Client) -> Option<Visibility> {
+        match self.libraries.seen(key) {
+            Seen::Probed(library) => Some(Visibility::Streams {
+                client: format!("OpenSSL HTTP/1.1 client ({})", library.name),
+            }),
+            Seen::Unprobed(why) => Some(Visibility::Connection { why: why.to_owned() }),
+            Seen::Nothing => None,
+        }
     }
 }
 

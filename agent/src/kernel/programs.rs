@@ -130,7 +130,7 @@ pub struct Probes {
     attachment: Attachment,
     offsets: KernelOffsets,
     _logger_task: Option<tokio::task::JoinHandle<()>>,
-    /// Whether the Go-client uprobes loaded (see `uprobes.rs`); why not, else.
+    /// Whether the Go-client uprobes loaded (see `go_probes.rs`); why not, else.
     pub(super) go_loaded: std::result::Result<(), String>,
     /// Whether the OpenSSL-client uprobes loaded (see `ssl_probes.rs`); why not, else.
     pub(super) ssl_loaded: std::result::Result<(), String>,
@@ -169,7 +169,7 @@ impl Probes {
         }
         // The Go-client uprobes: loaded now, attached per binary of a client later. A kernel
         // that refuses them keeps the connection-level judgement for every client.
-        let go_loaded = super::uprobes::load(&mut ebpf).map_err(|err| {
+        let go_loaded = super::go_probes::load(&mut ebpf).map_err(|err| {
             let why = crate::error::chain(&err);
             tracing::warn!("Go clients' streams are not followed: {why}");
             why

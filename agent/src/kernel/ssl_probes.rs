@@ -4,17 +4,16 @@
 use std::path::Path;
 
 use aya::{
-    programs::{
-        trace_point::TracePointLinkId,
-        uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
-        TracePoint, UProbe,
-    },
+    programs::{trace_point::TracePointLinkId, uprobe::UProbeAttachLocation, TracePoint},
     Ebpf,
 };
 
 use lifeline_common::SslCall;
 
-use super::programs::{program_of, Error, Probes, Result};
+use super::{
+    programs::{program_of, Error, Probes, Result},
+    uprobes::{self, Links},
+};
 
 /// Program and the exported function it goes on (entry, except `ssl_read_ret`: returns).
 pub const SITES: [(&str, &str); 9] = [
@@ -50,22 +49,9 @@ const SYSCALLS: [&str; 2] = ["sys_enter_read", "sys_enter_write"];
 #[derive(Debug)]
 pub struct SyscallLinks(Vec<TracePointLinkId>);
 
-/// The uprobes attached to one library file; give them back to [`Probes::detach_ssl`].
-#[derive(Debug)]
-pub struct Links(Vec<(&'static str, UProbeLinkId)>);
-
-impl Links {
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-}
-
 /// Loads the programs (not attached).
 pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
-    for name in PROGRAMS {
-        let program: &mut UProbe = program_of(ebpf, name)?;
-        program.load().map_err(|source| Error::Program { name, source })?;
-    }
+    uprobes::load(ebpf, &PROGRAMS)?;
     let name = SYSCALLS_PROGRAM;
     let program: &mut TracePoint = program_of(ebpf, name)?;
     program.load().map_err(|source| Error::Program { name, source })?;
@@ -83,25 +69,8 @@ impl Probes {
         if let Err(why) = &self.ssl_loaded {
             return Err(Error::SslUnavailable(why.clone()));
         }
-        let mut links = Links(Vec::new());
-        for (name, symbol) in SITES {
-            let attached = program_of::<UProbe>(&mut self.ebpf, name).and_then(|p| {
-                p.attach(
-                    UProbeAttachLocation::Symbol(symbol),
-                    library,
-                    UProbeScope::AllProcesses,
-                )
-                .map_err(|source| Error::Program { name, source })
-            });
-            match attached {
-                Ok(link) => links.0.push((name, link)),
-                Err(err) => {
-                    self.detach_ssl(links);
-                    return Err(err);
-                }
-            }
-        }
-        Ok(links)
+        let places = SITES.map(|(name, symbol)| (name, UProbeAttachLocation::Symbol(symbol)));
+        self.attach_uprobes(library, places)
     }
 
     /// Attaches the system-call tracepoints that bind older `SSL *`s: all or nothing.
@@ -148,16 +117,5 @@ impl Probes {
             .filter_map(std::result::Result::ok)
             .any(|(_, call)| call.at_ns >= since_ns);
         recent
-    }
-
-    /// Detaches what [`attach_ssl`](Self::attach_ssl) attached.
-    pub fn detach_ssl(&mut self, links: Links) {
-        for (name, link) in links.0 {
-            if let Ok(p) = program_of::<UProbe>(&mut self.ebpf, name) {
-                if let Err(err) = p.detach(link) {
-                    tracing::warn!("detaching {name}: {err}");
-                }
-            }
-        }
     }
 }

@@ -1,6 +1,5 @@
-//! The Go-client uprobes (`ebpf/src/gotls.rs`): loaded with the other programs, attached to
-//! one binary at a time at the file offsets `host::gobin` found in it, detached when no
-//! client runs that binary any more.
+//! Uprobes on a file, attached all or nothing and detached together: what the Go-client
+//! (`go_probes.rs`) and OpenSSL-client (`ssl_probes.rs`) programs share.
 use std::path::Path;
 
 use aya::{
@@ -13,47 +12,19 @@ use aya::{
 
 use super::programs::{program_of, Error, Probes, Result};
 
-pub const WRITE_HEADER: &str = "go_write_header";
-pub const TLS_WRITE: &str = "go_tls_write";
-pub const TLS_READ: &str = "go_tls_read";
-pub const FRAME_HEADER: &str = "go_frame_header";
-pub const PROGRAMS: [&str; 4] = [WRITE_HEADER, TLS_WRITE, TLS_READ, FRAME_HEADER];
-
-/// Where in one binary each program goes: file offsets.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Sites {
-    /// Entries of `(*ClientConn).writeHeader` (Go's bundled HTTP/2 and `x/net/http2`).
-    pub write_header: Vec<u64>,
-    /// Entry of `crypto/tls.(*Conn).Write`.
-    pub tls_write: Vec<u64>,
-    /// Entry of `crypto/tls.(*Conn).Read`.
-    pub tls_read: Vec<u64>,
-    /// Every RET of `readFrameHeader` (both copies).
-    pub frame_header_returns: Vec<u64>,
-}
-
-impl Sites {
-    fn each(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        let tag = |name: &'static str, v: &'_ Vec<u64>| v.iter().map(move |o| (name, *o)).collect::<Vec<_>>();
-        tag(WRITE_HEADER, &self.write_header)
-            .into_iter()
-            .chain(tag(TLS_WRITE, &self.tls_write))
-            .chain(tag(TLS_READ, &self.tls_read))
-            .chain(tag(FRAME_HEADER, &self.frame_header_returns))
-    }
-
-    pub fn count(&self) -> usize {
-        self.each().count()
-    }
-}
-
-/// The uprobes attached to one binary; give them back to [`Probes::detach_go`].
+/// The uprobes attached to one file; give them back to [`Probes::detach_uprobes`].
 #[derive(Debug)]
 pub struct Links(Vec<(&'static str, UProbeLinkId)>);
 
-/// Loads the programs (not attached).
-pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
-    for name in PROGRAMS {
+impl Links {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Loads the uprobe programs `names` (not attached).
+pub(super) fn load(ebpf: &mut Ebpf, names: &[&'static str]) -> Result<()> {
+    for &name in names {
         let program: &mut UProbe = program_of(ebpf, name)?;
         program.load().map_err(|source| Error::Program { name, source })?;
     }
@@ -61,30 +32,23 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
 }
 
 impl Probes {
-    /// Why the Go-client programs cannot be used, if they cannot.
-    pub fn go_unavailable(&self) -> Option<&str> {
-        self.go_loaded.as_ref().err().map(String::as_str)
-    }
-
-    /// Attaches every site in `binary` (all processes that run it): all or nothing.
-    pub fn attach_go(&mut self, binary: &Path, sites: &Sites) -> Result<Links> {
-        if let Err(why) = &self.go_loaded {
-            return Err(Error::GoUnavailable(why.clone()));
-        }
+    /// Attaches each (program, place) in `file`, for every process that runs or maps it: all
+    /// or nothing.
+    pub(super) fn attach_uprobes<'a>(
+        &mut self,
+        file: &Path,
+        sites: impl IntoIterator<Item = (&'static str, UProbeAttachLocation<'a>)>,
+    ) -> Result<Links> {
         let mut links = Links(Vec::new());
-        for (name, offset) in sites.each() {
+        for (name, place) in sites {
             let attached = program_of::<UProbe>(&mut self.ebpf, name).and_then(|p| {
-                p.attach(
-                    UProbeAttachLocation::AbsoluteOffset(offset),
-                    binary,
-                    UProbeScope::AllProcesses,
-                )
-                .map_err(|source| Error::Program { name, source })
+                p.attach(place, file, UProbeScope::AllProcesses)
+                    .map_err(|source| Error::Program { name, source })
             });
             match attached {
                 Ok(link) => links.0.push((name, link)),
                 Err(err) => {
-                    self.detach_go(links);
+                    self.detach_uprobes(links);
                     return Err(err);
                 }
             }
@@ -92,8 +56,8 @@ impl Probes {
         Ok(links)
     }
 
-    /// Detaches what [`attach_go`](Self::attach_go) attached.
-    pub fn detach_go(&mut self, links: Links) {
+    /// Detaches what [`attach_uprobes`](Self::attach_uprobes) attached.
+    pub fn detach_uprobes(&mut self, links: Links) {
         for (name, link) in links.0 {
             if let Ok(p) = program_of::<UProbe>(&mut self.ebpf, name) {
                 if let Err(err) = p.detach(link) {

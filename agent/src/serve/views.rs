@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     cluster::ApiVersions,
     endpoint::EndpointSet,
-    kernel::golang::Visibility,
+    kernel::probed::Visibility,
     reachability::{EndpointStatus, Status},
     snapshot::{ClientSnapshot, ConnectionSnapshot, Snapshot},
 };
