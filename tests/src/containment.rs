@@ -209,15 +209,7 @@ fn uninstall() {
     }
 }
 
-/// Whether `line` (of `iptables-save`) is the rule earlier versions of the suites installed
-/// and never removed: a REJECT of all of 10.0.0.0/8 leaving by the default interface, which
-/// cuts off a resolver or a mirror there.
-pub fn is_legacy_reject(line: &str) -> bool {
-    line.starts_with("-A OUTPUT ")
-        && line.contains(" -d 10.0.0.0/8 ")
-        && line.contains("! --ctstate DNAT")
-        && line.contains(" -j REJECT")
-}
+pub use crate::network_state::is_legacy_reject;
 
 /// Removes [`is_legacy_reject`] rules.
 fn remove_legacy_reject() {
@@ -393,104 +385,22 @@ impl StateLock {
     }
 }
 
-/// What the suites may change of a network namespace's (the host's, for `None`) packet
-/// handling: `iptables-save` and `ip6tables-save` without counters, comments or tables that hold
-/// nothing (iptables-nft creates a table on first use), the IPv4 and IPv6 routes of every table
-/// (without lifetimes) and the policy rules. Compared before and after a suite.
+/// A network namespace's (the host's, for `None`) packet handling, as
+/// [`network_state::state`](crate::network_state::state) puts it: compared before and after a
+/// suite.
 pub fn network_state(ns: Option<&NetNs>) -> String {
-    let mut state = String::new();
-    let sections: [&[&str]; 6] = [
-        &["iptables-save"],
-        &["ip6tables-save"],
-        &["ip", "-4", "route", "show", "table", "all"],
-        &["ip", "-6", "route", "show", "table", "all"],
-        &["ip", "-4", "rule", "show"],
-        &["ip", "-6", "rule", "show"],
-    ];
-    for args in sections {
+    crate::network_state::state(|args| {
         let mut cmd = match ns {
             Some(ns) => ns.command(args[0]),
             None => Command::new(args[0]),
         };
         let out = crate::setup::run(cmd.args(&args[1..]));
-        let text = String::from_utf8_lossy(&out.stdout);
-        state.push_str(&format!("## {}\n", args.join(" ")));
-        let body = if args[0].ends_with("-save") {
-            normalize_saved(&text)
-        } else {
-            normalize_routes(&text)
-        };
-        state.push_str(&body);
-    }
-    state
+        Ok::<_, std::convert::Infallible>(String::from_utf8_lossy(&out.stdout).into_owned())
+    })
+    .unwrap_or_else(|never| match never {})
 }
 
-/// `iptables-save` output without comments and counters, and without tables whose chains are
-/// all built in, accept by default and hold no rule.
-pub fn normalize_saved(text: &str) -> String {
-    let mut out = String::new();
-    let mut table: Vec<String> = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let line = match line.strip_prefix(':') {
-            Some(chain) => {
-                let chain = chain.rsplit_once(" [").map_or(chain, |(c, _)| c);
-                format!(":{chain}")
-            }
-            None => line.to_owned(),
-        };
-        let commit = line == "COMMIT";
-        table.push(line);
-        if commit {
-            // Only built-in chains have a policy (a user chain's is `-`).
-            let empty = table.iter().all(|l| {
-                l.starts_with('*') || l == "COMMIT" || (l.starts_with(':') && l.ends_with(" ACCEPT"))
-            });
-            if !empty {
-                for l in &table {
-                    out.push_str(l);
-                    out.push('\n');
-                }
-            }
-            table.clear();
-        }
-    }
-    out
-}
-
-/// `ip route` output without the lifetimes of expiring routes.
-pub fn normalize_routes(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let mut kept = Vec::new();
-        while let Some(w) = words.next() {
-            if w == "expires" {
-                words.next();
-                continue;
-            }
-            kept.push(w);
-        }
-        out.push_str(&kept.join(" "));
-        out.push('\n');
-    }
-    out
-}
-
-/// The lines only in `before` (`- `) and only in `after` (`+ `), in order.
-pub fn state_changes(before: &str, after: &str) -> Vec<String> {
-    let mut left: Vec<&str> = after.lines().collect();
-    let mut changes = Vec::new();
-    for line in before.lines() {
-        match left.iter().position(|l| *l == line) {
-            Some(i) => {
-                left.remove(i);
-            }
-            None => changes.push(format!("- {line}")),
-        }
-    }
-    changes.extend(left.iter().map(|l| format!("+ {l}")));
-    changes
-}
+pub use crate::network_state::changes as state_changes;
 
 fn quiet(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null())
@@ -528,29 +438,5 @@ mod tests {
         assert!(!in_range(a("fd00::1"), "fd00:250::/32"));
         assert!(!in_range(a("10.250.0.1"), "fd00:250::/32"));
         assert!(in_range(a("1.2.3.4"), "0.0.0.0/0"));
-    }
-
-    #[test]
-    fn legacy_rule_and_normalized_saves() {
-        assert!(is_legacy_reject(
-            "-A OUTPUT -d 10.0.0.0/8 -o eth0 -m conntrack ! --ctstate DNAT -j REJECT --reject-with icmp-port-unreachable"
-        ));
-        assert!(!is_legacy_reject(
-            "-A LIFELINE-TESTS -d 10.96.0.0/12 -m conntrack ! --ctstate DNAT -j REJECT --reject-with icmp-port-unreachable"
-        ));
-        let empty = "# Generated by iptables-save\n*filter\n:INPUT ACCEPT [3:120]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [9:360]\nCOMMIT\n# Completed\n";
-        assert_eq!(normalize_saved(empty), "");
-        let chain = "*filter\n:INPUT ACCEPT [3:120]\n:LIFELINE-TESTS - [0:0]\nCOMMIT\n";
-        assert_eq!(
-            normalize_saved(chain),
-            "*filter\n:INPUT ACCEPT\n:LIFELINE-TESTS -\nCOMMIT\n"
-        );
-        let policy = "*filter\n:INPUT DROP [3:120]\nCOMMIT\n";
-        assert_eq!(normalize_saved(policy), "*filter\n:INPUT DROP\nCOMMIT\n");
-        assert_eq!(
-            normalize_routes("2001:db8::/64 dev eth0 proto ra metric 100 expires 1799sec pref medium\n"),
-            "2001:db8::/64 dev eth0 proto ra metric 100 pref medium\n"
-        );
-        assert_eq!(state_changes("a\nb\n", "b\nc\n"), ["- a", "+ c"]);
     }
 }

@@ -41,6 +41,8 @@ pub mod containment;
 pub mod kube_client;
 /// The fake kube-apiserver (`ll-apiserver`) and the real clients run against it.
 pub mod kube_fixture;
+/// A network namespace's packet handling as text (shared with `xtask`).
+pub mod network_state;
 /// A real Kubernetes 1.20 cluster (control plane, node, real clients): the real-cluster tier.
 pub mod real_cluster;
 pub mod scenario;
