@@ -242,6 +242,103 @@ fn reset_fixes_the_stale_gateway_client() {
     });
 }
 
+/// Issue 16 with `reset`: a python3-kubernetes watch (followed through OpenSSL) whose
+/// apiserver sends its headers and then nothing, past the watch's own timeoutSeconds, is
+/// stale with the stream named; the reset ends it, the same process dials again, its new
+/// watch is answered, and it is healthy; Events on its pod say both.
+#[test]
+fn reset_ends_a_stuck_watch_and_the_client_watches_again() {
+    init!();
+    let lab = Lab::new(&["api1", "node"]);
+    let ip = |h: &str| lab.topo.host(h).ip;
+    let cg = ContainerCgroup::new();
+    let mut opts = options(Generation::New, vec![pod("watcher", &cg, true)], vec![ip("api1")]);
+    // Only the client's watch of namespace default hangs, and only the first one.
+    opts.extra
+        .extend(["--hang-watches", "default/pods", "--hang-first", "1"].map(String::from));
+    let api = lab.apiserver_with("api1", opts);
+    let tail = "remediation:\n  mode: reset\n  cooldown: 1m\n";
+    // The shipped watch_grace is 2 min; the stuck rule itself is the judgement suite's.
+    let agent = lab.agent_in_cluster("api1", tail, &["--watch-grace", "3s"]);
+    // py-watch.py: lists, waits 3 s, watches with timeoutSeconds=60, dials again 1 s after
+    // any error.
+    let client = lab.client_in("node", Kind::PyWatchSettled, "api1", Some(&cg));
+    let pid = client.pid();
+    let before = agent.wait_clients(secs(20), "the client followed at stream level", |clients| {
+        find_pid(clients, pid)
+            .filter(|c| c["visibility"] == "streams" && !connections(c).is_empty())
+            .map(|c| {
+                connections(c)
+                    .iter()
+                    .map(|k| k["local"].clone())
+                    .collect::<Vec<_>>()
+            })
+    });
+    // Stale once its watch is 60 s + watch_grace old; reset in the same tick (so the stale
+    // state itself may be too short to be polled, and too short for an alert to settle: the
+    // Event on the pod says it).
+    wait_until(secs(60 + 3 + 20), "a reset done", || {
+        let resets = remediations(&agent, "reset");
+        if resets.iter().any(|l| l.contains("result=\"done\"")) {
+            Ok(())
+        } else {
+            Err(resets)
+        }
+    });
+    let c = agent.wait_clients(
+        secs(20),
+        "the same process healthy on a new connection, its watch listed",
+        |clients| {
+            find_pid(clients, pid)
+                .filter(|c| {
+                    c["state"] == "healthy"
+                        && connections(c)
+                            .iter()
+                            .any(|k| k["tcp_state"] == "ESTABLISHED" && !before.contains(&k["local"]))
+                        && c["streams"]
+                            .as_array()
+                            .is_some_and(|s| s.iter().any(|s| s["resource"] == "pods" && s["stuck"] == false))
+                })
+                .cloned()
+        },
+    );
+    let errors: Vec<String> = client
+        .lines()
+        .into_iter()
+        .filter(|l| l.stderr && l.text.starts_with("ERROR "))
+        .map(|l| l.text)
+        .collect();
+    assert!(!errors.is_empty(), "the client saw no end of its connection: {c}");
+    eprintln!("the client after the reset: {errors:?}");
+    assert!(api.evictions().is_empty(), "no eviction: {:?}", api.evictions());
+    // The Events name the stuck watch, not the connection's bytes.
+    wait_until(secs(10), "Events on the pod naming the watch", || {
+        let events: Vec<(String, String)> = api
+            .events()
+            .iter()
+            .map(|e| {
+                let text = |f: &str| e.object[f].as_str().unwrap_or("").to_owned();
+                // events.k8s.io/v1 calls the message `note`.
+                (text("reason"), text("note") + &text("message"))
+            })
+            .collect();
+        let named = |(_, message): &&(String, String)| message.contains("watch pods in default: open ");
+        let stale = events
+            .iter()
+            .filter(|e| e.0 == "LifelineClientStale")
+            .any(|e| named(&e));
+        let reset = events
+            .iter()
+            .filter(|e| e.0.starts_with("LifelineReset"))
+            .any(|e| named(&e));
+        if stale && reset {
+            Ok(())
+        } else {
+            Err(events)
+        }
+    });
+}
+
 /// The never-redial client (`ll-stuck`) in pod `team-a/stuck` on node-a, next to two healthy
 /// re-dialing clients (so one unhealthy client is no outage), after an apiserver restart left it
 /// `disconnected`. Kept alive for the assertions.

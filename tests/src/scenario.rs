@@ -303,6 +303,9 @@ pub enum Kind {
     KubeWatch,
     /// python3-kubernetes watch loop (HTTP/1.1, re-dials after 1 s).
     PyWatch,
+    /// The same, listing first and waiting 3 s before its first watch (`--settle 3`): the
+    /// agent's libssl probes, attached once the client is connected, see that watch.
+    PyWatchSettled,
     /// python3-kubernetes reading a pod every second (lease-renewal-like traffic).
     PyLease,
     /// kubectl 1.20 raw watch in a shell re-dial loop (HTTP/2, client-go pings when idle).
@@ -423,6 +426,14 @@ impl Lab {
                 script("py-watch.py"),
                 "--kubeconfig".into(),
                 kubeconfig,
+            ],
+            Kind::PyWatchSettled => vec![
+                SYSTEM_PYTHON.into(),
+                script("py-watch.py"),
+                "--kubeconfig".into(),
+                kubeconfig,
+                "--settle".into(),
+                "3".into(),
             ],
             Kind::PyLease => vec![
                 SYSTEM_PYTHON.into(),

@@ -492,7 +492,17 @@ fn watch(cx: &Ctx, res: Resource, ns: Option<&str>) -> ApiResult<Response<Body>>
         initial.len()
     ));
     let (tx, rx) = mpsc::channel(64);
-    if srv.cfg.hang_watches.iter().any(|r| r == res.kind.plural()) {
+    let scoped = format!("{}/{}", ns.unwrap_or("*"), res.kind.plural());
+    let hangs = srv
+        .cfg
+        .hang_watches
+        .iter()
+        .any(|r| r == res.kind.plural() || *r == scoped)
+        && srv
+            .cfg
+            .hang_first
+            .is_none_or(|first| srv.hung.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < first);
+    if hangs {
         srv.log(format_args!(
             "{peer} watch of {} hangs (--hang-watches)",
             res.kind.plural()

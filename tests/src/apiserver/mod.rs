@@ -32,7 +32,8 @@ use util::parse_duration;
 pub const USAGE: &str = "usage: ll-apiserver --listen ADDR --cert-dir DIR [--san IP|DNS]... \
 [--event-interval DUR(2s)] [--bookmark-interval DUR(5s)] [--watch-timeout DUR(60s)] [--name NAME] \
 [--generation new|old] [--server-version vX.Y.Z] [--service-ip IP(10.96.0.1)] [--endpoint-ip IP]... \
-[--endpoint-port PORT(6443)] [--pods FILE] [--pdbs FILE] [--strict-eviction] [--hang-watches RESOURCE]...";
+[--endpoint-port PORT(6443)] [--pods FILE] [--pdbs FILE] [--strict-eviction] [--hang-watches RESOURCE]... \
+[--hang-first N]";
 
 // ---------------------------------------------------------------------------------------------
 // Command line
@@ -56,9 +57,13 @@ pub struct Config {
     /// Reject Eviction bodies of the group-version the generation does not serve (a real
     /// current apiserver accepts policy/v1beta1 too).
     pub strict_eviction: bool,
-    /// Resources (plural, e.g. `pods`) whose watches hang: headers and the initial events are
-    /// sent, then nothing, and the watch never ends (an upstream of one resource stuck).
+    /// Resources (plural, e.g. `pods`, or `NAMESPACE/pods` for the watches of one namespace)
+    /// whose watches hang: headers and the initial events are sent, then nothing, and the
+    /// watch never ends (an upstream of one resource stuck).
     pub hang_watches: Vec<String>,
+    /// Only the first N of those watches hang (`--hang-first`; all without it): a client that
+    /// dials again after its connection is reset gets answered.
+    pub hang_first: Option<usize>,
 }
 
 fn parse_args() -> Result<Config, String> {
@@ -78,6 +83,7 @@ fn parse_args() -> Result<Config, String> {
     let mut pdbs = None;
     let mut strict_eviction = false;
     let mut hang_watches = Vec::new();
+    let mut hang_first = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let (flag, inline) = match flag.split_once('=') {
@@ -118,6 +124,9 @@ fn parse_args() -> Result<Config, String> {
             "--pods" => pods = Some(PathBuf::from(value)),
             "--pdbs" => pdbs = Some(PathBuf::from(value)),
             "--hang-watches" => hang_watches.push(value),
+            "--hang-first" => {
+                hang_first = Some(value.parse().map_err(|_| format!("bad --hang-first {value:?}"))?);
+            }
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -150,6 +159,7 @@ fn parse_args() -> Result<Config, String> {
         pdbs,
         strict_eviction,
         hang_watches,
+        hang_first,
     })
 }
 
@@ -181,6 +191,8 @@ pub struct Server {
     /// The port of the `kubernetes` endpoints.
     pub endpoint_port: Mutex<u16>,
     pub local: SocketAddr,
+    /// Watches hung so far (`--hang-first`).
+    pub hung: std::sync::atomic::AtomicUsize,
 }
 
 impl Server {
@@ -341,6 +353,7 @@ async fn run(cfg: Config) -> Result<(), String> {
         store: Mutex::new(store),
         journal: Mutex::new(Journal::default()),
         local,
+        hung: std::sync::atomic::AtomicUsize::new(0),
     });
     tokio::spawn(generate_events(srv.clone()));
     {
