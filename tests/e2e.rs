@@ -634,12 +634,7 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
     let prom = Monitoring::start(&cp.admin_kubeconfig(), &workspace(), &kubelet);
     // The kubelet's scrape answers (the rules' word that the node is in the cluster).
     let kubelet_up = format!("up{{job=\"kubelet\", node=\"{}\"}} == 1", node.name);
-    wait_until(secs(30), "Prometheus scraping the kubelet", || {
-        match prom.query(&kubelet_up, None) {
-            Ok(r) if !r.is_empty() => Ok(()),
-            other => Err(Shown(format!("{kubelet_up}: {other:?}\n{}", prom.diagnosis()))),
-        }
-    });
+    monitoring::wait_series(&prom, &kubelet_up, "Prometheus scraping the kubelet", secs(30));
     mark("Prometheus and Alertmanager up", &mut timeline);
 
     // Step 2 of the README: the image into the node's containerd. And the test workloads'
@@ -805,12 +800,7 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
         "up{{job=\"lifeline\", namespace=\"{AGENT_NS}\", pod=\"{agent_pod}\", node=\"{}\"}} == 1",
         node.name
     );
-    wait_until(secs(30), "Prometheus scraping the agent pod", || {
-        match prom.query(&up, None) {
-            Ok(r) if !r.is_empty() => Ok(()),
-            other => Err(Shown(format!("{up}: {other:?}\n{}", prom.logs()))),
-        }
-    });
+    monitoring::wait_series(&prom, &up, "Prometheus scraping the agent pod", secs(30));
     mark("Prometheus scrapes the agent", &mut timeline);
     // `kubectl lifeline` as a service account with the README's RBAC only.
     let plugin_dir = TempDir::new();
@@ -1178,13 +1168,11 @@ fn check_monitoring(
         name_of(&new),
         node.name
     );
-    wait_until(
-        secs(30),
+    wait_series(
+        prom,
+        &up,
         "Prometheus scraping the replacement agent pod",
-        || match prom.query(&up, None) {
-            Ok(r) if !r.is_empty() => Ok(()),
-            other => Err(Shown(format!("{up}: {other:?}"))),
-        },
+        secs(30),
     );
     wait_alert_gone(prom, DOWN, &[("node", node.name.as_str())], secs(30));
     wait_alertmanager(prom, DOWN, &[("node", node.name.as_str())], false, secs(30));

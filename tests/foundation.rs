@@ -484,7 +484,10 @@ fn metrics_carry_spec_names_without_pid() {
 ///     comparison is exact while other suites use the real host.
 #[test]
 fn suites_leave_the_host_as_they_found_it() {
-    use lifeline_integration::containment::{network_state, state_changes, ROUTE_PROTO};
+    use lifeline_integration::{
+        containment::{network_state, ROUTE_PROTO},
+        network_state::changes as state_changes,
+    };
     use std::io::{BufRead, BufReader};
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};

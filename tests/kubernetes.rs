@@ -64,11 +64,19 @@ fn endpoint_sources(agent: &Agent) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
-fn event_reasons(api: &ApiServer) -> Vec<String> {
+/// Each Event's reason and message (events.k8s.io/v1 calls it `note`).
+fn events(api: &ApiServer) -> Vec<(String, String)> {
     api.events()
         .iter()
-        .map(|e| e.object["reason"].as_str().unwrap_or("").to_owned())
+        .map(|e| {
+            let text = |f: &str| e.object[f].as_str().unwrap_or("").to_owned();
+            (text("reason"), text("note") + &text("message"))
+        })
         .collect()
+}
+
+fn event_reasons(api: &ApiServer) -> Vec<String> {
+    events(api).into_iter().map(|(reason, _)| reason).collect()
 }
 
 /// No `--endpoint`: the apiserver endpoints come from the cluster, the API versions in use are
@@ -313,25 +321,13 @@ fn reset_ends_a_stuck_watch_and_the_client_watches_again() {
     assert!(api.evictions().is_empty(), "no eviction: {:?}", api.evictions());
     // The Events name the stuck watch, not the connection's bytes.
     wait_until(secs(10), "Events on the pod naming the watch", || {
-        let events: Vec<(String, String)> = api
-            .events()
-            .iter()
-            .map(|e| {
-                let text = |f: &str| e.object[f].as_str().unwrap_or("").to_owned();
-                // events.k8s.io/v1 calls the message `note`.
-                (text("reason"), text("note") + &text("message"))
-            })
-            .collect();
-        let named = |(_, message): &&(String, String)| message.contains("watch pods in default: open ");
-        let stale = events
-            .iter()
-            .filter(|e| e.0 == "LifelineClientStale")
-            .any(|e| named(&e));
-        let reset = events
-            .iter()
-            .filter(|e| e.0.starts_with("LifelineReset"))
-            .any(|e| named(&e));
-        if stale && reset {
+        let events = events(&api);
+        let named = |reason: fn(&str) -> bool| {
+            events
+                .iter()
+                .any(|(r, message)| reason(r) && message.contains("watch pods in default: open "))
+        };
+        if named(|r| r == "LifelineClientStale") && named(|r| r.starts_with("LifelineReset")) {
             Ok(())
         } else {
             Err(events)

@@ -67,6 +67,15 @@ fn label<'a>(v: &'a Value, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// Waits until `expr` returns series (`what` for the failure message, with Prometheus's
+/// targets and logs).
+pub fn wait_series(m: &Monitoring, expr: &str, what: &str, timeout: Duration) {
+    wait_until(timeout, what, || match m.query(expr, None) {
+        Ok(r) if !r.is_empty() => Ok(()),
+        other => Err(Shown(format!("{expr}: {other:?}\n{}", m.diagnosis()))),
+    });
+}
+
 /// Label values an alert must have; "" for a label it must not have.
 pub type Labels<'a> = &'a [(&'a str, &'a str)];
 

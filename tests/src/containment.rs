@@ -209,7 +209,7 @@ fn uninstall() {
     }
 }
 
-pub use crate::network_state::is_legacy_reject;
+use crate::network_state::is_legacy_reject;
 
 /// Removes [`is_legacy_reject`] rules.
 fn remove_legacy_reject() {
@@ -399,8 +399,6 @@ pub fn network_state(ns: Option<&NetNs>) -> String {
     })
     .unwrap_or_else(|never| match never {})
 }
-
-pub use crate::network_state::changes as state_changes;
 
 fn quiet(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null())

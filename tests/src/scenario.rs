@@ -421,20 +421,18 @@ impl Lab {
                 "--kubeconfig".into(),
                 kubeconfig,
             ],
-            Kind::PyWatch => vec![
-                SYSTEM_PYTHON.into(),
-                script("py-watch.py"),
-                "--kubeconfig".into(),
-                kubeconfig,
-            ],
-            Kind::PyWatchSettled => vec![
-                SYSTEM_PYTHON.into(),
-                script("py-watch.py"),
-                "--kubeconfig".into(),
-                kubeconfig,
-                "--settle".into(),
-                "3".into(),
-            ],
+            Kind::PyWatch | Kind::PyWatchSettled => {
+                let mut argv = vec![
+                    SYSTEM_PYTHON.into(),
+                    script("py-watch.py"),
+                    "--kubeconfig".into(),
+                    kubeconfig,
+                ];
+                if kind == Kind::PyWatchSettled {
+                    argv.extend(["--settle".into(), "3".into()]);
+                }
+                argv
+            }
             Kind::PyLease => vec![
                 SYSTEM_PYTHON.into(),
                 script("py-lease.py"),
