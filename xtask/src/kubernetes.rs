@@ -265,25 +265,8 @@ Dir::State::Lists \"{a}/lists\";\nDir::Cache \"{a}/cache\";\nAPT::Sandbox::User 
 
 /// deb-src entries for every `Types: deb` entry of the deb822 files (`*.sources`) in `parts`.
 fn deb_src_from(parts: &Path) -> Result<String> {
-    let mut files: Vec<PathBuf> = Step::AptSources
-        .io(parts, fs::read_dir(parts))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "sources"))
-        .collect();
-    files.sort();
-    let mut stanzas = String::new();
-    for file in &files {
-        let text = Step::AptSources.io(file, fs::read_to_string(file))?;
-        stanzas.push_str(&deb_src_stanzas(&text));
-    }
-    if stanzas.is_empty() {
-        return Err(Step::AptSources.fail(format!(
-            "no `Types: deb` entry in {}/*.sources ({} files) to derive deb-src entries from",
-            parts.display(),
-            files.len()
-        )));
-    }
-    Ok(stanzas)
+    crate::debian::from_sources(parts, |text| crate::debian::stanzas(text, "deb-src", None))
+        .map_err(|Failed(why)| Step::AptSources.fail(why))
 }
 
 /// The upstream version of a `debian/changelog` entry line: `kubernetes (1.20.5+really1.20.2-1.1)
@@ -293,41 +276,6 @@ fn upstream_version(line: &str) -> Option<&str> {
     let version = version.rsplit_once("really").map_or(version, |(_, v)| v);
     let version = version.split_once(':').map_or(version, |(_, v)| v);
     Some(version.rsplit_once('-').map_or(version, |(v, _)| v))
-}
-
-/// The deb822 stanzas of `text` whose `Types` include `deb`, as `Types: deb-src` stanzas with
-/// the same other fields (comments dropped).
-fn deb_src_stanzas(text: &str) -> String {
-    let mut out = String::new();
-    for stanza in text.split("\n\n") {
-        let fields: Vec<&str> = stanza
-            .lines()
-            .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
-            .collect();
-        let is_deb = fields.iter().any(|l| {
-            l.split_once(':').is_some_and(|(k, v)| {
-                k.trim().eq_ignore_ascii_case("Types") && v.split_whitespace().any(|t| t == "deb")
-            })
-        });
-        let enabled = !fields.iter().any(|l| {
-            l.split_once(':').is_some_and(|(k, v)| {
-                k.trim().eq_ignore_ascii_case("Enabled") && v.trim().eq_ignore_ascii_case("no")
-            })
-        });
-        if !is_deb || !enabled {
-            continue;
-        }
-        out.push_str("Types: deb-src\n");
-        for line in fields {
-            let key = line.split_once(':').map(|(k, _)| k.trim());
-            if !key.is_some_and(|k| k.eq_ignore_ascii_case("Types")) {
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-        out.push('\n');
-    }
-    out
 }
 
 /// The go tool in the GOPATH layout the tree builds in.
@@ -506,20 +454,6 @@ impl Drop for Lock {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn deb_src_entries_are_derived_from_deb_stanzas() {
-        let text = "Types: deb\n# a comment\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\n\
-Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
-Types: deb-src\nURIs: http://x\nSuites: s\nComponents: main\n\n\
-Types: deb\nEnabled: no\nURIs: http://off\nSuites: s\nComponents: main\n";
-        assert_eq!(
-            deb_src_stanzas(text),
-            "Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\n\
-Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
-        );
-        assert_eq!(deb_src_stanzas("# nothing\n"), "");
-    }
 
     #[test]
     fn sources_without_deb_entries_fail_naming_the_step() {
