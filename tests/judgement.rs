@@ -753,6 +753,81 @@ fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
     drop(nodes);
 }
 
+/// Issue 23: a Go client's LIST whose response began and then stopped (a gateway whose
+/// upstream died mid-answer: seed 003's cache-sync that waits forever) is stuck once nothing
+/// came for stale_after, named in the reason; the same client's flowing watch is not.
+#[test]
+fn a_go_clients_list_held_mid_answer_is_stuck_and_named() {
+    init!();
+    let sink = WebhookSink::start();
+    let dir = TempDir::new();
+    let mut options = ApiServerOptions::new(Generation::Old);
+    options.pods = vec![serde_json::json!({ "metadata": { "name": "held-0" } })];
+    options.extra = vec!["--hang-lists".into(), "pods".into()];
+    let args = options.args(dir.path());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let api = ApiServer::start(
+        &sibling_bin("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        &dir.path().join("certs"),
+        &args,
+    );
+    let endpoint = api.addr().to_string();
+    let (agent, _config) = agent(std::slice::from_ref(&endpoint), &sink, "", &[]);
+    let kubectl = |args: &[&str]| {
+        let mut cmd = Command::new(KUBECTL_1_20);
+        cmd.args([
+            "--server",
+            &format!("https://{endpoint}"),
+            "--insecure-skip-tls-verify",
+            "--token",
+            "lifeline-test",
+        ])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        Watched::spawn("kubectl", cmd)
+    };
+    // The first kubectl gets the binary probed (the probes stay while it runs).
+    let nodes = kubectl(&["get", "nodes", "--watch"]);
+    wait_state(&agent, nodes.pid(), "healthy", secs(20.0));
+    wait_until(secs(10.0), "kubectl's streams followed", || {
+        match find_pid(&agent.clients(), nodes.pid()) {
+            Some(c) if c["visibility"] == "streams" => Ok(()),
+            other => Err(other.cloned()),
+        }
+    });
+    let list = kubectl(&["get", "--raw", "/api/v1/namespaces/default/pods?limit=500"]);
+    let started = SystemTime::now();
+    let (c, at) = wait_state(&agent, list.pid(), "stale", secs(30.0));
+    // The response's first half comes at once; stale_after of nothing, judged within a tick.
+    assert_within("the list held mid-answer stuck", started, at, STALE, STALE + 4.0);
+    let why = reason(&c);
+    assert!(
+        why.starts_with("list pods in default: open") && why.contains("its response begun and unfinished"),
+        "{c}"
+    );
+    let streams = c["streams"].as_array().cloned().unwrap_or_default();
+    let stuck: Vec<&Value> = streams.iter().filter(|s| s["stuck"] == true).collect();
+    assert_eq!(stuck.len(), 1, "{c}");
+    assert_eq!(stuck[0]["resource"], "pods");
+    assert_eq!(stuck[0]["kind"], "list");
+    assert_eq!(stuck[0]["response_headers"], true, "its response began: {c}");
+    // The watch flows (bookmarks, events): healthy, its stream not stuck, past stale_after.
+    let other = find_pid(&agent.clients(), nodes.pid())
+        .cloned()
+        .expect("the nodes watcher listed");
+    assert_eq!(other["state"], "healthy", "{other}");
+    assert!(
+        other["streams"]
+            .as_array()
+            .is_some_and(|s| s.iter().all(|s| s["stuck"] == false)),
+        "{other}"
+    );
+    drop(list);
+    drop(nodes);
+}
+
 /// A python3-kubernetes client (`tests/clients/py-streams.py`) against `ll-apiserver`: `args`
 /// and `env` as the script takes them.
 fn python_client(api: &ApiServer, dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Watched {

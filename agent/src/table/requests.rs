@@ -79,6 +79,7 @@ impl ConnectionTable {
             return;
         };
         if f.http1 {
+            conn.streams.http1 = true;
             // Every byte an OpenSSL client reads is seen once its libssl is probed.
             if !conn.streams.reading {
                 conn.streams.apply(f.at, false, frame::READING, 0, 0, None);

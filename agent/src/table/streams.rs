@@ -55,6 +55,8 @@ pub struct Stream {
     pub response_at: Option<Instant>,
     /// The last frame either way.
     pub last_frame: Instant,
+    /// The last frame the client read (its HEADERS time until one comes).
+    pub last_received: Instant,
     /// The client ended its side (END_STREAM sent): the request is complete.
     pub request_sent: bool,
     /// Every frame of it can have been seen: it began after the connection's reads were
@@ -98,6 +100,10 @@ pub struct Streams {
     pub ended: u64,
     /// Streams forgotten because of the bound.
     pub dropped: u64,
+    /// An HTTP/1.1 connection (an OpenSSL client's): a response's end is seen only when its
+    /// body is chunked (the terminator), not when it has a `Content-Length`, so a response
+    /// begun and unfinished is not evidence there.
+    pub http1: bool,
 }
 
 impl Streams {
@@ -159,6 +165,7 @@ impl Streams {
                 started: at,
                 response_at: None,
                 last_frame: at,
+                last_received: at,
                 request_sent: flags & frame::END_STREAM != 0,
                 whole,
             });
@@ -174,6 +181,7 @@ impl Streams {
                     started: at,
                     response_at: (!sent).then_some(at),
                     last_frame: at,
+                    last_received: at,
                     request_sent: !sent,
                     whole: false,
                 });
@@ -183,8 +191,11 @@ impl Streams {
         stream.last_frame = at;
         if sent {
             stream.request_sent |= flags & frame::END_STREAM != 0;
-        } else if frame_type == frame::HEADERS && stream.response_at.is_none() {
-            stream.response_at = Some(at);
+        } else {
+            stream.last_received = at;
+            if frame_type == frame::HEADERS && stream.response_at.is_none() {
+                stream.response_at = Some(at);
+            }
         }
     }
 
@@ -214,7 +225,10 @@ impl Streams {
     }
 
     /// Stuck streams at `now`: a watch open `watch_grace` past its deadline with no frame
-    /// since the deadline; any known request without response headers for `stale_after`.
+    /// since the deadline; any other known request without response headers for
+    /// `stale_after`, or whose response began, has not ended, and has had nothing come for
+    /// `stale_after` (not for responses endless by design, nor on HTTP/1.1, see
+    /// [`Streams::http1`]).
     pub fn stuck(
         &self,
         now: Instant,
@@ -230,6 +244,7 @@ impl Streams {
             let evidence = match (s.response_at, s.deadline(max_watch)) {
                 (None, _) => s.started + stale_after,
                 (Some(_), Some(deadline)) if s.last_frame < deadline => deadline + watch_grace,
+                (Some(_), None) if !self.http1 && !request.endless => s.last_received + stale_after,
                 _ => continue,
             };
             if now < evidence {
@@ -241,6 +256,9 @@ impl Streams {
             );
             match (s.response_at, request.timeout) {
                 (None, _) => description.push_str(", no response headers"),
+                (Some(_), _) if request.kind != Kind::Watch => {
+                    description.push_str(", its response begun and unfinished")
+                }
                 (Some(_), Some(t)) => description.push_str(&format!(", due to end after {}", clock(t))),
                 (Some(_), None) => description.push_str(&format!(
                     ", beyond the apiserver's longest watch ({})",

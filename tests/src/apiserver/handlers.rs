@@ -399,7 +399,32 @@ fn list(cx: &Ctx, res: Resource, ns: Option<&str>) -> ApiResult<Response<Body>> 
         Format::Table(include) => table(res, page, include, store.rv, true),
     };
     body["metadata"] = metadata;
+    let scoped = format!("{}/{}", ns.unwrap_or("*"), res.kind.plural());
+    if cx
+        .srv
+        .cfg
+        .hang_lists
+        .iter()
+        .any(|r| r == res.kind.plural() || *r == scoped)
+    {
+        return Ok(hung_midway(cx, body.to_string().into_bytes()));
+    }
     Ok(ok(&body))
+}
+
+/// A response that sends the first half of `body` and never the rest (`--hang-lists`).
+fn hung_midway(cx: &Ctx, mut body: Vec<u8>) -> Response<Body> {
+    let (srv, peer) = (cx.srv.clone(), cx.peer);
+    srv.log(format_args!("{peer} list hangs mid-answer (--hang-lists)"));
+    body.truncate(body.len() / 2);
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        if tx.send(Bytes::from(body)).await.is_ok() {
+            tx.closed().await;
+        }
+        srv.log(format_args!("{peer} hung list end: client gone"));
+    });
+    streaming(rx)
 }
 
 /// A Node nobody stored: the server answers for any node name.

@@ -33,7 +33,7 @@ pub const USAGE: &str = "usage: ll-apiserver --listen ADDR --cert-dir DIR [--san
 [--event-interval DUR(2s)] [--bookmark-interval DUR(5s)] [--watch-timeout DUR(60s)] [--name NAME] \
 [--generation new|old] [--server-version vX.Y.Z] [--service-ip IP(10.96.0.1)] [--endpoint-ip IP]... \
 [--endpoint-port PORT(6443)] [--pods FILE] [--pdbs FILE] [--strict-eviction] [--hang-watches RESOURCE]... \
-[--hang-first N]";
+[--hang-first N] [--hang-lists RESOURCE]...";
 
 // ---------------------------------------------------------------------------------------------
 // Command line
@@ -64,6 +64,10 @@ pub struct Config {
     /// Only the first N of those watches hang (`--hang-first`; all without it): a client that
     /// dials again after its connection is reset gets answered.
     pub hang_first: Option<usize>,
+    /// Resources (as `hang_watches`) whose lists hang mid-answer: headers and the first half
+    /// of the body are sent, then nothing, and the response never ends (a gateway whose
+    /// upstream died mid-response).
+    pub hang_lists: Vec<String>,
 }
 
 fn parse_args() -> Result<Config, String> {
@@ -84,6 +88,7 @@ fn parse_args() -> Result<Config, String> {
     let mut strict_eviction = false;
     let mut hang_watches = Vec::new();
     let mut hang_first = None;
+    let mut hang_lists = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let (flag, inline) = match flag.split_once('=') {
@@ -124,6 +129,7 @@ fn parse_args() -> Result<Config, String> {
             "--pods" => pods = Some(PathBuf::from(value)),
             "--pdbs" => pdbs = Some(PathBuf::from(value)),
             "--hang-watches" => hang_watches.push(value),
+            "--hang-lists" => hang_lists.push(value),
             "--hang-first" => {
                 hang_first = Some(value.parse().map_err(|_| format!("bad --hang-first {value:?}"))?);
             }
@@ -160,6 +166,7 @@ fn parse_args() -> Result<Config, String> {
         strict_eviction,
         hang_watches,
         hang_first,
+        hang_lists,
     })
 }
 

@@ -60,6 +60,10 @@ pub struct Request {
     pub path: String,
     /// What the request declared about its own lifetime: a watch's `timeoutSeconds`.
     pub timeout: Option<Duration>,
+    /// Its response goes on, quiet or not, for as long as the client wants by design: a
+    /// followed log, exec, attach, port-forward, a proxied connection. A pause in it says
+    /// nothing about the apiserver.
+    pub endless: bool,
     /// The kernel cut the path (longer than it copies): the query may be incomplete.
     pub cut: bool,
 }
@@ -69,6 +73,7 @@ impl Request {
     pub fn parse(method: &str, path: &str, cut: bool) -> Self {
         let (route, query) = path.split_once('?').unwrap_or((path, ""));
         let mut watch = false;
+        let mut follow = false;
         let mut timeout = None;
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -78,6 +83,8 @@ impl Request {
                 // "0" and "false" in any case; python-kubernetes sends "True".
                 "watch" => watch = value != "0" && !value.eq_ignore_ascii_case("false"),
                 "timeoutSeconds" => timeout = value.parse::<u64>().ok().map(Duration::from_secs),
+                // `pods/log?follow=true`: as the apiserver's boolean query parameters.
+                "follow" => follow = value != "0" && !value.eq_ignore_ascii_case("false"),
                 _ => {}
             }
             if KEPT_QUERY_KEYS.contains(&key) {
@@ -98,6 +105,11 @@ impl Request {
             "DELETE" => Kind::Delete,
             _ => Kind::Other,
         };
+        let endless = match info.resource.rsplit_once('/').map(|(_, sub)| sub) {
+            Some("log") => follow,
+            Some("exec" | "attach" | "portforward" | "proxy") => true,
+            _ => false,
+        };
         let mut kept_path = sanitize(route);
         if !kept.is_empty() {
             kept_path.push('?');
@@ -110,6 +122,7 @@ impl Request {
             namespace: info.namespace,
             path: kept_path,
             timeout,
+            endless,
             cut,
         }
     }
@@ -281,6 +294,32 @@ mod tests {
             (health.kind, health.describe().as_str()),
             (Kind::Other, "other /healthz")
         );
+    }
+
+    #[test]
+    fn responses_without_end_by_design_are_known() {
+        let endless = |path: &str| Request::parse("GET", path, false).endless;
+        assert!(endless(
+            "/api/v1/namespaces/a/pods/web-0/log?container=c&follow=true"
+        ));
+        assert!(!endless("/api/v1/namespaces/a/pods/web-0/log?container=c"));
+        assert!(!endless("/api/v1/namespaces/a/pods/web-0/log?follow=false"));
+        assert!(endless(
+            "/api/v1/namespaces/a/pods/web-0/exec?command=sh&stdin=true"
+        ));
+        assert!(endless("/api/v1/namespaces/a/pods/web-0/portforward"));
+        assert!(endless("/api/v1/namespaces/a/services/web:80/proxy/metrics"));
+        assert!(endless("/api/v1/nodes/n1/proxy/stats/summary"));
+        for bounded in [
+            "/api/v1/configmaps?limit=500",
+            "/api/v1/namespaces/a/pods/web-0",
+            "/api/v1/nodes/n1/status",
+            "/openapi/v2",
+        ] {
+            assert!(!endless(bounded), "{bounded}");
+        }
+        let log = Request::parse("GET", "/api/v1/namespaces/a/pods/p/log?follow=true", false);
+        assert_eq!(log.path, "/api/v1/namespaces/a/pods/p/log?follow=REDACTED");
     }
 
     #[test]

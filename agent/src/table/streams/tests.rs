@@ -154,3 +154,54 @@ fn a_connection_begun_under_the_probes_has_its_first_stream_judged() {
     assert!(s.visible());
     assert_eq!(s.stuck(secs(t0, 3 + 120), STALE, GRACE, MAX_WATCH).len(), 1);
 }
+
+fn list(resource: &str) -> Request {
+    Request::parse("GET", &format!("/api/v1/{resource}?limit=500"), false)
+}
+
+#[test]
+fn a_response_begun_and_never_finished_is_stuck_after_stale_after_of_nothing() {
+    let t0 = Instant::now();
+    let mut s = followed(t0);
+    s.apply(t0, true, HEADERS, 0x5, 3, Some(list("configmaps")));
+    s.apply(secs(t0, 1), false, HEADERS, 0x4, 3, None);
+    // A large answer streams: alive as long as frames come, however long it takes.
+    for t in 2..200 {
+        s.apply(secs(t0, t), false, DATA, 0, 3, None);
+    }
+    assert!(s.stuck(secs(t0, 199 + 89), STALE, GRACE, MAX_WATCH).is_empty());
+    // The client's own frames (WINDOW_UPDATE) are not an answer.
+    s.apply(secs(t0, 250), true, 8, 0, 3, None);
+    let stuck = s.stuck(secs(t0, 199 + 90), STALE, GRACE, MAX_WATCH);
+    assert_eq!(stuck.len(), 1);
+    assert_eq!(stuck[0].resource, "configmaps");
+    assert_eq!(stuck[0].evidence, secs(t0, 199 + 90));
+    assert_eq!(
+        stuck[0].description,
+        "list configmaps (all namespaces): open 4m49s, its response begun and unfinished, nothing since 39s"
+    );
+    // Its end ends it.
+    s.apply(secs(t0, 300), false, DATA, END_STREAM, 3, None);
+    assert!(s.stuck(secs(t0, 1000), STALE, GRACE, MAX_WATCH).is_empty());
+}
+
+#[test]
+fn responses_endless_by_design_and_http1_bodies_are_not_judged_by_their_pauses() {
+    let t0 = Instant::now();
+    let mut s = followed(t0);
+    let follow = Request::parse("GET", "/api/v1/namespaces/a/pods/p/log?follow=true", false);
+    s.apply(t0, true, HEADERS, 0x5, 1, Some(follow));
+    s.apply(t0, false, HEADERS, 0x4, 1, None);
+    assert!(s.stuck(secs(t0, 10_000), STALE, GRACE, MAX_WATCH).is_empty());
+    // HTTP/1.1: a Content-Length body's end is never seen; the next request replaces it.
+    let mut h1 = followed(t0);
+    h1.http1 = true;
+    h1.apply(t0, true, HEADERS, 0, 1, Some(list("pods")));
+    h1.apply(t0, false, HEADERS, 0, 1, None);
+    assert!(h1.stuck(secs(t0, 10_000), STALE, GRACE, MAX_WATCH).is_empty());
+    // Without response headers, both are still stuck after stale_after.
+    let mut waiting = followed(t0);
+    waiting.http1 = true;
+    waiting.apply(t0, true, HEADERS, 0, 1, Some(list("pods")));
+    assert_eq!(waiting.stuck(secs(t0, 90), STALE, GRACE, MAX_WATCH).len(), 1);
+}
