@@ -12,11 +12,24 @@
 //! 3. `Bearer VALUE` (any case): the next word.
 //! 4. In URLs: the password of `scheme://user:password@host` (all of a user-only
 //!    `scheme://token@host`), and secret query parameters (`?token=...`).
+//! 5. In a Kubernetes API path (`/api/...`, `/apis/...`, bare or in a URL: `kubectl get --raw
+//!    PATH`, `curl URL`): every query value outside [`KEPT_QUERY_KEYS`], as the streams keep
+//!    a request's path (a label selector's value names what a client looks for).
 //!
 //! Values `true` and `false` are kept (`--use-service-account-credentials=true` is a switch).
 
 /// What a secret value becomes.
 pub const REDACTED: &str = "<redacted>";
+
+/// Query keys of a Kubernetes API path whose values are kept (SPEC "Streams"); every other
+/// value is redacted wherever a path is shown (streams, command lines).
+pub const KEPT_QUERY_KEYS: [&str; 5] = [
+    "watch",
+    "timeoutSeconds",
+    "resourceVersion",
+    "allowWatchBookmarks",
+    "limit",
+];
 
 /// Words that make a name secret-looking (after lowercasing and `_`/`.` → `-`).
 const SECRET_WORDS: [&str; 12] = [
@@ -96,7 +109,7 @@ pub fn redact(text: &str) -> String {
     out
 }
 
-/// Rules 1 and 4 within one word.
+/// Rules 1, 4 and 5 within one word.
 fn redact_word(word: &str) -> String {
     if let Some((name, value)) = word.split_once('=') {
         let bare = name.trim_start_matches('-');
@@ -104,10 +117,47 @@ fn redact_word(word: &str) -> String {
             return format!("{name}={REDACTED}");
         }
     }
-    if word.contains("://") {
-        return redact_url(word);
+    let word = if word.contains("://") {
+        redact_url(word)
+    } else {
+        word.to_owned()
+    };
+    redact_api_query(&word)
+}
+
+/// Rule 5: the query values of a Kubernetes API path in `word` outside [`KEPT_QUERY_KEYS`].
+fn redact_api_query(word: &str) -> String {
+    let Some(q) = word.find('?') else {
+        return word.to_owned();
+    };
+    let before = &word[..q];
+    let path = match before.find("://") {
+        Some(s) => before[s + 3..].find('/').map_or("", |p| &before[s + 3 + p..]),
+        None => before.trim_start_matches(|c| c != '/'),
+    };
+    if !(path.starts_with("/api/") || path.starts_with("/apis/")) {
+        return word.to_owned();
     }
-    word.to_owned()
+    let mut out = String::from(&word[..=q]);
+    let mut rest = &word[q + 1..];
+    while !rest.is_empty() {
+        let end = rest.find(['&', '#']).unwrap_or(rest.len());
+        let param = &rest[..end];
+        match param.split_once('=') {
+            Some((name, value))
+                if !KEPT_QUERY_KEYS.contains(&name) && !value.is_empty() && value != REDACTED =>
+            {
+                out.push_str(name);
+                out.push('=');
+                out.push_str(REDACTED);
+            }
+            _ => out.push_str(param),
+        }
+        let sep_len = rest[end..].chars().next().map_or(0, char::len_utf8);
+        out.push_str(&rest[end..end + sep_len]);
+        rest = &rest[end + sep_len..];
+    }
+    out
 }
 
 /// Where a URL's authority (`userinfo@host:port`) ends.
@@ -186,6 +236,28 @@ pub const TRUNCATED: &str = "…[truncated]";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn api_paths_keep_only_the_stream_metadata_of_their_query() {
+        assert_eq!(
+            redact("kubectl get --raw /api/v1/namespaces/default/pods?watch=true&timeoutSeconds=3&labelSelector=app%3Dsecret-xyz"),
+            "kubectl get --raw /api/v1/namespaces/default/pods?watch=true&timeoutSeconds=3&labelSelector=<redacted>"
+        );
+        assert_eq!(
+            redact("curl -k https://10.0.0.1:6443/apis/apps/v1/deployments?fieldSelector=metadata.name%3Ddb&limit=5"),
+            "curl -k https://10.0.0.1:6443/apis/apps/v1/deployments?fieldSelector=<redacted>&limit=5"
+        );
+        // Not an API path: the general rules only.
+        assert_eq!(
+            redact("curl https://example/search?q=cats"),
+            "curl https://example/search?q=cats"
+        );
+        assert_eq!(redact("--path=/api/v1/pods"), "--path=/api/v1/pods");
+        assert_eq!(
+            redact("https://h/api/v1/pods?token=abc&watch=1"),
+            "https://h/api/v1/pods?token=<redacted>&watch=1"
+        );
+    }
 
     #[test]
     fn secret_values_are_redacted_and_their_names_kept() {

@@ -7,14 +7,8 @@ use std::{fmt, time::Duration};
 
 use serde::Serialize;
 
-/// Query keys whose values are kept (SPEC "Streams").
-pub const KEPT_QUERY_KEYS: [&str; 5] = [
-    "watch",
-    "timeoutSeconds",
-    "resourceVersion",
-    "allowWatchBookmarks",
-    "limit",
-];
+use crate::host::redact::KEPT_QUERY_KEYS;
+
 /// What replaces any other query value.
 pub const REDACTED: &str = "REDACTED";
 
