@@ -6,10 +6,13 @@
 //! An OpenSSL client's HTTP/1.1 request comes the same way (its thread in place of the
 //! goroutine), as stream 1 of its connection; a new request line on the connection replaces
 //! the previous request.
-use std::{collections::HashMap, time::Instant};
+use std::{
+    collections::{HashMap, VecDeque},
+    time::Instant,
+};
 
 use super::{
-    streams::{frame, request::Request, MAX_PENDING, PENDING_TTL},
+    streams::{frame, request::Request, MAX_PENDING, MAX_PENDING_PER_PROCESS, PENDING_TTL},
     ConnectionTable,
 };
 use crate::kernel::events::{Frame, Header, HeaderField};
@@ -18,40 +21,121 @@ use crate::kernel::events::{Frame, Header, HeaderField};
 #[derive(Clone, Debug, Default)]
 struct Encoded {
     at: Option<Instant>,
+    /// Which note made it: its place in [`Process::order`].
+    seq: u64,
     method: Option<String>,
     path: Option<(String, bool)>,
 }
 
-/// Requests encoded, waiting for their HEADERS frame.
+/// One process's requests waiting for their HEADERS frame, and the order they came in.
+#[derive(Debug, Default)]
+struct Process {
+    by_goroutine: HashMap<u64, Encoded>,
+    /// (goroutine, seq) oldest first; an entry whose seq no longer matches is gone.
+    order: VecDeque<(u64, u64)>,
+}
+
+impl Process {
+    /// Forgets the oldest request still waiting; whether there was one.
+    fn evict_oldest(&mut self) -> bool {
+        while let Some((g, seq)) = self.order.pop_front() {
+            if self.by_goroutine.get(&g).is_some_and(|e| e.seq == seq) {
+                self.by_goroutine.remove(&g);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Requests encoded, waiting for their HEADERS frame: at most [`MAX_PENDING_PER_PROCESS`] a
+/// process and [`MAX_PENDING`] in all. At a bound the oldest request goes, the process's own
+/// at its bound, the oldest of the process holding the most at the node's: one busy binary
+/// costs its own requests' names, never another client's.
 #[derive(Debug, Default)]
 pub(super) struct Pending {
-    by_goroutine: HashMap<(u32, u64), Encoded>,
+    processes: HashMap<u32, Process>,
+    total: usize,
+    seq: u64,
+    /// Requests forgotten at a bound before their HEADERS frame came.
+    pub evicted: u64,
 }
 
 impl Pending {
     fn note(&mut self, h: &Header) {
-        if self.by_goroutine.len() >= MAX_PENDING {
-            let cutoff = h.at.checked_sub(PENDING_TTL);
-            self.by_goroutine
-                .retain(|_, e| e.at.zip(cutoff).is_none_or(|(at, cut)| at >= cut));
-            if self.by_goroutine.len() >= MAX_PENDING {
-                self.by_goroutine.clear();
-            }
+        self.seq += 1;
+        let seq = self.seq;
+        let process = self.processes.entry(h.tgid).or_default();
+        let known = process.by_goroutine.contains_key(&h.goroutine);
+        if !known && process.by_goroutine.len() >= MAX_PENDING_PER_PROCESS && process.evict_oldest() {
+            self.total -= 1;
+            self.evicted += 1;
         }
-        let entry = self.by_goroutine.entry((h.tgid, h.goroutine)).or_default();
+        let process = self.processes.get_mut(&h.tgid).expect("inserted above");
+        let entry = process.by_goroutine.entry(h.goroutine).or_insert_with(|| {
+            self.total += 1;
+            Encoded::default()
+        });
         // A `:method` starts the next request of this goroutine.
         if h.field == HeaderField::Method {
             *entry = Encoded::default();
         }
         entry.at = Some(h.at);
+        entry.seq = seq;
         match h.field {
             HeaderField::Method => entry.method = Some(h.value.clone()),
             HeaderField::Path => entry.path = Some((h.value.clone(), h.cut)),
         }
+        process.order.push_back((h.goroutine, seq));
+        if process.order.len() > 4 * MAX_PENDING_PER_PROCESS {
+            // Superseded places pile up when goroutines write many headers: drop them.
+            let live = &process.by_goroutine;
+            process
+                .order
+                .retain(|(g, s)| live.get(g).is_some_and(|e| e.seq == *s));
+        }
+        while self.total > MAX_PENDING {
+            self.evict_at_node_bound(h.at);
+        }
+    }
+
+    /// Over the node's bound: every request past its TTL goes; if none was, the oldest of
+    /// the process that holds the most.
+    fn evict_at_node_bound(&mut self, now: Instant) {
+        let cutoff = now.checked_sub(PENDING_TTL);
+        let mut expired = 0;
+        for p in self.processes.values_mut() {
+            let before = p.by_goroutine.len();
+            p.by_goroutine
+                .retain(|_, e| e.at.zip(cutoff).is_none_or(|(at, cut)| at >= cut));
+            expired += before - p.by_goroutine.len();
+        }
+        self.processes.retain(|_, p| !p.by_goroutine.is_empty());
+        self.total -= expired;
+        self.evicted += expired as u64;
+        if expired > 0 {
+            return;
+        }
+        let heaviest = self
+            .processes
+            .iter_mut()
+            .max_by_key(|(_, p)| p.by_goroutine.len())
+            .map(|(_, p)| p);
+        if let Some(p) = heaviest {
+            if p.evict_oldest() {
+                self.total -= 1;
+                self.evicted += 1;
+            }
+        }
     }
 
     fn take(&mut self, tgid: u32, goroutine: u64, now: Instant) -> Option<Request> {
-        let e = self.by_goroutine.remove(&(tgid, goroutine))?;
+        let process = self.processes.get_mut(&tgid)?;
+        let e = process.by_goroutine.remove(&goroutine)?;
+        self.total -= 1;
+        if process.by_goroutine.is_empty() {
+            self.processes.remove(&tgid);
+        }
         if e.at
             .is_some_and(|at| now.saturating_duration_since(at) > PENDING_TTL)
         {
@@ -59,6 +143,11 @@ impl Pending {
         }
         let (path, cut) = e.path?;
         Some(Request::parse(e.method.as_deref().unwrap_or("GET"), &path, cut))
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.processes.values().map(|p| p.by_goroutine.len()).sum()
     }
 }
 
@@ -208,13 +297,76 @@ mod tests {
         assert_eq!(conn.streams.ended, 2);
     }
 
+    fn of(tgid: u32, goroutine: u64, path: &str, at: Instant) -> Header {
+        Header {
+            tgid,
+            ..header(goroutine, HeaderField::Path, path, at)
+        }
+    }
+
     #[test]
-    fn pending_requests_are_bounded() {
+    fn one_flooding_process_costs_its_own_requests_never_another_clients() {
         let t0 = Instant::now();
         let mut p = Pending::default();
-        for g in 0..(MAX_PENDING as u64 * 3) {
-            p.note(&header(g, HeaderField::Path, "/api/v1/pods", t0));
+        // A quiet client's request, waiting for its HEADERS frame.
+        p.note(&of(7, 1, "/api/v1/pods?watch=true", t0));
+        // A flood of requests never sent, from another process: ten times its bound.
+        for g in 0..(MAX_PENDING_PER_PROCESS as u64 * 10) {
+            p.note(&of(9, 1000 + g, "/api/v1/configmaps", t0));
+            assert!(p.len() <= MAX_PENDING_PER_PROCESS + 1);
         }
-        assert!(p.by_goroutine.len() <= MAX_PENDING);
+        assert_eq!(p.evicted, MAX_PENDING_PER_PROCESS as u64 * 9);
+        assert_eq!(p.total, p.len());
+        // The flooder keeps its newest requests, the quiet client its own.
+        let newest = 1000 + MAX_PENDING_PER_PROCESS as u64 * 10 - 1;
+        assert!(p.take(9, newest, t0).is_some());
+        assert!(p.take(9, 1000, t0).is_none(), "the flooder's oldest went first");
+        assert_eq!(
+            p.take(7, 1, t0).unwrap().describe(),
+            "watch pods (all namespaces)"
+        );
+    }
+
+    #[test]
+    fn the_node_bound_takes_the_heaviest_process_oldest_first() {
+        let t0 = Instant::now();
+        let mut p = Pending::default();
+        p.note(&of(7, 1, "/api/v1/pods?watch=true", t0));
+        // Many processes, each within its own bound, together past the node's.
+        let per = MAX_PENDING_PER_PROCESS as u64 - 1;
+        let processes = (MAX_PENDING as u64 / per) + 2;
+        for tgid in 0..processes {
+            for g in 0..per {
+                p.note(&of(
+                    100 + tgid as u32,
+                    g,
+                    "/api/v1/nodes",
+                    t0 + std::time::Duration::from_millis(g),
+                ));
+                assert!(p.total <= MAX_PENDING);
+            }
+        }
+        assert_eq!(p.total, p.len());
+        assert!(p.evicted > 0);
+        assert!(p.take(7, 1, t0).is_some(), "the lone client's request stays");
+        // Past their TTL, the old ones go together when the bound is reached again.
+        let later = t0 + PENDING_TTL * 2;
+        p.note(&of(8, 1, "/api/v1/pods", later));
+        for g in 0..per {
+            p.note(&of(100, 10_000 + g, "/api/v1/nodes", later));
+        }
+        assert!(p.take(8, 1, later).is_some());
+    }
+
+    #[test]
+    fn a_goroutines_next_method_replaces_its_request_without_growing() {
+        let t0 = Instant::now();
+        let mut p = Pending::default();
+        for _ in 0..(MAX_PENDING_PER_PROCESS * 8) {
+            p.note(&header(1, HeaderField::Method, "GET", t0));
+            p.note(&header(1, HeaderField::Path, "/api/v1/pods", t0));
+        }
+        assert_eq!((p.len(), p.total, p.evicted), (1, 1, 0));
+        assert!(p.processes[&7].order.len() <= 4 * MAX_PENDING_PER_PROCESS + 1);
     }
 }

@@ -8,7 +8,8 @@
 //! known, so they are listed but never judged.
 //!
 //! Bounded: at most [`MAX_OPEN`] open streams per connection (the oldest unknown ones go
-//! first), requests waiting for their HEADERS frame at most [`MAX_PENDING`] per table.
+//! first), requests waiting for their HEADERS frame at most [`MAX_PENDING_PER_PROCESS`] a process and
+//! [`MAX_PENDING`] in all (see `requests.rs`).
 pub mod request;
 
 use std::{
@@ -38,8 +39,11 @@ pub mod frame {
 
 /// Open streams kept per connection.
 pub const MAX_OPEN: usize = 512;
-/// Requests encoded but not yet matched to a HEADERS frame, per table.
+/// Requests encoded but not yet matched to a HEADERS frame, per table (the node).
 pub const MAX_PENDING: usize = 4096;
+/// The same, per process: a client-go process has one in flight per goroutine writing a
+/// request, a few at a time (kube-controller-manager's informers start some forty at once).
+pub const MAX_PENDING_PER_PROCESS: usize = 256;
 /// A request encoded this long ago without its HEADERS frame is dropped.
 pub const PENDING_TTL: Duration = Duration::from_secs(10);
 
