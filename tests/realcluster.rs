@@ -552,6 +552,11 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
     }
     let sightings = monitor.sightings();
     let listed = monitor.listed();
+    let resources = HELD_RESOURCES;
+    let soak_stuck: Vec<Option<SystemTime>> = resources
+        .iter()
+        .map(|r| monitor.first_stuck(standby, "watch", r))
+        .collect();
     let failed_polls = monitor.failed_polls();
     eprintln!("soak over: {} polls of the agent", monitor.polls());
     drop(monitor);
@@ -604,7 +609,14 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
         ));
     }
     bench.check_no_alerts(&mut findings, "the soak");
-    check_held_watches(&bench, standby, held_since, &held_label, &mut findings);
+    check_held_watches(
+        &bench,
+        standby,
+        held_since,
+        &soak_stuck,
+        &held_label,
+        &mut findings,
+    );
     check_watches_listed(&bench, &mut findings);
     bench.cp.stop_component(HELD_SCHEDULER);
     drop(holding);
@@ -622,6 +634,8 @@ const HELD: Held<'static> = Held {
     headers_only: &["/apis/storage.k8s.io/v1/storageclasses"],
     unanswered: &["/api/v1/persistentvolumes"],
 };
+/// The held watches' resources, as the agent names them.
+const HELD_RESOURCES: [&str; 2] = ["storage.k8s.io/storageclasses", "persistentvolumes"];
 /// The agent's default thresholds, seconds: watch_grace and stale_after.
 const DEFAULT_WATCH_GRACE: f64 = 120.0;
 const DEFAULT_STALE: f64 = 90.0;
@@ -648,17 +662,13 @@ fn check_held_watches(
     bench: &Bench,
     standby: u32,
     since: SystemTime,
+    soak_stuck: &[Option<SystemTime>],
     endpoint: &str,
     findings: &mut Findings,
 ) {
-    let resources = ["storage.k8s.io/storageclasses", "persistentvolumes"];
-    // The soak ran before this poll: a stream due before it is timed by when the agent called
-    // the scheduler stale (its first stuck stream, the PersistentVolume watch, is that), and
-    // one due later by this poll.
-    let poll_started = SystemTime::now();
-    let stale_since = find_pid(&bench.agent.clients(), standby)
-        .filter(|c| c["state"] == "stale")
-        .and_then(|c| Some((wall(&c["state_since"])?, c["reason"].as_str()?.to_owned())));
+    let resources = HELD_RESOURCES;
+    // The soak ran before this poll: a stream due before it is timed by when the soak's
+    // monitor (a poll a second) first saw it stuck, and one due later by this poll.
     let mut first_stuck: std::collections::BTreeMap<&str, (SystemTime, Value)> = Default::default();
     let give_up = since + secs(600 + 120 + 60);
     while first_stuck.len() < resources.len() && SystemTime::now() < give_up {
@@ -677,7 +687,7 @@ fn check_held_watches(
     }
     let streams = streams_of(&bench.agent, standby);
     eprintln!("the held scheduler's streams: {:?}", Pretty(&streams));
-    for r in resources {
+    for (i, r) in resources.into_iter().enumerate() {
         let Some((seen, s)) = first_stuck.get(r) else {
             findings.add(format!(
                 "the held {r} watch was never stuck; the scheduler's streams: {streams:#?}"
@@ -696,15 +706,8 @@ fn check_held_watches(
             ),
             (_, None) => (None, "watch_grace"),
         };
-        let named = |why: &str| why.contains(r.rsplit('/').next().unwrap_or(r));
-        let seen = match (&stale_since, due) {
-            (Some((since, why)), Some(due)) if due < poll_started && named(why) => *since,
-            (_, Some(due)) if due < poll_started => {
-                eprintln!("the held {r} watch was due during the soak, before this poll: not timed");
-                due
-            }
-            _ => *seen,
-        };
+        // Seen stuck during the soak: that sighting times it (this poll's came later).
+        let seen = soak_stuck[i].map_or(*seen, |t| t.min(*seen));
         match due {
             Some(due) => check_detected(
                 &format!("the held {r} watch stuck ({rule})"),

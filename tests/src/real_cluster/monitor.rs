@@ -10,7 +10,7 @@ use std::{
         Arc, Mutex,
     },
     thread::{self, JoinHandle},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use serde_json::Value;
@@ -55,6 +55,8 @@ struct Record {
     seen: BTreeSet<(u32, String)>,
     /// Every pid ever listed, with its comm.
     listed: BTreeMap<u32, String>,
+    /// When each (pid, kind, resource) stream was first seen stuck, ignored clients included.
+    first_stuck: BTreeMap<(u32, String, String), SystemTime>,
 }
 
 /// A running monitor; stopped on drop.
@@ -80,6 +82,16 @@ impl Monitor {
                 r.polls += 1;
                 match answer.map(|(status, body)| (status, serde_json::from_str::<Value>(&body))) {
                     Ok((200, Ok(Value::Array(clients)))) => {
+                        let now = SystemTime::now();
+                        for c in &clients {
+                            let pid = c["pid"].as_u64().unwrap_or(0) as u32;
+                            let streams = c["streams"].as_array().map(Vec::as_slice).unwrap_or_default();
+                            for s in streams.iter().filter(|s| s["stuck"] == true) {
+                                let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+                                let key = (pid, text(&s["kind"]), text(&s["resource"]));
+                                r.first_stuck.entry(key).or_insert(now);
+                            }
+                        }
                         for c in clients.iter().filter(|c| !ignore(c)) {
                             let pid = c["pid"].as_u64().unwrap_or(0) as u32;
                             let comm = c["comm"].as_str().unwrap_or("?").to_owned();
@@ -131,6 +143,18 @@ impl Monitor {
     /// How many polls were made.
     pub fn polls(&self) -> u64 {
         self.record.lock().expect("monitor lock").polls
+    }
+
+    /// When the monitor first saw a `kind` stream of `resource` of `pid` stuck (ignored
+    /// clients too): a poll a second, so within a second of the agent's judgement.
+    pub fn first_stuck(&self, pid: u32, kind: &str, resource: &str) -> Option<SystemTime> {
+        let key = (pid, kind.to_owned(), resource.to_owned());
+        self.record
+            .lock()
+            .expect("monitor lock")
+            .first_stuck
+            .get(&key)
+            .copied()
     }
 
     /// Every (pid, comm) listed at least once.
