@@ -831,6 +831,28 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
         }
     });
     mark("both ll-stuck pods disconnected", &mut timeline);
+    // Streams on the node after the restart: a first kubectl (1.32, go1.23) gets its binary
+    // probed; a second one's pods watch is then followed from its first request, so the
+    // stream panels have a watch to show, and the stuck-streams panel's emptiness is judged
+    // with the stream gauges exported.
+    let kubectl_watch = |args: &[&str]| {
+        let mut cmd = Command::new(KUBECTL);
+        cmd.arg("--kubeconfig").arg(cp.admin_kubeconfig()).args(args);
+        Watched::spawn("kubectl --watch", cmd)
+    };
+    let probing = kubectl_watch(&["get", "nodes", "--watch"]);
+    wait_until(secs(30), "the first kubectl's streams followed", || {
+        let clients = agent_json("/api/v1/clients").map_err(Shown)?;
+        match find_pid(
+            clients.as_array().map(Vec::as_slice).unwrap_or_default(),
+            probing.pid(),
+        ) {
+            Some(c) if c["visibility"] == "streams" => Ok(()),
+            other => Err(Shown(format!("{other:?}"))),
+        }
+    });
+    let watching = kubectl_watch(&["get", "pods", "--all-namespaces", "--watch"]);
+    mark("kubectl watches on the node, followed", &mut timeline);
     // `kubectl lifeline`: the never-redial pod without opt-in listed unhealthy, with its node
     // (the opted-in one may already be evicted).
     match monitoring::kubectl_lifeline(&viewer, plugin_dir.path()) {
@@ -993,6 +1015,8 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
         &mut findings,
         &mut |w| mark(w, &mut timeline),
     );
+    drop(watching);
+    drop(probing);
     drop(prom);
 
     // Teardown: the guards, then what they must have removed.
@@ -1059,7 +1083,13 @@ fn check_monitoring(
     }
     mark("LifelineClientDisconnected in Alertmanager");
 
-    // Every dashboard panel, the incident still on (the pod without opt-in).
+    // Every dashboard panel, the incident still on (the pod without opt-in), once the kubectl
+    // pods watch's gauge is scraped.
+    let watches = format!(
+        "lifeline_client_watches{{node=\"{}\", resource=\"pods\"}} > 0",
+        node.name
+    );
+    wait_series(prom, &watches, "the kubectl pods watch in Prometheus", secs(60));
     check_panels(prom, &workspace(), &node.name, NS, incident, findings);
     mark("dashboard panels queried");
 

@@ -53,10 +53,10 @@ pub const PANELS: [(&str, Expect); 14] = [
     ("Agents by version", Expect::Series),
     // The apiserver came back at once (before outage_after).
     ("Apiserver endpoints unreachable from a node", Expect::Nothing),
-    // The node's Go components re-watch after the apiserver restart, but whether the probes
-    // were on their binaries by then is timing, not the incident.
-    ("Open watches by resource", Expect::Either),
-    // The incident is connections lost, not a stream stuck inside a live one.
+    // A kubectl pods watch started after the restart, followed from its first request.
+    ("Open watches by resource", Expect::Series),
+    // The incident is connections lost, not a stream stuck inside a live one (the watch above
+    // proves the stream gauges are exported, so no series here is the agent's judgement).
     ("Stuck streams", Expect::Nothing),
 ];
 
