@@ -21,7 +21,6 @@ use std::{
 use clap::{Parser, Subcommand};
 
 mod bench;
-#[allow(dead_code)] // Used by the vm-test kernel presets and the Go matrix (landing next).
 mod debian;
 mod demo;
 mod deploy;
