@@ -616,8 +616,8 @@ while True:\n    c, _ = l.accept()\n    c.setsockopt(socket.SOL_SOCKET, socket.S
     });
 }
 
-/// Streams (issue 16): a real Go client (Debian's kubectl 1.20, stripped, Go 1.19: the
-/// uprobes go on the functions found in its `.gopclntab`) watches pods with
+/// Streams (issues 16, 23): each real Go client below (stripped: the uprobes go on the
+/// functions found in its `.gopclntab`; adding one is one line) watches pods with
 /// `timeoutSeconds=3` through an apiserver whose pod watches hang (headers and the initial
 /// events, then nothing, never the end). The watch is `stuck` once its own deadline and
 /// `watch_grace` (3 s) have passed, the client `stale` with a reason naming the stream, the
@@ -625,9 +625,31 @@ while True:\n    c, _ = l.accept()\n    c.setsockopt(socket.SOL_SOCKET, socket.S
 /// on the same apiserver stays healthy with its watch listed. Of the client's plaintext only
 /// stream metadata leaves: its bearer token, its label selector's value and the pods' data
 /// appear in no API answer, metric, log line or alert.
-#[test]
-fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
-    init!();
+macro_rules! go_clients {
+    ($($test:ident: $kubectl:expr, $go:literal;)*) => {$(
+        #[test]
+        fn $test() {
+            init!();
+            go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves($kubectl, $go);
+        }
+    )*};
+}
+
+go_clients! {
+    // Debian's kubectl 1.20: Go 1.19, the net/http bundle and Kubernetes' vendored x/net.
+    a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves: KUBECTL_1_20, "go1.19";
+    // The image's kubectl 1.32: Go 1.23, x/net/http2 as a module.
+    kubectl_1_32_go_1_23_hung_watch_is_stuck_and_named: KUBECTL_1_32_ITSELF, "go1.23";
+    // sid's kubectl 1.36: Go 1.27, net/http/internal/http2, no text start in .gopclntab.
+    kubectl_1_36_go_1_27_hung_watch_is_stuck_and_named: KUBECTL_1_36, "go1.27";
+}
+
+/// The test above with `kubectl`, which must have been built with Go release `go` (`go1.19`).
+fn go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves(kubectl_path: &str, go: &str) {
+    assert!(
+        std::path::Path::new(kubectl_path).exists(),
+        "{kubectl_path} is missing: run `cargo xtask setup`"
+    );
     let sink = WebhookSink::start();
     let dir = TempDir::new();
     let mut options = ApiServerOptions::new(Generation::Old);
@@ -651,7 +673,7 @@ fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
         &["--watch-grace", "3s"],
     );
     let kubectl = |args: &[&str]| {
-        let mut cmd = Command::new(KUBECTL_1_20);
+        let mut cmd = Command::new(kubectl_path);
         cmd.args([
             "--server",
             &format!("https://{endpoint}"),
@@ -679,7 +701,7 @@ fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
         probed["visibility_reason"]
             .as_str()
             .unwrap_or("")
-            .contains("go1.19"),
+            .contains(&format!("({go}")),
         "{probed} / {c}"
     );
 
@@ -707,7 +729,12 @@ fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
         stuck[0]["path"],
         "/api/v1/namespaces/default/pods?labelSelector=REDACTED&timeoutSeconds=3&watch=true"
     );
-    let alert = wait_alert(&sink, "LifelineClientStale", "kubectl", secs(10.0));
+    // The process's comm: its file name, cut to 15 bytes (`kubectl.1.32`).
+    let comm: String = std::path::Path::new(kubectl_path)
+        .file_name()
+        .map(|n| n.to_string_lossy().chars().take(15).collect())
+        .unwrap_or_default();
+    let alert = wait_alert(&sink, "LifelineClientStale", &comm, secs(10.0));
     assert_eq!(alert["labels"]["resource"], "pods", "{alert}");
     let stuck_metric = metrics_lines(&agent, "lifeline_client_stream_stuck{");
     assert!(
