@@ -780,6 +780,115 @@ fn go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves(kubectl_path: &
     drop(nodes);
 }
 
+/// Where `cargo xtask setup` (`xtask/src/gomatrix.rs`) writes the Go release matrix's clients
+/// and their `MANIFEST`.
+const GO_MATRIX: &str = "/var/tmp/lifeline-go/clients";
+
+/// The Go release matrix (issue 23): `tests/clients/go-watch`, a standard-library watch
+/// client, built by each Go toolchain Debian ships, stripped, as an executable and as a PIE
+/// (the list is `xtask/src/gomatrix.rs`; adding a release is one line there). All run at once
+/// against one agent and an apiserver whose pod watches hang: each is followed (visibility
+/// `streams`, its own Go release in the reason), and then, over a new connection, watches pods
+/// with `timeoutSeconds=3`: that watch is stuck within deadline + grace and named, and the
+/// token, the selector's value and the pods' data leave in no output. (A connection older
+/// than the probes whose reader waits in a read entered before them is not judged: README.)
+#[test]
+fn every_go_release_s_hung_watch_is_stuck_and_named() {
+    init!();
+    let manifest = std::path::Path::new(GO_MATRIX).join("MANIFEST");
+    let manifest = std::fs::read_to_string(&manifest)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask setup`)", manifest.display()));
+    let clients: Vec<(String, String)> = manifest
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(file, go)| (file.to_owned(), go.to_owned()))
+        .collect();
+    assert!(clients.len() >= 2, "{manifest}");
+    let sink = WebhookSink::start();
+    let dir = TempDir::new();
+    let mut options = ApiServerOptions::new(Generation::Old);
+    options.pods = vec![serde_json::json!({
+        "metadata": { "name": "db", "labels": { "app": "secret-pod-data-xyz" } }
+    })];
+    options.extra = vec!["--hang-watches".into(), "pods".into()];
+    let args = options.args(dir.path());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let api = ApiServer::start(
+        &sibling_bin("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        &dir.path().join("certs"),
+        &args,
+    );
+    let endpoint = api.addr().to_string();
+    let (agent, _config) = agent(
+        std::slice::from_ref(&endpoint),
+        &sink,
+        "",
+        &["--watch-grace", "3s"],
+    );
+    let running: Vec<(Watched, &str, &str, std::path::PathBuf)> = clients
+        .iter()
+        .map(|(file, go)| {
+            let trigger = dir.path().join(format!("{file}.go"));
+            let mut cmd = Command::new(std::path::Path::new(GO_MATRIX).join(file));
+            cmd.arg(format!("https://{endpoint}"))
+                .arg(&trigger)
+                .env("GO_WATCH_TOKEN", "secret-token-xyz");
+            (Watched::spawn(file, cmd), file.as_str(), go.as_str(), trigger)
+        })
+        .collect();
+    for (client, file, go, _) in &running {
+        let probed = wait_until(secs(30.0), &format!("{file}'s streams followed"), || {
+            let c = find_pid(&agent.clients(), client.pid()).cloned();
+            match c {
+                Some(c) if c["visibility"] == "streams" => Ok(c),
+                other => Err(other),
+            }
+        });
+        let why = probed["visibility_reason"].as_str().unwrap_or("");
+        assert!(why.contains(&format!("({go}.")), "{file}: {probed}");
+        eprintln!("{file}: {why}");
+    }
+    let started = SystemTime::now();
+    for (_, _, _, trigger) in &running {
+        std::fs::write(trigger, "").expect("trigger");
+    }
+    for (client, file, _, _) in &running {
+        let (c, at) = wait_state(&agent, client.pid(), "stale", secs(20.0));
+        eprintln!(
+            "{file}: stale {:.1}s after the pods watch was asked for",
+            elapsed(started, at)
+        );
+        assert_within(&format!("{file}: the hung watch stuck"), started, at, 6.0, 9.5);
+        let why = reason(&c);
+        assert!(
+            why.starts_with("watch pods in default: open") && why.contains("due to end after 3s"),
+            "{file}: {c}"
+        );
+        let streams = c["streams"].as_array().cloned().unwrap_or_default();
+        let stuck: Vec<&Value> = streams.iter().filter(|s| s["stuck"] == true).collect();
+        assert_eq!(stuck.len(), 1, "{file}: {c}");
+        assert_eq!(
+            stuck[0]["path"],
+            "/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=3&labelSelector=REDACTED",
+            "{file}"
+        );
+    }
+    let (_, metrics) = agent.get("/metrics");
+    let outputs = [
+        ("the API", Value::Array(agent.clients()).to_string()),
+        ("the metrics", metrics),
+        ("the log", agent.stderr()),
+        ("the alerts", Value::Array(sink.alerts()).to_string()),
+    ];
+    for (what, text) in &outputs {
+        for secret in ["secret-token-xyz", "secret-selector-xyz", "secret-pod-data-xyz"] {
+            assert!(!text.contains(secret), "{what} contains {secret:?}");
+        }
+    }
+    drop(running);
+}
+
 /// A python3-kubernetes client (`tests/clients/py-streams.py`) against `ll-apiserver`: `args`
 /// and `env` as the script takes them.
 fn python_client(api: &ApiServer, dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Watched {

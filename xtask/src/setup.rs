@@ -43,6 +43,8 @@ pub fn setup() -> Result {
     toolchain()?;
     kubectl_1_20()?;
     kubectl_1_36()?;
+    // The Go release matrix: a watch client built by each Go toolchain Debian ships.
+    crate::gomatrix::setup()?;
     tracefs()?;
     crate::kubernetes::setup()?;
     // `cargo xtask vm-test`: qemu, busybox and Debian 12's 6.1 kernel (kept in /var/tmp).
@@ -167,7 +169,7 @@ fn kubectl_1_36() -> Result {
         return Ok(());
     }
     // Extracted beside it and renamed into place: an interrupted run leaves no half tree.
-    let partial = root.with_extension("partial");
+    let partial = Path::new(&format!("{KUBECTL_1_36_ROOT}.partial")).to_owned();
     let _ = fs::remove_dir_all(&partial);
     crate::debian::Release::open("sid")?.extract(KUBECTL_1_36, &partial)?;
     fs::rename(&partial, root).map_err(|e| Failed(format!("{}: {e}", root.display())))
