@@ -616,8 +616,8 @@ while True:\n    c, _ = l.accept()\n    c.setsockopt(socket.SOL_SOCKET, socket.S
     });
 }
 
-/// Streams (issue 16): a real Go client (Debian's kubectl 1.20, stripped, Go 1.19: the
-/// uprobes go on the functions found in its `.gopclntab`) watches pods with
+/// Streams (issues 16, 23): each real Go client below (stripped: the uprobes go on the
+/// functions found in its `.gopclntab`; adding one is one line) watches pods with
 /// `timeoutSeconds=3` through an apiserver whose pod watches hang (headers and the initial
 /// events, then nothing, never the end). The watch is `stuck` once its own deadline and
 /// `watch_grace` (3 s) have passed, the client `stale` with a reason naming the stream, the
@@ -625,9 +625,31 @@ while True:\n    c, _ = l.accept()\n    c.setsockopt(socket.SOL_SOCKET, socket.S
 /// on the same apiserver stays healthy with its watch listed. Of the client's plaintext only
 /// stream metadata leaves: its bearer token, its label selector's value and the pods' data
 /// appear in no API answer, metric, log line or alert.
-#[test]
-fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
-    init!();
+macro_rules! go_clients {
+    ($($test:ident: $kubectl:expr, $go:literal;)*) => {$(
+        #[test]
+        fn $test() {
+            init!();
+            go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves($kubectl, $go);
+        }
+    )*};
+}
+
+go_clients! {
+    // Debian's kubectl 1.20: Go 1.19, the net/http bundle and Kubernetes' vendored x/net.
+    a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves: KUBECTL_1_20, "go1.19";
+    // The image's kubectl 1.32: Go 1.23, x/net/http2 as a module.
+    kubectl_1_32_go_1_23_hung_watch_is_stuck_and_named: KUBECTL_1_32_ITSELF, "go1.23";
+    // sid's kubectl 1.36: Go 1.27, net/http/internal/http2, no text start in .gopclntab.
+    kubectl_1_36_go_1_27_hung_watch_is_stuck_and_named: KUBECTL_1_36, "go1.27";
+}
+
+/// The test above with `kubectl`, which must have been built with Go release `go` (`go1.19`).
+fn go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves(kubectl_path: &str, go: &str) {
+    assert!(
+        std::path::Path::new(kubectl_path).exists(),
+        "{kubectl_path} is missing: run `cargo xtask setup`"
+    );
     let sink = WebhookSink::start();
     let dir = TempDir::new();
     let mut options = ApiServerOptions::new(Generation::Old);
@@ -651,7 +673,7 @@ fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
         &["--watch-grace", "3s"],
     );
     let kubectl = |args: &[&str]| {
-        let mut cmd = Command::new(KUBECTL_1_20);
+        let mut cmd = Command::new(kubectl_path);
         cmd.args([
             "--server",
             &format!("https://{endpoint}"),
@@ -679,7 +701,7 @@ fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
         probed["visibility_reason"]
             .as_str()
             .unwrap_or("")
-            .contains("go1.19"),
+            .contains(&format!("({go}")),
         "{probed} / {c}"
     );
 
@@ -707,7 +729,12 @@ fn a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves() {
         stuck[0]["path"],
         "/api/v1/namespaces/default/pods?labelSelector=REDACTED&timeoutSeconds=3&watch=true"
     );
-    let alert = wait_alert(&sink, "LifelineClientStale", "kubectl", secs(10.0));
+    // The process's comm: its file name, cut to 15 bytes (`kubectl.1.32`).
+    let comm: String = std::path::Path::new(kubectl_path)
+        .file_name()
+        .map(|n| n.to_string_lossy().chars().take(15).collect())
+        .unwrap_or_default();
+    let alert = wait_alert(&sink, "LifelineClientStale", &comm, secs(10.0));
     assert_eq!(alert["labels"]["resource"], "pods", "{alert}");
     let stuck_metric = metrics_lines(&agent, "lifeline_client_stream_stuck{");
     assert!(
@@ -822,6 +849,115 @@ fn a_go_clients_list_held_mid_answer_is_stuck_and_named() {
     );
     drop(list);
     drop(nodes);
+}
+
+/// Where `cargo xtask setup` (`xtask/src/gomatrix.rs`) writes the Go release matrix's clients
+/// and their `MANIFEST`.
+const GO_MATRIX: &str = "/var/tmp/lifeline-go/clients";
+
+/// The Go release matrix (issue 23): `tests/clients/go-watch`, a standard-library watch
+/// client, built by each Go toolchain Debian ships, stripped, as an executable and as a PIE
+/// (the list is `xtask/src/gomatrix.rs`; adding a release is one line there). All run at once
+/// against one agent and an apiserver whose pod watches hang: each is followed (visibility
+/// `streams`, its own Go release in the reason), and then, over a new connection, watches pods
+/// with `timeoutSeconds=3`: that watch is stuck within deadline + grace and named, and the
+/// token, the selector's value and the pods' data leave in no output. (A connection older
+/// than the probes whose reader waits in a read entered before them is not judged: README.)
+#[test]
+fn every_go_release_s_hung_watch_is_stuck_and_named() {
+    init!();
+    let manifest = std::path::Path::new(GO_MATRIX).join("MANIFEST");
+    let manifest = std::fs::read_to_string(&manifest)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask setup`)", manifest.display()));
+    let clients: Vec<(String, String)> = manifest
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(file, go)| (file.to_owned(), go.to_owned()))
+        .collect();
+    assert!(clients.len() >= 2, "{manifest}");
+    let sink = WebhookSink::start();
+    let dir = TempDir::new();
+    let mut options = ApiServerOptions::new(Generation::Old);
+    options.pods = vec![serde_json::json!({
+        "metadata": { "name": "db", "labels": { "app": "secret-pod-data-xyz" } }
+    })];
+    options.extra = vec!["--hang-watches".into(), "pods".into()];
+    let args = options.args(dir.path());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let api = ApiServer::start(
+        &sibling_bin("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        &dir.path().join("certs"),
+        &args,
+    );
+    let endpoint = api.addr().to_string();
+    let (agent, _config) = agent(
+        std::slice::from_ref(&endpoint),
+        &sink,
+        "",
+        &["--watch-grace", "3s"],
+    );
+    let running: Vec<(Watched, &str, &str, std::path::PathBuf)> = clients
+        .iter()
+        .map(|(file, go)| {
+            let trigger = dir.path().join(format!("{file}.go"));
+            let mut cmd = Command::new(std::path::Path::new(GO_MATRIX).join(file));
+            cmd.arg(format!("https://{endpoint}"))
+                .arg(&trigger)
+                .env("GO_WATCH_TOKEN", "secret-token-xyz");
+            (Watched::spawn(file, cmd), file.as_str(), go.as_str(), trigger)
+        })
+        .collect();
+    for (client, file, go, _) in &running {
+        let probed = wait_until(secs(30.0), &format!("{file}'s streams followed"), || {
+            let c = find_pid(&agent.clients(), client.pid()).cloned();
+            match c {
+                Some(c) if c["visibility"] == "streams" => Ok(c),
+                other => Err(other),
+            }
+        });
+        let why = probed["visibility_reason"].as_str().unwrap_or("");
+        assert!(why.contains(&format!("({go}.")), "{file}: {probed}");
+        eprintln!("{file}: {why}");
+    }
+    let started = SystemTime::now();
+    for (_, _, _, trigger) in &running {
+        std::fs::write(trigger, "").expect("trigger");
+    }
+    for (client, file, _, _) in &running {
+        let (c, at) = wait_state(&agent, client.pid(), "stale", secs(20.0));
+        eprintln!(
+            "{file}: stale {:.1}s after the pods watch was asked for",
+            elapsed(started, at)
+        );
+        assert_within(&format!("{file}: the hung watch stuck"), started, at, 6.0, 9.5);
+        let why = reason(&c);
+        assert!(
+            why.starts_with("watch pods in default: open") && why.contains("due to end after 3s"),
+            "{file}: {c}"
+        );
+        let streams = c["streams"].as_array().cloned().unwrap_or_default();
+        let stuck: Vec<&Value> = streams.iter().filter(|s| s["stuck"] == true).collect();
+        assert_eq!(stuck.len(), 1, "{file}: {c}");
+        assert_eq!(
+            stuck[0]["path"],
+            "/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=3&labelSelector=REDACTED",
+            "{file}"
+        );
+    }
+    let (_, metrics) = agent.get("/metrics");
+    let outputs = [
+        ("the API", Value::Array(agent.clients()).to_string()),
+        ("the metrics", metrics),
+        ("the log", agent.stderr()),
+        ("the alerts", Value::Array(sink.alerts()).to_string()),
+    ];
+    for (what, text) in &outputs {
+        for secret in ["secret-token-xyz", "secret-selector-xyz", "secret-pod-data-xyz"] {
+            assert!(!text.contains(secret), "{what} contains {secret:?}");
+        }
+    }
+    drop(running);
 }
 
 /// A python3-kubernetes client (`tests/clients/py-streams.py`) against `ll-apiserver`: `args`

@@ -21,6 +21,12 @@ use serde_json::{json, Value};
 pub const KUBECTL_1_20: &str = "/opt/lifeline-kubectl-1.20/usr/bin/kubectl";
 /// The system kubectl (1.32; a dispatcher that first asks the server's `/version`).
 pub const KUBECTL_1_32: &str = "/usr/bin/kubectl";
+/// The image's kubectl 1.32.5 itself (go1.23.8), without the dispatcher that may exec another
+/// version after asking the server's `/version`.
+pub const KUBECTL_1_32_ITSELF: &str = "/usr/lib/google-cloud-sdk/bin/kubectl.1.32";
+/// sid's kubectl 1.36.4 (go1.27.1: the HTTP/2 client in `net/http/internal/http2`, a PIE linked
+/// by the C linker), extracted by the setup.
+pub const KUBECTL_1_36: &str = "/var/tmp/lifeline-kubectl-1.36/usr/bin/kubectl";
 /// The Python that has Debian's python3-kubernetes (22.6); the `python3` on PATH may not.
 pub const SYSTEM_PYTHON: &str = "/usr/bin/python3";
 

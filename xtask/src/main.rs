@@ -21,11 +21,11 @@ use std::{
 use clap::{Parser, Subcommand};
 
 mod bench;
-#[allow(dead_code)] // Used by the vm-test kernel presets and the Go matrix (landing next).
 mod debian;
 mod demo;
 mod deploy;
 mod e2e;
+mod gomatrix;
 mod hoststate;
 mod image;
 mod kubernetes;
@@ -44,6 +44,9 @@ struct Cli {
 enum Task {
     /// Install every prerequisite (idempotent; run as root).
     Setup,
+    /// Only setup's Go release matrix: each Debian Go toolchain and the watch client it builds
+    /// (idempotent; run as root).
+    GoMatrix,
     /// fmt + clippy + unit tests + the Debian 6.1 guest + root integration suites + the
     /// end-to-end test (as root).
     Test {
@@ -274,6 +277,7 @@ const E2E: &str = "e2e";
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Setup => setup::setup(),
+        Task::GoMatrix => gomatrix::setup(),
         Task::Test { no_lint, suite } => test(no_lint, suite.as_deref()),
         Task::Demo { no_setup, seconds } => demo::demo(no_setup, seconds),
         Task::Bench { only } => bench::bench(&only),

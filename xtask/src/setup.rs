@@ -42,6 +42,9 @@ pub fn setup() -> Result {
     apt(&APT_PACKAGES)?;
     toolchain()?;
     kubectl_1_20()?;
+    kubectl_1_36()?;
+    // The Go release matrix: a watch client built by each Go toolchain Debian ships.
+    crate::gomatrix::setup()?;
     tracefs()?;
     crate::kubernetes::setup()?;
     // `cargo xtask vm-test`: qemu, busybox and Debian 12's 6.1 kernel (kept in /var/tmp).
@@ -151,6 +154,25 @@ fn kubectl_1_20() -> Result {
     run(Command::new("dpkg").arg("-x").arg(&deb).arg(KUBECTL_1_20_ROOT))?;
     let _ = fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// Where sid's kubectl 1.36.4 is extracted (`usr/bin/kubectl`): built with go1.27.1, whose
+/// HTTP/2 client moved to `net/http/internal/http2` and whose `.gopclntab` no longer holds the
+/// text start, a stripped PIE linked by the C linker. The version is named: the machine's own
+/// kubectl would otherwise be the candidate, and the tests expect this Go release.
+pub const KUBECTL_1_36_ROOT: &str = "/var/tmp/lifeline-kubectl-1.36";
+const KUBECTL_1_36: &str = "kubectl=1.36.4+ds-1";
+
+fn kubectl_1_36() -> Result {
+    let root = Path::new(KUBECTL_1_36_ROOT);
+    if root.join("usr/bin/kubectl").exists() {
+        return Ok(());
+    }
+    // Extracted beside it and renamed into place: an interrupted run leaves no half tree.
+    let partial = Path::new(&format!("{KUBECTL_1_36_ROOT}.partial")).to_owned();
+    let _ = fs::remove_dir_all(&partial);
+    crate::debian::Release::open("sid")?.extract(KUBECTL_1_36, &partial)?;
+    fs::rename(&partial, root).map_err(|e| Failed(format!("{}: {e}", root.display())))
 }
 
 /// tracefs at /sys/kernel/tracing (the agent's tracepoints; the DaemonSet mounts it from the

@@ -5,7 +5,10 @@
 //! (found by its header when an external linker merged it away, see [`table`]); the Go version
 //! comes from `.go.buildinfo` (see [`buildinfo`]). x86-64 ELF only; Go 1.16 and later
 //! (`.gopclntab` magics `0xfffffffa`, `0xfffffff0`, `0xfffffff1`), though only Go 1.18+ tables
-//! (1.19 built by the tests, 1.22 to 1.25 binaries found on a host) have been read for real.
+//! (1.19 built by the tests, 1.22 to 1.25 binaries found on a host, Debian's go1.27.1 kubectl
+//! 1.36) have been read for real. From Go 1.26 the table no longer says where the code starts:
+//! [`moduledata`] does. Which functions are wanted is the caller's predicate over their names
+//! (the Go probes recognise the HTTP/2 client by shape, see [`http2`]).
 //!
 //! Memory: the file is never read whole, and nothing read is kept after [`inspect`] returns.
 //! It reads the ELF headers, the first bytes of `.go.buildinfo`, from `.gopclntab` its header,
@@ -18,7 +21,9 @@
 //! 26 to 125 ms with the file in the page cache, 93 ms without (release build, 2 busy shared
 //! cores).
 pub mod buildinfo;
+pub mod http2;
 pub mod image;
+pub mod moduledata;
 pub mod pclntab;
 pub mod returns;
 pub mod table;
@@ -82,22 +87,28 @@ pub enum Problem {
     NoReturn { name: String, entry: u64, end: u64 },
 }
 
-/// Reads `path` once; returns the Go version and, of `wanted`, the functions present (absent
-/// ones are simply not listed). A wanted function present without a RET is an error: it could
+/// Reads `path` once; returns the Go version and the functions whose names `wanted` accepts
+/// (none accepted, none listed). A wanted function present without a RET is an error: it could
 /// not be probed on return.
-pub fn inspect(path: &Path, wanted: &[&str]) -> Result<Inspection, Error> {
+pub fn inspect(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection, Error> {
     read(path, wanted).map_err(|problem| Error {
         path: path.to_owned(),
         problem,
     })
 }
 
-fn read(path: &Path, wanted: &[&str]) -> Result<Inspection, Problem> {
+fn read(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection, Problem> {
     let image = Image::open(path)?;
     let go_version = buildinfo::version(&image)?;
     let located = {
         let table = table::find(&image)?;
-        let text = image.section(".text").map_or(0, |s| s.address);
+        // Where functab offsets start when the header does not say (PIEs; every Go 1.26+
+        // table): `runtime.text` from the moduledata if the file holds it, else `.text`,
+        // which starts with it when Go links the binary itself.
+        let text = match moduledata::text(&image, table.address)? {
+            Some(text) => text,
+            None => image.section(".text").map_or(0, |s| s.address),
+        };
         let head = image.read_at(
             table.offset,
             table.size.min(pclntab::HEADER_LEN),
@@ -156,6 +167,11 @@ mod tests {
     use super::*;
     use crate::host::gobin::oracle;
 
+    /// Accepts exactly `names`.
+    fn named<'a>(names: &'a [&'a str]) -> impl Fn(&str) -> bool + 'a {
+        move |name| names.contains(&name)
+    }
+
     /// What the agent will probe, all in the testdata client.
     const WANTED: [&str; 5] = [
         "crypto/tls.(*Conn).Read",
@@ -169,7 +185,7 @@ mod tests {
     /// the same file if `gosym` (it needs the table's section), `go tool objdump` over
     /// `unstripped`, and `go version`.
     fn agrees_with_go(stripped: &Path, unstripped: &Path, gosym: bool) -> Inspection {
-        let found = inspect(stripped, &WANTED).expect("inspect the stripped client");
+        let found = inspect(stripped, &named(&WANTED)).expect("inspect the stripped client");
         assert_eq!(found.go_version, oracle::go_version(stripped));
         assert!(found.go_version.starts_with("go1."), "{}", found.go_version);
         let mut names: Vec<&str> = found.functions.iter().map(|f| f.name.as_str()).collect();
@@ -220,7 +236,7 @@ mod tests {
         let built = oracle::built();
         let found = agrees_with_go(&built.stripped, &built.unstripped, true);
         // The unstripped build reads the same.
-        let unstripped = inspect(&built.unstripped, &WANTED).expect("inspect the unstripped client");
+        let unstripped = inspect(&built.unstripped, &named(&WANTED)).expect("inspect the unstripped client");
         let entries = |i: &Inspection| {
             i.functions
                 .iter()
@@ -251,16 +267,16 @@ mod tests {
         let built = oracle::built();
         let found = inspect(
             &built.stripped,
-            &[
+            &named(&[
                 "net/http.http2readFrameHeader",
                 "k8s.io/kubernetes/vendor/golang.org/x/net/http2.readFrameHeader",
                 "main.nothing",
-            ],
+            ]),
         )
         .expect("inspect");
         let names: Vec<&str> = found.functions.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["net/http.http2readFrameHeader"]);
-        assert!(inspect(&built.stripped, &[])
+        assert!(inspect(&built.stripped, &|_| false)
             .expect("inspect")
             .functions
             .is_empty());
@@ -277,7 +293,7 @@ mod tests {
     }
 
     fn problem(path: &Path) -> Problem {
-        let error = inspect(path, &WANTED).expect_err("must fail");
+        let error = inspect(path, &named(&WANTED)).expect_err("must fail");
         assert_eq!(error.path, path);
         assert!(
             error.to_string().starts_with(&path.display().to_string()),
@@ -327,7 +343,7 @@ mod tests {
         let p = problem(&huge);
         assert!(matches!(p, Problem::Malformed { .. }), "{p:?}");
         // Every RET of one function turned into a NOP.
-        let found = inspect(&built.stripped, &["net/http.http2readFrameHeader"]).expect("inspect");
+        let found = inspect(&built.stripped, &named(&["net/http.http2readFrameHeader"])).expect("inspect");
         let returns = found.functions[0].returns.clone();
         let no_ret = patched("no-ret", |b| {
             for ret in returns {
@@ -342,6 +358,59 @@ mod tests {
         for path in [arm, go115, huge, no_ret] {
             std::fs::remove_file(path).expect("remove");
         }
+    }
+
+    /// Debian's kubectl 1.36.4 (go1.27.1), which `cargo xtask setup` extracts from sid: a
+    /// stripped PIE linked by the C linker, whose `.gopclntab` has no text start (Go 1.26+) and
+    /// whose `.text` starts with C code, 0x100 bytes before Go's. It exports every Go function
+    /// in `.dynsym`, an oracle that is no part of the table: each function found by its
+    /// HTTP/2 role is where that symbol says, and the client is recognised.
+    #[test]
+    #[ignore = "root tier: reads the kubectl 1.36 that `cargo xtask setup` extracts"]
+    fn a_go_1_27_binary_linked_by_the_c_linker_is_read_where_its_symbols_say() {
+        use object::{Object, ObjectSymbol};
+        const KUBECTL_1_36: &str = "/var/tmp/lifeline-kubectl-1.36/usr/bin/kubectl";
+        let path = Path::new(KUBECTL_1_36);
+        let found = inspect(path, &|name| http2::role(name).is_some())
+            .unwrap_or_else(|e| panic!("{e} (run `cargo xtask setup`)"));
+        assert_eq!(found.go_version, "go1.27.1");
+        let image = Image::open(path).expect("open");
+        let text = image.section(".text").expect(".text").address;
+        let table = table::find(&image).expect("table");
+        let runtime_text = moduledata::text(&image, table.address)
+            .expect("moduledata")
+            .expect("the C linker filled in the moduledata");
+        assert_ne!(runtime_text, text, "Go's text does not start .text here");
+        let data = std::fs::read(path).expect("read");
+        let file = object::File::parse(&*data).expect("parse");
+        let exported: std::collections::HashMap<&str, (u64, u64)> = file
+            .dynamic_symbols()
+            .filter_map(|s| Some((s.name().ok()?, (s.address(), s.size()))))
+            .collect();
+        for f in &found.functions {
+            let (address, size) = exported[f.name.as_str()];
+            assert_eq!(f.entry, address, "{}", f.name);
+            assert!(f.end >= address + size, "{}", f.name);
+            println!("{} at {:#x}, {} RETs", f.name, f.entry, f.returns.len());
+        }
+        let http2::Client::Recognised {
+            write_header,
+            read_frame_header,
+        } = http2::client(&found.functions)
+        else {
+            panic!("not recognised: {:?}", http2::client(&found.functions));
+        };
+        let names = |fs: &[&Function]| fs.iter().map(|f| f.name.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            names(&write_header),
+            ["net/http/internal/http2.(*ClientConn).writeHeader"]
+        );
+        assert_eq!(
+            names(&read_frame_header).len(),
+            2,
+            "{:?}",
+            names(&read_frame_header)
+        );
     }
 
     /// The stripped Kubernetes 1.20.2 binaries `cargo xtask setup` builds (or those named by
@@ -372,7 +441,7 @@ mod tests {
         });
         for path in paths.split(':') {
             let started = std::time::Instant::now();
-            let found = inspect(Path::new(path), &AGENT)
+            let found = inspect(Path::new(path), &named(&AGENT))
                 .unwrap_or_else(|e| panic!("{e} (run `cargo xtask setup` to build the Kubernetes binaries)"));
             let took = started.elapsed();
             println!("{path}: {} in {took:?}", found.go_version);

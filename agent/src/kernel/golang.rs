@@ -13,23 +13,10 @@ use super::{
     programs::Probes,
     uprobes::Links,
 };
-use crate::host::gobin;
-
-/// Functions probed, by the names Go's runtime gives them. The HTTP/2 transport is either the
-/// copy bundled in `net/http` or `golang.org/x/net/http2` (module builds), vendored under an
-/// import path prefix in GOPATH-style builds such as Kubernetes' own.
-const TLS_WRITE: &str = "crypto/tls.(*Conn).Write";
-const TLS_READ: &str = "crypto/tls.(*Conn).Read";
-const WRITE_HEADER: [&str; 3] = [
-    "net/http.(*http2ClientConn).writeHeader",
-    "golang.org/x/net/http2.(*ClientConn).writeHeader",
-    "k8s.io/kubernetes/vendor/golang.org/x/net/http2.(*ClientConn).writeHeader",
-];
-const READ_FRAME_HEADER: [&str; 3] = [
-    "net/http.http2readFrameHeader",
-    "golang.org/x/net/http2.readFrameHeader",
-    "k8s.io/kubernetes/vendor/golang.org/x/net/http2.readFrameHeader",
-];
+use crate::host::gobin::{
+    self,
+    http2::{self, Role},
+};
 
 /// Go clients, probed in their binary.
 pub struct Go;
@@ -88,9 +75,7 @@ fn trace(probes: &Mutex<Probes>, exe: &Path, pid: u32) -> Option<Result<Binary, 
     if let Some(why) = lock().go_unavailable() {
         return untraceable(format!("the kernel refused the Go-client programs: {why}"));
     }
-    let mut wanted = vec![TLS_WRITE, TLS_READ];
-    wanted.extend(WRITE_HEADER);
-    wanted.extend(READ_FRAME_HEADER);
+    let wanted = |name: &str| http2::role(name).is_some();
     let inspection = match gobin::inspect(exe, &wanted) {
         Ok(i) => i,
         Err(_) if gone() => return None,
@@ -108,31 +93,45 @@ fn trace(probes: &Mutex<Probes>, exe: &Path, pid: u32) -> Option<Result<Binary, 
             inspection.go_version
         ));
     }
-    let find = |names: &[&str]| -> Vec<&gobin::Function> {
+    let entries = |role: Role| -> Vec<u64> {
         inspection
             .functions
             .iter()
-            .filter(|f| names.contains(&f.name.as_str()))
+            .filter(|f| http2::role(&f.name) == Some(role))
+            .map(|f| f.entry_offset)
             .collect()
     };
-    let sites = Sites {
-        write_header: find(&WRITE_HEADER).iter().map(|f| f.entry_offset).collect(),
-        tls_write: find(&[TLS_WRITE]).iter().map(|f| f.entry_offset).collect(),
-        tls_read: find(&[TLS_READ]).iter().map(|f| f.entry_offset).collect(),
-        frame_header_returns: find(&READ_FRAME_HEADER)
-            .iter()
-            .flat_map(|f| f.returns.iter().copied())
-            .collect(),
-    };
-    if sites.tls_write.is_empty() || sites.tls_read.is_empty() {
+    let (tls_write, tls_read) = (entries(Role::TlsWrite), entries(Role::TlsRead));
+    if tls_write.is_empty() || tls_read.is_empty() {
         return untraceable(format!("{} does not use crypto/tls", inspection.go_version));
     }
-    if sites.write_header.is_empty() || sites.frame_header_returns.is_empty() {
-        return untraceable(format!(
-            "{}: no HTTP/2 client functions found (an HTTP/1.1-only client)",
-            inspection.go_version
-        ));
-    }
+    let sites = match http2::client(&inspection.functions) {
+        http2::Client::Recognised {
+            write_header,
+            read_frame_header,
+        } => Sites {
+            write_header: write_header.iter().map(|f| f.entry_offset).collect(),
+            tls_write,
+            tls_read,
+            frame_header_returns: read_frame_header
+                .iter()
+                .flat_map(|f| f.returns.iter().copied())
+                .collect(),
+        },
+        http2::Client::Unrecognised { found } => {
+            return untraceable(format!(
+                "{}: HTTP/2 client code not recognised: found {}",
+                inspection.go_version,
+                found.join(", ")
+            ));
+        }
+        http2::Client::Absent => {
+            return untraceable(format!(
+                "{}: no HTTP/2 client code (an HTTP/1.1-only client)",
+                inspection.go_version
+            ));
+        }
+    };
     let attached = lock().attach_go(exe, &sites);
     match attached {
         Ok(links) => {

@@ -13,12 +13,13 @@ use object::{Architecture, Endianness, FileKind, Object, ObjectSection, ObjectSe
 use crate::host::gobin::Problem;
 
 /// The sections the reader looks for; the others are not kept.
-const KEPT: [&str; 5] = [
+const KEPT: [&str; 6] = [
     ".gopclntab",
     ".data.rel.ro.gopclntab",
     ".data.rel.ro",
     ".go.buildinfo",
     ".text",
+    crate::host::gobin::moduledata::SECTION,
 ];
 
 /// A section with contents in the file.

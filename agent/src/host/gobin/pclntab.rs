@@ -128,18 +128,19 @@ pub struct Located {
     pub end: u64,
 }
 
-/// The functions of `wanted` that the table lists, in table (address) order. `names` is the
-/// region of the table from `header.funcnames` to `header.funcnames_end`; `functab` the region
-/// from `header.functab` to the end of the table.
+/// The functions whose names `wanted` accepts, in table (address) order. `names` is the region
+/// of the table from `header.funcnames` to `header.funcnames_end`; `functab` the region from
+/// `header.functab` to the end of the table.
 ///
 /// Two passes, each reading its region once, front to back, a chunk at a time: the names are
-/// scanned for the offsets of the wanted ones (the linker writes each name once), then the
-/// functab and the `_func`s it points at (in the same order) for the functions named there.
+/// scanned for the offsets of the wanted ones (the linker writes each name once; only the
+/// accepted names are kept), then the functab and the `_func`s it points at (in the same order)
+/// for the functions named there.
 pub fn find(
     header: &Header,
     names: &mut Window<'_>,
     functab: &mut Window<'_>,
-    wanted: &[&str],
+    wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<Located>, Problem> {
     let offsets = name_offsets(names, wanted)?;
     if offsets.is_empty() {
@@ -208,7 +209,7 @@ pub fn find(
             ));
         }
         found.push(Located {
-            name: (*name).to_owned(),
+            name: name.clone(),
             entry: start,
             end,
         });
@@ -216,10 +217,12 @@ pub fn find(
     Ok(found)
 }
 
-/// Where in the names region each of `wanted` starts (the `nameoff` a `_func` holds), for the
-/// wanted names present.
-fn name_offsets<'w>(names: &mut Window<'_>, wanted: &[&'w str]) -> Result<HashMap<u64, &'w str>, Problem> {
-    let wanted: HashMap<&[u8], &str> = wanted.iter().map(|w| (w.as_bytes(), *w)).collect();
+/// Where in the names region each name that `wanted` accepts starts (the `nameoff` a `_func`
+/// holds). Names that are not UTF-8 are not offered to `wanted`.
+fn name_offsets(
+    names: &mut Window<'_>,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Result<HashMap<u64, String>, Problem> {
     let mut offsets = HashMap::new();
     let mut pos = 0;
     while pos < names.size() {
@@ -228,8 +231,10 @@ fn name_offsets<'w>(names: &mut Window<'_>, wanted: &[&'w str]) -> Result<HashMa
         // Every NUL-terminated name that starts and ends in this chunk.
         let mut used = 0;
         while let Some(nul) = chunk[used..].iter().position(|b| *b == 0) {
-            if let Some(name) = wanted.get(&chunk[used..used + nul]) {
-                offsets.insert(pos + used as u64, *name);
+            if let Ok(name) = std::str::from_utf8(&chunk[used..used + nul]) {
+                if wanted(name) {
+                    offsets.insert(pos + used as u64, name.to_owned());
+                }
             }
             used += nul + 1;
         }

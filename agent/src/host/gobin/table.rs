@@ -15,10 +15,12 @@ const NAMED: [&str; 2] = [".gopclntab", ".data.rel.ro.gopclntab"];
 /// Where an external linker puts it.
 const MERGED: &str = ".data.rel.ro";
 
-/// Where the table is: its file offset, and how far it may extend (the end of its section).
+/// Where the table is: its file offset and virtual address, and how far it may extend (the end
+/// of its section).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Table {
     pub offset: u64,
+    pub address: u64,
     pub size: u64,
 }
 
@@ -27,6 +29,7 @@ pub fn find(image: &Image) -> Result<Table, Problem> {
     if let Some(section) = NAMED.iter().find_map(|name| image.section(name)) {
         return Ok(Table {
             offset: section.offset,
+            address: section.address,
             size: section.size,
         });
     }
@@ -60,6 +63,7 @@ fn scan(image: &Image, section: Section) -> Result<Option<Table>, Problem> {
             let offset = pos + at as u64 - 8;
             let table = Table {
                 offset: section.offset + offset,
+                address: section.address + offset,
                 size: section.size - offset,
             };
             if plausible(image, table)? {

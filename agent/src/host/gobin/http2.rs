@@ -1,0 +1,268 @@
+//! Go's HTTP/2 client recognised in a binary by the shape of its function names, not by a list:
+//! Go ships it in several copies, and one binary often holds more than one.
+//!
+//! - `net/http`'s bundle (Go 1.6 to 1.26): the package's identifiers prefixed with `http2`,
+//!   `net/http.(*http2ClientConn).writeHeader`, `net/http.http2readFrameHeader`.
+//! - a package whose last path element is `http2`: `net/http/internal/http2` (Go 1.27, where
+//!   the bundle is gone), `golang.org/x/net/http2`, and vendored copies under any prefix
+//!   (`k8s.io/kubernetes/vendor/golang.org/x/net/http2`): `P.(*ClientConn).writeHeader`,
+//!   `P.readFrameHeader`.
+//!
+//! A copy is *probed* when it has both functions: `(*ClientConn).writeHeader(name, value
+//! string)` (the request's pseudo-headers before HPACK) and `readFrameHeader(buf []byte, r
+//! io.Reader) (FrameHeader, error)` (every frame header read). Their signatures and
+//! `FrameHeader{valid bool; Type, Flags uint8; Length, StreamID uint32}` are the same in every
+//! copy from Go 1.17 to 1.27 and x/net's (read in each `golang-1.NN-src` and
+//! `golang-golang-x-net-dev`), so one set of eBPF programs reads them all. Every copy present
+//! is probed: a binary links the one its transport uses (x/net's transport in a Go 1.27 build
+//! wraps `net/http/internal/http2`, and x/net's `readFrameHeader` stays behind) and the
+//! goroutine that reads a connection calls its own copy's functions.
+//!
+//! Other HTTP/2 client code (`(*ClientConn).RoundTrip`, `(*Transport).RoundTrip`) without a
+//! complete copy means a client whose code has moved: named as such, never as HTTP/1.1.
+use crate::host::gobin::Function;
+
+/// The TLS functions the Go probes use.
+pub const TLS_WRITE: &str = "crypto/tls.(*Conn).Write";
+pub const TLS_READ: &str = "crypto/tls.(*Conn).Read";
+
+/// What a function is to the Go probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    TlsWrite,
+    TlsRead,
+    /// `(*ClientConn).writeHeader` of an HTTP/2 copy.
+    WriteHeader,
+    /// `readFrameHeader` of an HTTP/2 copy.
+    ReadFrameHeader,
+    /// Other code of an HTTP/2 client (its round trip), evidence that the binary has one.
+    Client,
+}
+
+/// The role of the function named `name` (as Go's runtime names it), if it has one.
+pub fn role(name: &str) -> Option<Role> {
+    match name {
+        TLS_WRITE => return Some(Role::TlsWrite),
+        TLS_READ => return Some(Role::TlsRead),
+        _ => {}
+    }
+    let (package, rest) = split(name)?;
+    let own = package.rsplit('/').next() == Some("http2");
+    // In the bundle, the same identifiers prefixed with `http2`.
+    let is = |plain: &str, bundled: &str| rest == if own { plain } else { bundled };
+    if is("(*ClientConn).writeHeader", "(*http2ClientConn).writeHeader") {
+        Some(Role::WriteHeader)
+    } else if is("readFrameHeader", "http2readFrameHeader") {
+        Some(Role::ReadFrameHeader)
+    } else if is("(*ClientConn).RoundTrip", "(*http2ClientConn).RoundTrip")
+        || is("(*Transport).RoundTrip", "(*http2Transport).RoundTrip")
+    {
+        Some(Role::Client)
+    } else {
+        None
+    }
+}
+
+/// What a binary's HTTP/2 client code is, from the functions [`role`] picked.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Client<'a> {
+    /// At least one copy has both functions: those of every copy, to probe.
+    Recognised {
+        write_header: Vec<&'a Function>,
+        read_frame_header: Vec<&'a Function>,
+    },
+    /// HTTP/2 client code, but no copy with both functions: the names found, sorted.
+    Unrecognised { found: Vec<&'a str> },
+    /// No HTTP/2 client code at all.
+    Absent,
+}
+
+/// Sorts `functions` (any mix; those without an HTTP/2 role are ignored) into a [`Client`].
+pub fn client(functions: &[Function]) -> Client<'_> {
+    let of = |wanted: Role| -> Vec<&Function> {
+        functions
+            .iter()
+            .filter(|f| role(&f.name) == Some(wanted))
+            .collect()
+    };
+    let (write_header, read_frame_header) = (of(Role::WriteHeader), of(Role::ReadFrameHeader));
+    let complete = write_header
+        .iter()
+        .any(|w| read_frame_header.iter().any(|r| copy(&w.name) == copy(&r.name)));
+    if complete {
+        return Client::Recognised {
+            write_header,
+            read_frame_header,
+        };
+    }
+    if write_header.is_empty() && of(Role::Client).is_empty() {
+        // A `readFrameHeader` alone is a server's or a framer's.
+        return Client::Absent;
+    }
+    let mut found: Vec<&str> = functions
+        .iter()
+        .filter(|f| {
+            matches!(
+                role(&f.name),
+                Some(Role::WriteHeader | Role::ReadFrameHeader | Role::Client)
+            )
+        })
+        .map(|f| f.name.as_str())
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    Client::Unrecognised { found }
+}
+
+/// The copy `name` belongs to: its package, and whether it is the `http2`-prefixed bundle in it.
+fn copy(name: &str) -> Option<(&str, bool)> {
+    let (package, _) = split(name)?;
+    Some((package, package.rsplit('/').next() != Some("http2")))
+}
+
+/// `name` split into its package path and the rest (`net/http/internal/http2`,
+/// `(*ClientConn).writeHeader`): the package ends at the first dot after the last slash (Go
+/// escapes dots in a path's last element), looking only before any type arguments.
+fn split(name: &str) -> Option<(&str, &str)> {
+    let head = name.split('[').next()?;
+    let from = head.rfind('/').map_or(0, |slash| slash + 1);
+    let dot = from + head[from..].find('.')?;
+    Some((&name[..dot], &name[dot + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn function(name: &str) -> Function {
+        Function {
+            name: name.into(),
+            entry: 0x1000,
+            end: 0x1100,
+            entry_offset: 0x1000,
+            returns: vec![0x10f0],
+        }
+    }
+
+    fn names(functions: &[&Function]) -> Vec<String> {
+        functions.iter().map(|f| f.name.clone()).collect()
+    }
+
+    #[test]
+    fn every_copy_of_the_client_is_recognised_by_its_shape() {
+        use Role::*;
+        for (name, expected) in [
+            ("net/http.(*http2ClientConn).writeHeader", WriteHeader),
+            ("net/http.http2readFrameHeader", ReadFrameHeader),
+            ("net/http/internal/http2.(*ClientConn).writeHeader", WriteHeader),
+            ("net/http/internal/http2.readFrameHeader", ReadFrameHeader),
+            ("golang.org/x/net/http2.(*ClientConn).writeHeader", WriteHeader),
+            ("golang.org/x/net/http2.readFrameHeader", ReadFrameHeader),
+            (
+                "k8s.io/kubernetes/vendor/golang.org/x/net/http2.(*ClientConn).writeHeader",
+                WriteHeader,
+            ),
+            (
+                "example.com/app/vendor/golang.org/x/net/http2.readFrameHeader",
+                ReadFrameHeader,
+            ),
+            ("net/http/internal/http2.(*ClientConn).RoundTrip", Client),
+            ("net/http.(*http2Transport).RoundTrip", Client),
+            ("crypto/tls.(*Conn).Write", TlsWrite),
+            ("crypto/tls.(*Conn).Read", TlsRead),
+        ] {
+            assert_eq!(role(name), Some(expected), "{name}");
+        }
+        for name in [
+            "net/http.(*http2ClientConn).writeHeaders",
+            "net/http/internal/http2.(*responseWriterState).writeHeader",
+            "net/http.(*ClientConn).writeHeader",
+            "golang.org/x/net/http2/hpack.(*Encoder).WriteField",
+            "example.com/nothttp2.readFrameHeader",
+            "example.com/http2x.readFrameHeader",
+            "net/http/internal/http2.readFrameHeader.func1",
+            "main.main",
+            "readFrameHeader",
+            "net/http/internal/http2.F[go.shape.*net/http2.readFrameHeader]",
+            "crypto/tls.(*Conn).Writer",
+        ] {
+            assert_eq!(role(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn every_copy_present_is_probed() {
+        // kubectl 1.36.4 built with go1.27.1: the client in net/http/internal/http2, x/net's
+        // transport a wrapper of it that keeps its own readFrameHeader.
+        let kubectl_1_36 = [
+            function("crypto/tls.(*Conn).Write"),
+            function("golang.org/x/net/http2.readFrameHeader"),
+            function("golang.org/x/net/http2.(*ClientConn).RoundTrip"),
+            function("net/http.(*http2ClientConn).RoundTrip"),
+            function("net/http/internal/http2.(*ClientConn).writeHeader"),
+            function("net/http/internal/http2.(*ClientConn).RoundTrip"),
+            function("net/http/internal/http2.readFrameHeader"),
+        ];
+        let Client::Recognised {
+            write_header,
+            read_frame_header,
+        } = client(&kubectl_1_36)
+        else {
+            panic!("{:?}", client(&kubectl_1_36));
+        };
+        assert_eq!(
+            names(&write_header),
+            ["net/http/internal/http2.(*ClientConn).writeHeader"]
+        );
+        assert_eq!(
+            names(&read_frame_header),
+            [
+                "golang.org/x/net/http2.readFrameHeader",
+                "net/http/internal/http2.readFrameHeader"
+            ]
+        );
+        // Kubernetes 1.20's components: the bundle and the vendored x/net.
+        let k8s = [
+            function("net/http.(*http2ClientConn).writeHeader"),
+            function("net/http.http2readFrameHeader"),
+            function("k8s.io/kubernetes/vendor/golang.org/x/net/http2.(*ClientConn).writeHeader"),
+            function("k8s.io/kubernetes/vendor/golang.org/x/net/http2.readFrameHeader"),
+        ];
+        let Client::Recognised {
+            write_header,
+            read_frame_header,
+        } = client(&k8s)
+        else {
+            panic!("{:?}", client(&k8s));
+        };
+        assert_eq!((write_header.len(), read_frame_header.len()), (2, 2));
+    }
+
+    #[test]
+    fn a_client_whose_code_moved_is_named_not_called_http1() {
+        // Only one half of each copy: not one copy complete.
+        let moved = [
+            function("net/http/internal/http2.(*ClientConn).RoundTrip"),
+            function("golang.org/x/net/http2.readFrameHeader"),
+            function("net/http/internal/http2.(*ClientConn).writeHeader"),
+            function("crypto/tls.(*Conn).Read"),
+        ];
+        assert_eq!(
+            client(&moved),
+            Client::Unrecognised {
+                found: vec![
+                    "golang.org/x/net/http2.readFrameHeader",
+                    "net/http/internal/http2.(*ClientConn).RoundTrip",
+                    "net/http/internal/http2.(*ClientConn).writeHeader",
+                ]
+            }
+        );
+        // A server's framer, or nothing of HTTP/2: no client.
+        assert_eq!(
+            client(&[function("net/http.http2readFrameHeader")]),
+            Client::Absent
+        );
+        assert_eq!(client(&[function("crypto/tls.(*Conn).Read")]), Client::Absent);
+        assert_eq!(client(&[]), Client::Absent);
+    }
+}

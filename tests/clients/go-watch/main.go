@@ -1,0 +1,70 @@
+// go-watch: a watch client of the standard library only, built by each Go toolchain of the
+// Go release matrix (`cargo xtask setup`, `xtask/src/gomatrix.rs`). Over an HTTP/2 TLS
+// connection it watches nodes (re-watching when a watch ends) and, once the file named by its
+// second argument exists, over a new connection (one that begins under the agent's probes, as
+// a new process's would), pods with `timeoutSeconds=3` and a label selector (whose value must
+// never leave the agent). Its bearer token comes from the environment, `GO_WATCH_TOKEN`, so
+// that no command line holds it. It exits when a request fails or is not HTTP/2.
+//
+//	GO_WATCH_TOKEN=... go-watch https://HOST:PORT TRIGGER-FILE
+package main
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+)
+
+func main() {
+	if len(os.Args) != 3 {
+		fmt.Fprintln(os.Stderr, "usage: GO_WATCH_TOKEN=... go-watch https://HOST:PORT TRIGGER-FILE")
+		os.Exit(2)
+	}
+	server, trigger, token := os.Args[1], os.Args[2], os.Getenv("GO_WATCH_TOKEN")
+	// Each client its own transport, so its own connection.
+	newClient := func() *http.Client {
+		return &http.Client{Transport: &http.Transport{
+			TLSClientConfig:   &tls.Config{InsecureSkipVerify: true},
+			ForceAttemptHTTP2: true,
+		}}
+	}
+	watch := func(client *http.Client, path string) {
+		req, err := http.NewRequest("GET", server+path, nil)
+		if err != nil {
+			fail(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(req)
+		if err != nil {
+			fail(err)
+		}
+		if resp.ProtoMajor != 2 {
+			fail(fmt.Errorf("%s answered %s, not HTTP/2", server, resp.Proto))
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	go func() {
+		nodes := newClient()
+		for {
+			watch(nodes, "/api/v1/nodes?watch=true&timeoutSeconds=60")
+		}
+	}()
+	for {
+		if _, err := os.Stat(trigger); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	fmt.Println("watching pods")
+	watch(newClient(), "/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=3&labelSelector=app%3Dsecret-selector-xyz")
+	select {}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "go-watch:", err)
+	os.Exit(1)
+}
