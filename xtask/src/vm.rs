@@ -49,19 +49,25 @@ pub const PRESETS: [(&str, &str, &str); 3] = [
     ("debian-6.12", "trixie", "linux-image-6.12."),
 ];
 const CLOUD_META: &str = "linux-image-cloud-amd64";
+/// Modules of [`MODULES`] that older kernels build on their own and newer ones into another
+/// (`nft_counter`: a module on 5.10, inside `nf_tables` on 6.1 and 6.12): taken where the
+/// release has them, not missing where it does not.
+const MERGED_LATER: [&str; 1] = ["net/netfilter/nft_counter.ko"];
 /// How Debian ships a module: plain, or compressed (6.12: xz).
 const MODULE_SUFFIXES: [&str; 3] = [".ko", ".ko.xz", ".ko.zst"];
 /// Modules (under the release's `kernel/`) that Debian builds as modules and the agent, or the
 /// test, needs, in load order: `inet_diag` + `tcp_diag` (sock_diag: the start-up scan, tcp_info,
 /// SOCK_DESTROY), `veth` (network-namespace tests), and what the root suites' harness needs
 /// for its iptables (nft) rule `-m conntrack ! --ctstate DNAT -j REJECT`.
-const MODULES: [&str; 14] = [
+const MODULES: [&str; 15] = [
     "net/ipv4/inet_diag.ko",
     "net/ipv4/tcp_diag.ko",
     "drivers/net/veth.ko",
     "net/netfilter/nfnetlink.ko",
     "lib/libcrc32c.ko",
     "net/netfilter/nf_tables.ko",
+    // iptables-nft puts a counter on every rule.
+    "net/netfilter/nft_counter.ko",
     "net/netfilter/x_tables.ko",
     "net/netfilter/nft_compat.ko",
     "net/ipv4/netfilter/nf_defrag_ipv4.ko",
@@ -70,6 +76,31 @@ const MODULES: [&str; 14] = [
     "net/netfilter/xt_conntrack.ko",
     "net/ipv4/netfilter/nf_reject_ipv4.ko",
     "net/ipv4/netfilter/ipt_REJECT.ko",
+];
+/// What each preset's kernel lacks, as `lifeline check` names it on its `evidence` lines
+/// (their starts, all of them: a kernel that gains or loses one is news), and the client
+/// uprobe sets it refuses, as the agent's log says (a `grep -E` pattern `test.sh` then
+/// requires; empty: none refused, and any refusal fails).
+const EXPECTED: [(&str, &[&str], &str); 3] = [
+    (
+        "debian-5.10",
+        &[
+            "tcp/tcp_retransmit_skb has no family field",
+            "tcp/tcp_probe has no family field",
+            "tcp/tcp_probe has no skaddr field",
+            // A raw tracepoint of 5.15.
+            "inet_sk_error_report not available",
+            // The request line's path is scanned with bpf_loop (5.17).
+            "the OpenSSL-client uprobes not available",
+        ],
+        "requests are not followed",
+    ),
+    ("debian-6.1", &["tcp/tcp_probe has no skaddr field"], ""),
+    (
+        "debian-6.12",
+        &["every field and program the agent reads is in this kernel"],
+        "",
+    ),
 ];
 const INIT: &str = include_str!("../vm/init.sh");
 /// The default test run in the guest.
@@ -144,6 +175,12 @@ pub fn vm_test(options: &Options) -> Result {
         // Before the exit code: which of the suites' tests did not pass, by name.
         vm_suites::verify(&outcome.output, &vm_suites::chosen(&options.kernel))?;
     }
+    if options.command.is_none() && outcome.code == 0 {
+        if let Some((_, evidence, _)) = EXPECTED.iter().find(|(k, ..)| *k == options.kernel) {
+            check_evidence(&outcome.output, evidence)
+                .map_err(|why| Failed(format!("vm-test on {}: {why}", options.kernel)))?;
+        }
+    }
     if outcome.code != 0 {
         let failures: Vec<&str> = outcome.output.lines().filter(|l| l.starts_with("FAIL")).collect();
         return Err(Failed(format!(
@@ -154,6 +191,32 @@ pub fn vm_test(options: &Options) -> Result {
         )));
     }
     Ok(())
+}
+
+/// Fails unless the `evidence` lines of `lifeline check` in `output` are those `expected`
+/// starts, each once.
+fn check_evidence(output: &str, expected: &[&str]) -> std::result::Result<(), String> {
+    let lines: Vec<&str> = output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("[info] evidence"))
+        .map(str::trim)
+        .collect();
+    let unexpected: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| !expected.iter().any(|e| l.starts_with(e)))
+        .collect();
+    let missing: Vec<&str> = expected
+        .iter()
+        .copied()
+        .filter(|e| lines.iter().filter(|l| l.starts_with(e)).count() != 1)
+        .collect();
+    if unexpected.is_empty() && missing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "`lifeline check` lists other evidence than this kernel's: unexpected {unexpected:?}, missing {missing:?} (see EXPECTED in xtask/src/vm.rs)"
+    ))
 }
 
 /// Boots the kernel and runs the test (or `options.command`) in it: its output and exit code.
@@ -167,9 +230,19 @@ pub fn run_guest(options: &Options) -> Result<Outcome> {
     let dir = workspace().join("target/vm");
     fs::create_dir_all(&dir).map_err(|e| Failed(format!("{}: {e}", dir.display())))?;
     // The default test is `test.sh`, then the root suites' chosen tests.
+    // What test.sh lets this kernel refuse (it fails on any other refusal).
+    let refused = EXPECTED
+        .iter()
+        .find(|(k, ..)| *k == options.kernel)
+        .map_or("", |(.., refused)| *refused);
+    assert!(
+        !refused.contains('\''),
+        "EXPECTED: a refusal pattern goes in single quotes"
+    );
+    let test_sh = format!("REFUSED='{refused}'\n{TEST}");
     let test = match &options.command {
         Some(command) => command.clone(),
-        None if options.no_suites => TEST.to_owned(),
+        None if options.no_suites => test_sh,
         None => {
             let chosen = vm_suites::chosen(&options.kernel);
             for (kernel, suite, test, why) in vm_suites::LACKING {
@@ -185,7 +258,7 @@ pub fn run_guest(options: &Options) -> Result<Outcome> {
                 &chosen,
             )?;
             binaries.extend(suites.files);
-            format!("{TEST}\n{}", suites.script)
+            format!("{test_sh}\n{}", suites.script)
         }
     };
     let initrd = dir.join("initramfs.cpio.gz");
@@ -287,7 +360,7 @@ fn take_modules(tree: &Path, into: &Path) -> Result<Vec<PathBuf>> {
             .map(|suffix| tree.join("kernel").join(format!("{stem}{suffix}")))
             .find(|p| p.is_file());
         let Some(found) = found else {
-            if builtin.lines().any(|l| l == format!("kernel/{module}")) {
+            if MERGED_LATER.contains(&module) || builtin.lines().any(|l| l == format!("kernel/{module}")) {
                 continue;
             }
             return Err(Failed(format!(
@@ -854,6 +927,34 @@ mod tests {
     }
 
     #[test]
+    fn check_must_list_exactly_the_kernels_evidence() {
+        let output = "lifeline check\n  [ok  ] kernel BTF             /sys/kernel/btf/vmlinux\n\
+                        [info] evidence               tcp/tcp_probe has no skaddr field: keyed by cookie\n\
+                      the agent can run here\n";
+        assert_eq!(
+            check_evidence(output, &["tcp/tcp_probe has no skaddr field"]),
+            Ok(())
+        );
+        let err = check_evidence(output, &[]).unwrap_err();
+        assert!(err.contains("unexpected [\"tcp/tcp_probe has no skaddr"), "{err}");
+        let err = check_evidence(
+            output,
+            &["tcp/tcp_probe has no skaddr field", "inet_sk_error_report"],
+        )
+        .unwrap_err();
+        assert!(err.contains("missing [\"inet_sk_error_report\"]"), "{err}");
+        // No check output at all (it did not run): every expected line is missing.
+        assert!(check_evidence("", &["tcp/tcp_probe has no skaddr field"]).is_err());
+        for (preset, evidence, _) in EXPECTED {
+            assert!(PRESETS.iter().any(|(p, ..)| *p == preset), "{preset}");
+            assert!(
+                !evidence.is_empty(),
+                "{preset}: check always prints an evidence line"
+            );
+        }
+    }
+
+    #[test]
     fn the_cloud_metapackage_names_the_image_package() {
         let depends = "linux-image-cloud-amd64\n  Depends: linux-image-6.12.57+deb13-cloud-amd64\n";
         assert_eq!(
@@ -902,17 +1003,31 @@ mod tests {
     fn modules_are_taken_in_every_compression_and_a_missing_one_is_named() {
         let tree = module_tree("take");
         let into = tree.join("out");
-        // veth built in; the others plain, xz and zstd in turn.
+        // veth built in, nft_counter in nf_tables (as on 6.1); the others plain, xz and zstd
+        // in turn.
         fs::write(tree.join("modules.builtin"), "kernel/drivers/net/veth.ko\n").unwrap();
         for (i, module) in MODULES.iter().enumerate() {
-            if module.ends_with("veth.ko") {
+            if module.ends_with("veth.ko") || MERGED_LATER.contains(module) {
                 continue;
             }
             let body = format!("\x7fELF {module}\0depends=\0");
             put(&tree, module, MODULE_SUFFIXES[i % 3], body.as_bytes());
         }
         let kept = take_modules(&tree, &into).unwrap();
-        assert_eq!(kept.len(), MODULES.len() - 1, "veth is built in");
+        assert_eq!(
+            kept.len(),
+            MODULES.len() - 2,
+            "veth is built in, nft_counter merged"
+        );
+        // Where the release has it (5.10), it is taken.
+        put(
+            &tree,
+            "net/netfilter/nft_counter.ko",
+            ".ko",
+            b"\x7fELF nft_counter.ko\0",
+        );
+        let kept = take_modules(&tree, &into).unwrap();
+        assert!(kept.contains(&into.join("nft_counter.ko")), "{kept:?}");
         assert_eq!(kept[0], into.join("inet_diag.ko"));
         for path in &kept {
             let text = String::from_utf8(fs::read(path).unwrap()).unwrap();
