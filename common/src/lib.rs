@@ -458,7 +458,9 @@ pub struct RetransmitOffsets {
     pub daddr: u32,
     pub saddr_v6: u32,
     pub daddr_v6: u32,
-    pub _pad: u32,
+    /// `struct sock_common.skc_family`, read from the socket where the record has no `family`
+    /// field (5.10: then `family` is 0).
+    pub sock_common_skc_family: u32,
 }
 
 /// TCP state numbers (include/net/tcp_states.h).

@@ -75,7 +75,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
         daddr: 0,
         saddr_v6: 0,
         daddr_v6: 0,
-        _pad: 0,
+        sock_common_skc_family: 0,
     },
     probe: lifeline_common::ProbeOffsets {
         skaddr: 0,
@@ -221,16 +221,14 @@ struct Destination {
     daddr: [u8; 16],
 }
 
-/// Reads family and addresses at the given field offsets; `None` if not IPv4/IPv6.
+/// Reads the addresses of `family` at the given field offsets; `None` if not IPv4/IPv6.
 #[inline(always)]
 fn read_destination(
     ctx: &TracePointContext,
     dport: u16,
-    family: u32,
+    family: u16,
     [saddr, daddr, saddr_v6, daddr_v6]: [u32; 4],
 ) -> Result<Option<Destination>, i32> {
-    // SAFETY: offsets come from this kernel's tracepoint format file.
-    let family: u16 = unsafe { ctx.read_at(family as usize)? };
     let mut dest = Destination {
         family,
         dport,
@@ -424,7 +422,8 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
         offset!(set_state.saddr_v6),
         offset!(set_state.daddr_v6),
     ];
-    let Some(dest) = read_destination(ctx, dport, offset!(set_state.family), addrs)? else {
+    let family: u16 = unsafe { ctx.read_at(offset!(set_state.family) as usize)? };
+    let Some(dest) = read_destination(ctx, dport, family, addrs)? else {
         return Ok(());
     };
     if !is_endpoint(&dest) {
@@ -564,14 +563,15 @@ fn try_tcp_retransmit_skb(ctx: &TracePointContext) -> Result<(), i32> {
         offset!(retransmit.saddr_v6),
         offset!(retransmit.daddr_v6),
     ];
-    let Some(dest) = read_destination(ctx, dport, offset!(retransmit.family), addrs)? else {
+    // SAFETY (all reads): offsets come from this kernel's tracepoint format file.
+    let sk: u64 = unsafe { ctx.read_at(offset!(retransmit.skaddr) as usize)? };
+    let family = retransmit_family(ctx, sk)?;
+    let Some(dest) = read_destination(ctx, dport, family, addrs)? else {
         return Ok(());
     };
     if !is_endpoint(&dest) {
         return Ok(());
     }
-    // SAFETY: offsets come from this kernel's tracepoint format file.
-    let sk: u64 = unsafe { ctx.read_at(offset!(retransmit.skaddr) as usize)? };
     let state = unsafe { ctx.read_at::<i32>(offset!(retransmit.state) as usize)? } as u32;
     // A SYN of a held-back connect: its outcome is all userspace will hear of it.
     if state == tcp_state::SYN_SENT && unsafe { DEFERRED.get(sk) }.is_some() {
@@ -586,6 +586,20 @@ fn try_tcp_retransmit_skb(ctx: &TracePointContext) -> Result<(), i32> {
     };
     emit(EventKind::Retransmit, &w, state, state, None);
     Ok(())
+}
+
+/// The retransmitting socket's address family: the record's `family`, or, where the record has
+/// none (5.10), the socket's own `sk->__sk_common.skc_family` (what newer kernels copy into it).
+#[inline(always)]
+fn retransmit_family(ctx: &TracePointContext, sk: u64) -> Result<u16, i32> {
+    let field = offset!(retransmit.family);
+    if field != 0 {
+        // SAFETY: the offset comes from this kernel's tracepoint format file.
+        return unsafe { ctx.read_at(field as usize) };
+    }
+    let at = sk + u64::from(offset!(retransmit.sock_common_skc_family));
+    // SAFETY: bpf_probe_read_kernel tolerates any address; the offset comes from the BTF.
+    unsafe { bpf_probe_read_kernel(at as *const u16) }
 }
 
 #[tracepoint]

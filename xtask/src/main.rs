@@ -3,13 +3,15 @@
 //! - `setup`: makes a fresh machine of this kind ready (idempotent): apt packages the suites
 //!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
 //! - `test`: the whole test command of the README and CI: format and lint checks, unit tests
-//!   (root ones included), then the agent in a Debian 12 6.1 guest (`vm-test`), the root
+//!   (root ones included), then the agent in Debian 11's 5.10, 13's 6.12 and 12's 6.1 guests
+//!   (`vm-test`), the root
 //!   integration suites with the real eBPF programs, and last the end-to-end test (`e2e`).
 //! - `bench`: what the agent costs, in figures measured in one run (written to
 //!   `docs/benchmarks.md`).
 //! - `image`: the agent's OCI image archive, built without a container engine.
 //! - `e2e`: the image installed with `deploy/` on a real single-node cluster, and checked there.
-//! - `vm-test`: the agent on another kernel (Debian 12's 6.1 by default) in a qemu guest.
+//! - `vm-test`: the agent on another kernel (Debian 11's 5.10, 12's 6.1 (default), 13's 6.12,
+//!   or any image) in a qemu guest.
 //! - `demo`: setup, build, a small self-contained topology (an "apiserver" in a network
 //!   namespace and client processes), and the agent showing its table until Ctrl-C.
 use std::{
@@ -47,14 +49,16 @@ enum Task {
     /// Only setup's Go release matrix: each Debian Go toolchain and the watch client it builds
     /// (idempotent; run as root).
     GoMatrix,
-    /// fmt + clippy + unit tests + the Debian 6.1 guest + root integration suites + the
+    /// fmt + clippy + unit tests + the Debian 5.10, 6.12 and 6.1 guests + root integration
+    /// suites + the
     /// end-to-end test (as root).
     Test {
         /// Skip the fmt and clippy checks.
         #[arg(long)]
         no_lint: bool,
         /// Only run suites whose name contains this (`e2e` for the end-to-end test,
-        /// `vm-debian-6.1` for the guest run).
+        /// `vm-debian-5.10`, `vm-debian-6.1`, `vm-debian-6.12` for the guest runs, `vm-` for
+        /// all three).
         #[arg(long)]
         suite: Option<String>,
     },
@@ -93,16 +97,20 @@ enum Task {
     /// loopback (as root; installs qemu and busybox, extracts the kernel from its Debian
     /// package into /var/tmp/lifeline-vm once).
     VmTest {
-        /// `debian-6.1` (Debian 12's cloud kernel), `host` (/boot/vmlinuz-$(uname -r)), or a
-        /// kernel image's path.
+        /// `debian-5.10`, `debian-6.1`, `debian-6.12` (Debian 11's, 12's and 13's cloud
+        /// kernels), `host` (/boot/vmlinuz-$(uname -r)), or a kernel image's path.
         #[arg(long, default_value = "debian-6.1")]
         kernel: String,
-        /// With `--kernel PATH`: its /lib/modules/RELEASE directory (for inet_diag, tcp_diag).
+        /// With `--kernel PATH`: its /lib/modules/RELEASE directory (inet_diag, tcp_diag, veth,
+        /// netfilter; plain, .xz or .zst): a module neither there nor built in fails the run.
         #[arg(long)]
         modules: Option<PathBuf>,
         /// Run this shell command in the guest instead of the default test.
         #[arg(long)]
         command: Option<String>,
+        /// Only xtask/vm/test.sh, not the root suites' tests (xtask/src/vm_suites.rs).
+        #[arg(long)]
+        no_suites: bool,
         /// Use the binaries already built.
         #[arg(long)]
         no_build: bool,
@@ -232,11 +240,19 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "--include-ignored",
     ]))?;
     let chosen = |name: &str| suite.is_none_or(|s| name.contains(s));
-    // The agent on Debian 12's 6.1 kernel, in a qemu guest (its kernel package extracted once
-    // into /var/tmp/lifeline-vm): `lifeline check` and detection there, not only on this
-    // machine's kernel. The static binary it builds is the one `e2e`'s image uses.
-    if chosen(VM) {
-        vm::vm_test(&vm::Options::new("debian-6.1"))?;
+    // The agent on the oldest and newest kernels users' nodes boot, and the one between, each
+    // in a qemu guest (kernel packages extracted once into /var/tmp/lifeline-vm): `lifeline
+    // check` and detection there, not only on this machine's kernel. The static binary they
+    // build is the one `e2e`'s image uses.
+    let mut built = false;
+    for (_, kernel, suites) in GUESTS.into_iter().filter(|(n, ..)| chosen(n)) {
+        vm::vm_test(&vm::Options {
+            no_suites: !suites,
+            // The static binary and the suites' tests are built by the first guest run.
+            no_build: built,
+            ..vm::Options::new(kernel)
+        })?;
+        built = true;
     }
     // Each suite leaves the host's iptables rules and routes as it found them.
     hoststate::remove_legacy_reject();
@@ -268,8 +284,15 @@ pub fn both(first: Result, second: Result) -> Result {
     first.and(second)
 }
 
-/// The guest run's name for `--suite` ([`vm::vm_test`] on Debian 12's 6.1 kernel).
-const VM: &str = "vm-debian-6.1";
+/// The guest runs ([`vm::vm_test`]), in order: (name for `--suite`, kernel, whether the root
+/// suites' chosen tests run too or `xtask/vm/test.sh` alone). The oldest and the newest kernel
+/// run everything; 6.1 between them only `test.sh`: its verifier and its tracepoints' records,
+/// which differ from both neighbours' (no `skaddr` in tcp_probe, a family in the others).
+const GUESTS: [(&str, &str, bool); 3] = [
+    ("vm-debian-5.10", "debian-5.10", true),
+    ("vm-debian-6.12", "debian-6.12", true),
+    ("vm-debian-6.1", "debian-6.1", false),
+];
 
 /// The end-to-end suite's name (`tests/e2e.rs`), run by [`e2e::e2e`] after [`SUITES`].
 const E2E: &str = "e2e";
@@ -287,11 +310,13 @@ fn main() -> ExitCode {
             kernel,
             modules,
             command,
+            no_suites,
             no_build,
             timeout,
         } => vm::vm_test(&vm::Options {
             modules,
             command,
+            no_suites,
             no_build,
             timeout: std::time::Duration::from_secs(timeout),
             ..vm::Options::new(&kernel)

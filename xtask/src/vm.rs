@@ -1,8 +1,9 @@
-//! `cargo xtask vm-test --kernel debian-6.1|host|PATH`: the agent proven on another kernel, in a
-//! qemu guest.
+//! `cargo xtask vm-test --kernel debian-5.10|debian-6.1|debian-6.12|host|PATH`: the agent
+//! proven on another kernel, in a qemu guest.
 //!
 //! Everything lifeline knows about the kernel was first proven on the machine's own; users'
-//! nodes run others (Debian 12 and Amazon Linux on 6.1, ...), and an eBPF program the verifier
+//! nodes run others (Debian 11 on 5.10, Debian 12 and Amazon Linux on 6.1, Debian 13 on 6.12,
+//! ...), and an eBPF program the verifier
 //! takes on one kernel can be rejected on another. So the guest boots the chosen kernel
 //! directly (`qemu -kernel -initrd`, no disk, no network device) with a small initramfs: static
 //! busybox, the static `lifeline` (built as `cargo xtask image` builds it), the static test
@@ -13,8 +14,9 @@
 //! test's exit code on a marker line and powers off.
 //!
 //! - Only Debian packages are downloaded: `qemu-system-x86` and `busybox-static` are installed,
-//!   the kernel package is extracted (`dpkg-deb -x`) into [`ROOT`], so a second run downloads
-//!   nothing.
+//!   the kernel package of the preset's suite is fetched through a private APT configuration
+//!   ([`debian::Release`]: nothing installed) and extracted (`dpkg-deb -x`) into [`ROOT`], its
+//!   modules decompressed, so a second run downloads nothing.
 //! - KVM when a quick probe boot works; nested KVM can die early in boot ("emulation failure"),
 //!   then TCG.
 //! - A guest that cannot boot, or does not finish within the timeout, fails the run; the guest
@@ -31,26 +33,41 @@ use std::{
 
 use flate2::{write::GzEncoder, Compression};
 
-use crate::{image, image::output, run, show, vm_suites, workspace, Failed, Result};
+use crate::{debian, image, run, show, vm_suites, workspace, Failed, Result};
 
 /// Where kernels extracted from Debian packages are kept between runs.
 pub const ROOT: &str = "/var/tmp/lifeline-vm";
-/// What the host needs, from Debian.
-const APT_PACKAGES: [&str; 2] = ["qemu-system-x86", "busybox-static"];
-/// Debian 12's cloud kernel (what Debian 12 cloud images and nodes boot): the metapackage
-/// names the current ABI's image package.
-const DEBIAN_61_META: &str = "linux-image-cloud-amd64";
+/// What the host needs, from Debian (`xz` and `zstd` decompress the modules of kernels that
+/// ship them compressed).
+const APT_PACKAGES: [&str; 4] = ["qemu-system-x86", "busybox-static", "xz-utils", "zstd"];
+/// The Debian kernels `--kernel` names: (preset, suite, the image package's prefix). Each is
+/// the suite's cloud kernel (what its cloud images and nodes boot), whose metapackage
+/// [`CLOUD_META`] names the current ABI's image package.
+pub const PRESETS: [(&str, &str, &str); 3] = [
+    ("debian-5.10", "bullseye", "linux-image-5.10."),
+    ("debian-6.1", "bookworm", "linux-image-6.1."),
+    ("debian-6.12", "trixie", "linux-image-6.12."),
+];
+const CLOUD_META: &str = "linux-image-cloud-amd64";
+/// Modules of [`MODULES`] that older kernels build on their own and newer ones into another
+/// (`nft_counter`: a module on 5.10, inside `nf_tables` on 6.1 and 6.12): taken where the
+/// release has them, not missing where it does not.
+const MERGED_LATER: [&str; 1] = ["net/netfilter/nft_counter.ko"];
+/// How Debian ships a module: plain, or compressed (6.12: xz).
+const MODULE_SUFFIXES: [&str; 3] = [".ko", ".ko.xz", ".ko.zst"];
 /// Modules (under the release's `kernel/`) that Debian builds as modules and the agent, or the
 /// test, needs, in load order: `inet_diag` + `tcp_diag` (sock_diag: the start-up scan, tcp_info,
 /// SOCK_DESTROY), `veth` (network-namespace tests), and what the root suites' harness needs
 /// for its iptables (nft) rule `-m conntrack ! --ctstate DNAT -j REJECT`.
-const MODULES: [&str; 14] = [
+const MODULES: [&str; 15] = [
     "net/ipv4/inet_diag.ko",
     "net/ipv4/tcp_diag.ko",
     "drivers/net/veth.ko",
     "net/netfilter/nfnetlink.ko",
     "lib/libcrc32c.ko",
     "net/netfilter/nf_tables.ko",
+    // iptables-nft puts a counter on every rule.
+    "net/netfilter/nft_counter.ko",
     "net/netfilter/x_tables.ko",
     "net/netfilter/nft_compat.ko",
     "net/ipv4/netfilter/nf_defrag_ipv4.ko",
@@ -59,6 +76,31 @@ const MODULES: [&str; 14] = [
     "net/netfilter/xt_conntrack.ko",
     "net/ipv4/netfilter/nf_reject_ipv4.ko",
     "net/ipv4/netfilter/ipt_REJECT.ko",
+];
+/// What each preset's kernel lacks, as `lifeline check` names it on its `evidence` lines
+/// (their starts, all of them: a kernel that gains or loses one is news), and the client
+/// uprobe sets it refuses, as the agent's log says (a `grep -E` pattern `test.sh` then
+/// requires; empty: none refused, and any refusal fails).
+const EXPECTED: [(&str, &[&str], &str); 3] = [
+    (
+        "debian-5.10",
+        &[
+            "tcp/tcp_retransmit_skb has no family field",
+            "tcp/tcp_probe has no family field",
+            "tcp/tcp_probe has no skaddr field",
+            // A raw tracepoint of 5.15.
+            "inet_sk_error_report not available",
+            // The request line's path is scanned with bpf_loop (5.17).
+            "the OpenSSL-client uprobes not available",
+        ],
+        "requests are not followed",
+    ),
+    ("debian-6.1", &["tcp/tcp_probe has no skaddr field"], ""),
+    (
+        "debian-6.12",
+        &["every field and program the agent reads is in this kernel"],
+        "",
+    ),
 ];
 const INIT: &str = include_str!("../vm/init.sh");
 /// The default test run in the guest.
@@ -72,12 +114,15 @@ pub const TIMEOUT_SECS: u64 = 900;
 
 /// What `cargo xtask vm-test` was asked for.
 pub struct Options {
-    /// `debian-6.1`, `host`, or a path to a kernel image.
+    /// One of [`PRESETS`], `host`, or a path to a kernel image.
     pub kernel: String,
-    /// With `--kernel PATH`: a `/lib/modules/RELEASE` directory to take [`MODULES`] from.
+    /// With `--kernel PATH`: a `/lib/modules/RELEASE` directory to take [`MODULES`] from
+    /// (plain, `.xz` or `.zst`).
     pub modules: Option<PathBuf>,
     /// A shell command to run in the guest instead of the default test.
     pub command: Option<String>,
+    /// Only `test.sh`, not the root suites' tests.
+    pub no_suites: bool,
     /// Use the binaries already built.
     pub no_build: bool,
     /// The whole guest run (boot, test, power-off) must end within this.
@@ -90,6 +135,7 @@ impl Options {
             kernel: kernel.to_owned(),
             modules: None,
             command: None,
+            no_suites: false,
             no_build: false,
             timeout: Duration::from_secs(TIMEOUT_SECS),
         }
@@ -113,18 +159,27 @@ pub struct Outcome {
     pub code: i32,
 }
 
-/// What `cargo xtask setup` prepares: the packages, and Debian 12's 6.1 kernel in [`ROOT`].
+/// What `cargo xtask setup` prepares: the packages, and every [`PRESETS`] kernel in [`ROOT`].
 pub fn setup() -> Result {
     crate::setup::apt(&APT_PACKAGES)?;
-    debian_61().map(|_| ())
+    for (preset, suite, prefix) in PRESETS {
+        debian_kernel(preset, suite, prefix)?;
+    }
+    Ok(())
 }
 
 /// Boots the kernel, runs the test in it; fails unless the test exits 0.
 pub fn vm_test(options: &Options) -> Result {
     let outcome = run_guest(options)?;
-    if options.command.is_none() {
+    if options.command.is_none() && !options.no_suites {
         // Before the exit code: which of the suites' tests did not pass, by name.
-        vm_suites::verify(&outcome.output)?;
+        vm_suites::verify(&outcome.output, &vm_suites::chosen(&options.kernel))?;
+    }
+    if options.command.is_none() && outcome.code == 0 {
+        if let Some((_, evidence, _)) = EXPECTED.iter().find(|(k, ..)| *k == options.kernel) {
+            check_evidence(&outcome.output, evidence)
+                .map_err(|why| Failed(format!("vm-test on {}: {why}", options.kernel)))?;
+        }
     }
     if outcome.code != 0 {
         let failures: Vec<&str> = outcome.output.lines().filter(|l| l.starts_with("FAIL")).collect();
@@ -138,6 +193,32 @@ pub fn vm_test(options: &Options) -> Result {
     Ok(())
 }
 
+/// Fails unless the `evidence` lines of `lifeline check` in `output` are those `expected`
+/// starts, each once.
+fn check_evidence(output: &str, expected: &[&str]) -> std::result::Result<(), String> {
+    let lines: Vec<&str> = output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("[info] evidence"))
+        .map(str::trim)
+        .collect();
+    let unexpected: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| !expected.iter().any(|e| l.starts_with(e)))
+        .collect();
+    let missing: Vec<&str> = expected
+        .iter()
+        .copied()
+        .filter(|e| lines.iter().filter(|l| l.starts_with(e)).count() != 1)
+        .collect();
+    if unexpected.is_empty() && missing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "`lifeline check` lists other evidence than this kernel's: unexpected {unexpected:?}, missing {missing:?} (see EXPECTED in xtask/src/vm.rs)"
+    ))
+}
+
 /// Boots the kernel and runs the test (or `options.command`) in it: its output and exit code.
 /// Fails if the guest does not boot, or does not finish within the timeout.
 pub fn run_guest(options: &Options) -> Result<Outcome> {
@@ -149,17 +230,35 @@ pub fn run_guest(options: &Options) -> Result<Outcome> {
     let dir = workspace().join("target/vm");
     fs::create_dir_all(&dir).map_err(|e| Failed(format!("{}: {e}", dir.display())))?;
     // The default test is `test.sh`, then the root suites' chosen tests.
+    // What test.sh lets this kernel refuse (it fails on any other refusal).
+    let refused = EXPECTED
+        .iter()
+        .find(|(k, ..)| *k == options.kernel)
+        .map_or("", |(.., refused)| *refused);
+    assert!(
+        !refused.contains('\''),
+        "EXPECTED: a refusal pattern goes in single quotes"
+    );
+    let test_sh = format!("REFUSED='{refused}'\n{TEST}");
     let test = match &options.command {
         Some(command) => command.clone(),
+        None if options.no_suites => test_sh,
         None => {
+            let chosen = vm_suites::chosen(&options.kernel);
+            for (kernel, suite, test, why) in vm_suites::LACKING {
+                if kernel == options.kernel {
+                    eprintln!("vm-test: {kernel}: {suite}::{test} left out: {why}");
+                }
+            }
             let suites = vm_suites::prepare(
                 options.no_build,
                 &dir,
                 &dir.join("ll-client"),
                 &dir.join("ll-server"),
+                &chosen,
             )?;
             binaries.extend(suites.files);
-            format!("{TEST}\n{}", suites.script)
+            format!("{test_sh}\n{}", suites.script)
         }
     };
     let initrd = dir.join("initramfs.cpio.gz");
@@ -184,18 +283,27 @@ pub fn run_guest(options: &Options) -> Result<Outcome> {
 }
 
 fn kernel(options: &Options) -> Result<Kernel> {
+    if let Some((preset, suite, prefix)) = PRESETS.iter().find(|(p, ..)| *p == options.kernel) {
+        return debian_kernel(preset, suite, prefix);
+    }
     match options.kernel.as_str() {
-        "debian-6.1" => debian_61(),
         "host" => host_kernel(),
         path => {
             let vmlinuz = PathBuf::from(path);
             if !vmlinuz.is_file() {
                 return Err(Failed(format!(
-                    "--kernel {path}: not a file (debian-6.1, host, or a kernel image's path)"
+                    "--kernel {path}: not a file ({}, host, or a kernel image's path)",
+                    PRESETS.map(|(p, ..)| p).join(", ")
                 )));
             }
             let modules = match &options.modules {
-                Some(dir) => modules_from(&dir.join("kernel"))?,
+                Some(dir) => {
+                    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+                    let into = workspace()
+                        .join("target/vm/modules")
+                        .join(name.unwrap_or_default());
+                    take_modules(dir, &into)?
+                }
                 None => Vec::new(),
             };
             Ok(Kernel {
@@ -222,9 +330,9 @@ fn host_kernel() -> Result<Kernel> {
             vmlinuz.display()
         )));
     }
-    let tree = PathBuf::from(format!("/lib/modules/{release}/kernel"));
+    let tree = PathBuf::from(format!("/lib/modules/{release}"));
     let modules = if tree.is_dir() {
-        modules_from(&tree)?
+        take_modules(&tree, &workspace().join("target/vm/modules").join(&release))?
     } else {
         Vec::new()
     };
@@ -236,45 +344,115 @@ fn host_kernel() -> Result<Kernel> {
     })
 }
 
-/// Those of [`MODULES`] present under `tree` (a release's `kernel/` directory); absent ones
-/// are taken to be built in (`lifeline check` in the guest says if they are not).
-fn modules_from(tree: &Path) -> Result<Vec<PathBuf>> {
-    let found: Vec<PathBuf> = MODULES
-        .iter()
-        .map(|m| tree.join(m))
-        .filter(|p| p.is_file())
-        .collect();
-    check_load_order(&found)?;
-    Ok(found)
+/// [`MODULES`] from a release's module directory (`/lib/modules/RELEASE`), decompressed into
+/// `into` as plain `.ko` files (busybox `insmod` takes no other), in load order. A module the
+/// kernel has built in (`modules.builtin`) is skipped; one neither there nor built in fails,
+/// named.
+fn take_modules(tree: &Path, into: &Path) -> Result<Vec<PathBuf>> {
+    let builtin = fs::read_to_string(tree.join("modules.builtin")).unwrap_or_default();
+    let _ = fs::remove_dir_all(into);
+    fs::create_dir_all(into).map_err(|e| Failed(format!("{}: {e}", into.display())))?;
+    let mut kept = Vec::new();
+    for module in MODULES {
+        let stem = module.strip_suffix(".ko").expect("MODULES end in .ko");
+        let found = MODULE_SUFFIXES
+            .iter()
+            .map(|suffix| tree.join("kernel").join(format!("{stem}{suffix}")))
+            .find(|p| p.is_file());
+        let Some(found) = found else {
+            if MERGED_LATER.contains(&module) || builtin.lines().any(|l| l == format!("kernel/{module}")) {
+                continue;
+            }
+            return Err(Failed(format!(
+                "module {module} is neither in {}/kernel (as {}) nor built in ({}/modules.builtin)",
+                tree.display(),
+                MODULE_SUFFIXES.join(", "),
+                tree.display()
+            )));
+        };
+        let to = into.join(module_file(module));
+        let bytes = decompressed(&found)?;
+        fs::write(&to, bytes).map_err(|e| Failed(format!("{}: {e}", to.display())))?;
+        kept.push(to);
+    }
+    check_load_order(&kept)?;
+    Ok(kept)
 }
 
-/// Debian 12's 6.1 cloud kernel, extracted from its package once into `ROOT/debian-6.1`.
-fn debian_61() -> Result<Kernel> {
-    let dir = Path::new(ROOT).join("debian-6.1");
-    let stamp = dir.join("stamp");
-    let kept = |m: &&str| dir.join("modules").join(module_file(m)).is_file();
-    if !stamp.is_file() || !MODULES.iter().all(kept) {
-        // Not extracted yet, or by a version of this that kept fewer modules.
-        fetch_debian_61(&dir)?;
+/// A module file's contents, decompressed by `xz` or `zstd` as its name says.
+fn decompressed(path: &Path) -> Result<Vec<u8>> {
+    let name = path.to_string_lossy();
+    let tool = if name.ends_with(".xz") {
+        "xz"
+    } else if name.ends_with(".zst") {
+        "zstd"
+    } else {
+        return read(path);
+    };
+    let mut cmd = Command::new(tool);
+    cmd.args(["-d", "-c", "-q"]).arg(path);
+    let out = cmd.output().map_err(|e| Failed(format!("{}: {e}", show(&cmd))))?;
+    if !out.status.success() || out.stdout.is_empty() {
+        return Err(Failed(format!(
+            "{} exited with {}: {}",
+            show(&cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
+    Ok(out.stdout)
+}
+
+/// A Debian suite's cloud kernel, extracted from its package once into `ROOT/PRESET`: its
+/// image, config and [`MODULES`] (decompressed), named in the stamp with the module list it
+/// was kept for.
+fn debian_kernel(preset: &str, suite: &str, prefix: &str) -> Result<Kernel> {
+    let dir = Path::new(ROOT).join(preset);
+    let stamp = dir.join("stamp");
+    let text = fs::read_to_string(&stamp).unwrap_or_default();
+    let mut lines = text.lines();
+    let (package, release, modules) = (lines.next(), lines.next(), lines.next());
+    let (Some(package), Some(release), Some(modules)) = (package, release, modules) else {
+        // Not extracted yet, or by a version of this that kept other things.
+        fetch_debian(preset, suite, prefix, &dir)?;
+        return debian_kernel_kept(preset, &dir);
+    };
+    if modules != MODULES.join(",") {
+        // Kept for another list of modules.
+        fetch_debian(preset, suite, prefix, &dir)?;
+        return debian_kernel_kept(preset, &dir);
+    }
+    kernel_in(preset, &dir, package, release)
+}
+
+/// The kernel [`fetch_debian`] just kept in `dir`.
+fn debian_kernel_kept(preset: &str, dir: &Path) -> Result<Kernel> {
+    let stamp = dir.join("stamp");
     let text = fs::read_to_string(&stamp).map_err(|e| Failed(format!("{}: {e}", stamp.display())))?;
     let mut lines = text.lines();
-    let (Some(package), Some(release)) = (lines.next(), lines.next()) else {
-        return Err(Failed(format!(
-            "{}: not `PACKAGE\\nRELEASE`: remove {} and run again",
-            stamp.display(),
+    match (lines.next(), lines.next()) {
+        (Some(package), Some(release)) => kernel_in(preset, dir, package, release),
+        _ => Err(Failed(format!(
+            "{}: not `PACKAGE\\nRELEASE\\nMODULES`",
+            stamp.display()
+        ))),
+    }
+}
+
+fn kernel_in(preset: &str, dir: &Path, package: &str, release: &str) -> Result<Kernel> {
+    let order = dir.join("modules/order");
+    let order = fs::read_to_string(&order).map_err(|e| {
+        Failed(format!(
+            "{}: {e}: remove {} and run again",
+            order.display(),
             dir.display()
-        )));
-    };
-    let modules = MODULES
-        .iter()
-        .map(|m| dir.join("modules").join(module_file(m)))
-        .collect();
+        ))
+    })?;
     Ok(Kernel {
-        name: format!("debian-6.1 ({package})"),
+        name: format!("{preset} ({package})"),
         release: Some(release.to_owned()),
         vmlinuz: dir.join("vmlinuz"),
-        modules,
+        modules: order.lines().map(|m| dir.join("modules").join(m)).collect(),
     })
 }
 
@@ -282,45 +460,37 @@ fn module_file(path: &str) -> &str {
     path.rsplit('/').next().expect("a file name")
 }
 
-/// Downloads the kernel package the metapackage names now (`apt-get download`: not
-/// installed), and keeps its image, config and [`MODULES`]; the stamp is written last.
-fn fetch_debian_61(dir: &Path) -> Result {
-    let depends = output(Command::new("apt-cache").args(["depends", DEBIAN_61_META]))?;
-    let package = depends
+/// The image package `apt-cache depends` of the cloud metapackage names, for `prefix`.
+fn image_package(depends: &str, prefix: &str) -> Option<String> {
+    depends
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("Depends: "))
-        .find(|p| p.starts_with("linux-image-6.1."))
+        .filter_map(|l| l.trim().trim_start_matches('|').strip_prefix("Depends: "))
+        .find(|p| p.starts_with(prefix))
         .map(str::to_owned)
-        .ok_or_else(|| {
-            Failed(format!(
-                "`apt-cache depends {DEBIAN_61_META}` names no linux-image-6.1.* package (is this Debian 12?)"
-            ))
-        })?;
+}
+
+/// Downloads the kernel package the suite's metapackage names now (`apt-get download` through
+/// the suite's private APT configuration: nothing installed), and keeps its image, config and
+/// [`MODULES`]; the stamp is written last.
+fn fetch_debian(preset: &str, suite: &str, prefix: &str, dir: &Path) -> Result {
+    let apt = debian::Release::open(suite)?;
+    let depends = apt.cache(&["depends", CLOUD_META])?;
+    let package = image_package(&depends, prefix).ok_or_else(|| {
+        Failed(format!(
+            "{suite}: `apt-cache depends {CLOUD_META}` names no {prefix}* package"
+        ))
+    })?;
+    let version = apt.candidate(&package)?;
+    // The image package of a signed kernel and of its `-unsigned` twin hold the same release.
     let release = package
         .strip_prefix("linux-image-")
-        .expect("checked above")
+        .expect("starts with the prefix")
+        .trim_end_matches("-unsigned")
         .to_owned();
     let partial = PathBuf::from(format!("{}.partial", dir.display()));
     let _ = fs::remove_dir_all(&partial);
     let extracted = partial.join("deb");
-    fs::create_dir_all(&extracted).map_err(|e| Failed(format!("{}: {e}", extracted.display())))?;
-    let download = || {
-        run(Command::new("apt-get")
-            .current_dir(&partial)
-            .args(["download", "-q", &package]))
-    };
-    if download().is_err() {
-        // The package lists may be missing or older than the metapackage's.
-        run(Command::new("apt-get").args(["update", "-qq"]))?;
-        download()?;
-    }
-    let deb = fs::read_dir(&partial)
-        .map_err(|e| Failed(format!("{}: {e}", partial.display())))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or_else(|| Failed(format!("apt-get download {package} left no .deb")))?;
-    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&extracted))?;
+    apt.extract(&format!("{package}={version}"), &extracted)?;
     let copy = |from: PathBuf, to: PathBuf| {
         fs::copy(&from, &to)
             .map(|_| ())
@@ -334,22 +504,33 @@ fn fetch_debian_61(dir: &Path) -> Result {
         extracted.join(format!("boot/config-{release}")),
         partial.join("config"),
     )?;
-    let tree = extracted.join(format!("lib/modules/{release}/kernel"));
-    fs::create_dir_all(partial.join("modules")).map_err(|e| Failed(format!("{}: {e}", partial.display())))?;
-    let mut kept = Vec::new();
-    for module in MODULES {
-        let to = partial.join("modules").join(module_file(module));
-        copy(tree.join(module), to.clone())?;
-        kept.push(to);
-    }
-    check_load_order(&kept)?;
+    // Merged /usr (6.12) puts them under usr/lib/modules.
+    let tree = ["lib/modules", "usr/lib/modules"]
+        .iter()
+        .map(|d| extracted.join(d).join(&release))
+        .find(|d| d.is_dir())
+        .ok_or_else(|| {
+            Failed(format!(
+                "{package}={version}: no lib/modules/{release} nor usr/lib/modules/{release} in it"
+            ))
+        })?;
+    let kept = take_modules(&tree, &partial.join("modules"))?;
+    let order: String = kept
+        .iter()
+        .map(|p| format!("{}\n", p.file_name().expect("a file").to_string_lossy()))
+        .collect();
+    let write = |path: PathBuf, text: String| {
+        fs::write(&path, text).map_err(|e| Failed(format!("{}: {e}", path.display())))
+    };
+    write(partial.join("modules/order"), order)?;
     fs::remove_dir_all(&extracted).map_err(|e| Failed(format!("{}: {e}", extracted.display())))?;
-    fs::remove_file(&deb).map_err(|e| Failed(format!("{}: {e}", deb.display())))?;
-    fs::write(partial.join("stamp"), format!("{package}\n{release}\n"))
-        .map_err(|e| Failed(format!("{}: {e}", partial.display())))?;
+    write(
+        partial.join("stamp"),
+        format!("{package}={version}\n{release}\n{}\n", MODULES.join(",")),
+    )?;
     let _ = fs::remove_dir_all(dir);
     fs::rename(&partial, dir).map_err(|e| Failed(format!("{}: {e}", dir.display())))?;
-    eprintln!("vm-test: {package} kept in {}", dir.display());
+    eprintln!("vm-test: {preset}: {package} {version} kept in {}", dir.display());
     Ok(())
 }
 
@@ -743,6 +924,127 @@ mod tests {
         assert_eq!(modinfo_depends(ko), vec!["inet_diag", "foo_bar"]);
         assert!(modinfo_depends(b"depends=\0").is_empty());
         assert!(modinfo_depends(b"nothing here").is_empty());
+    }
+
+    #[test]
+    fn check_must_list_exactly_the_kernels_evidence() {
+        let output = "lifeline check\n  [ok  ] kernel BTF             /sys/kernel/btf/vmlinux\n\
+                        [info] evidence               tcp/tcp_probe has no skaddr field: keyed by cookie\n\
+                      the agent can run here\n";
+        assert_eq!(
+            check_evidence(output, &["tcp/tcp_probe has no skaddr field"]),
+            Ok(())
+        );
+        let err = check_evidence(output, &[]).unwrap_err();
+        assert!(err.contains("unexpected [\"tcp/tcp_probe has no skaddr"), "{err}");
+        let err = check_evidence(
+            output,
+            &["tcp/tcp_probe has no skaddr field", "inet_sk_error_report"],
+        )
+        .unwrap_err();
+        assert!(err.contains("missing [\"inet_sk_error_report\"]"), "{err}");
+        // No check output at all (it did not run): every expected line is missing.
+        assert!(check_evidence("", &["tcp/tcp_probe has no skaddr field"]).is_err());
+        for (preset, evidence, _) in EXPECTED {
+            assert!(PRESETS.iter().any(|(p, ..)| *p == preset), "{preset}");
+            assert!(
+                !evidence.is_empty(),
+                "{preset}: check always prints an evidence line"
+            );
+        }
+    }
+
+    #[test]
+    fn the_cloud_metapackage_names_the_image_package() {
+        let depends = "linux-image-cloud-amd64\n  Depends: linux-image-6.12.57+deb13-cloud-amd64\n";
+        assert_eq!(
+            image_package(depends, "linux-image-6.12.").as_deref(),
+            Some("linux-image-6.12.57+deb13-cloud-amd64")
+        );
+        let alternatives = "linux-image-cloud-amd64\n |Depends: linux-image-5.10.0-32-cloud-amd64\n  Depends: linux-image-5.10.0-32-cloud-amd64-unsigned\n";
+        assert_eq!(
+            image_package(alternatives, "linux-image-5.10.").as_deref(),
+            Some("linux-image-5.10.0-32-cloud-amd64")
+        );
+        assert_eq!(image_package(depends, "linux-image-6.1."), None);
+    }
+
+    /// A release directory as a Debian package lays it out, in a fresh temporary directory.
+    fn module_tree(name: &str) -> PathBuf {
+        let tree = std::env::temp_dir().join(format!("xtask-vm-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tree);
+        fs::create_dir_all(tree.join("kernel")).unwrap();
+        tree
+    }
+
+    fn put(tree: &Path, module: &str, suffix: &str, bytes: &[u8]) {
+        let stem = module.strip_suffix(".ko").unwrap();
+        let path = tree.join("kernel").join(format!("{stem}{suffix}"));
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let compress = |tool: &str| {
+            let mut child = Command::new(tool)
+                .args(["-c", "-q"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child.stdin.take().unwrap().write_all(bytes).unwrap();
+            child.wait_with_output().unwrap().stdout
+        };
+        let data = match suffix {
+            ".ko.xz" => compress("xz"),
+            ".ko.zst" => compress("zstd"),
+            _ => bytes.to_vec(),
+        };
+        fs::write(path, data).unwrap();
+    }
+
+    #[test]
+    fn modules_are_taken_in_every_compression_and_a_missing_one_is_named() {
+        let tree = module_tree("take");
+        let into = tree.join("out");
+        // veth built in, nft_counter in nf_tables (as on 6.1); the others plain, xz and zstd
+        // in turn.
+        fs::write(tree.join("modules.builtin"), "kernel/drivers/net/veth.ko\n").unwrap();
+        for (i, module) in MODULES.iter().enumerate() {
+            if module.ends_with("veth.ko") || MERGED_LATER.contains(module) {
+                continue;
+            }
+            let body = format!("\x7fELF {module}\0depends=\0");
+            put(&tree, module, MODULE_SUFFIXES[i % 3], body.as_bytes());
+        }
+        let kept = take_modules(&tree, &into).unwrap();
+        assert_eq!(
+            kept.len(),
+            MODULES.len() - 2,
+            "veth is built in, nft_counter merged"
+        );
+        // Where the release has it (5.10), it is taken.
+        put(
+            &tree,
+            "net/netfilter/nft_counter.ko",
+            ".ko",
+            b"\x7fELF nft_counter.ko\0",
+        );
+        let kept = take_modules(&tree, &into).unwrap();
+        assert!(kept.contains(&into.join("nft_counter.ko")), "{kept:?}");
+        assert_eq!(kept[0], into.join("inet_diag.ko"));
+        for path in &kept {
+            let text = String::from_utf8(fs::read(path).unwrap()).unwrap();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(
+                text.starts_with("\x7fELF ") && text.contains(&name),
+                "{name}: {text:?}"
+            );
+        }
+        // tcp_diag (xz) gone, and not built in: the run fails naming it.
+        fs::remove_file(tree.join("kernel/net/ipv4/tcp_diag.ko.xz")).unwrap();
+        let err = take_modules(&tree, &into).unwrap_err().0;
+        assert!(
+            err.starts_with("module net/ipv4/tcp_diag.ko is neither in ") && err.contains("modules.builtin"),
+            "{err}"
+        );
+        fs::remove_dir_all(&tree).unwrap();
     }
 
     #[test]

@@ -136,10 +136,16 @@ rc=$?
 [ "$rc" = 0 ] || fail "agent exited $rc on SIGTERM"
 echo "ok: agent exited 0 on SIGTERM"
 # The client uprobes (Go and OpenSSL streams) passed this kernel's verifier: the agent says
-# otherwise.
-! grep -qE "streams are not followed|requests are not followed" /tmp/agent.log ||
-    fail "the client uprobes did not load: $(grep -E 'streams are not followed|requests are not followed' /tmp/agent.log | cut -c1-300)"
-echo "ok: the Go and OpenSSL client uprobes loaded"
+# otherwise. REFUSED (set by xtask for a kernel known to refuse a set, `grep -E` words of its
+# log line) must then be refused, and nothing else.
+refusals=$(grep -E "streams are not followed|requests are not followed" /tmp/agent.log)
+if [ -n "$REFUSED" ]; then
+    echo "$refusals" | grep -qE "$REFUSED" || fail "this kernel was expected to refuse what the log would say as '$REFUSED'; it did not"
+    echo "ok: as expected on this kernel: $(echo "$refusals" | grep -E "$REFUSED" | sed 's/.*WARN [^ ]* //' | cut -c1-160)"
+    refusals=$(echo "$refusals" | grep -vE "$REFUSED")
+fi
+[ -z "$refusals" ] || fail "the client uprobes did not load: $(echo "$refusals" | cut -c1-300)"
+echo "ok: the Go and OpenSSL client uprobes loaded, but for what this kernel refuses (${REFUSED:-nothing})"
 
 # A kernel without what the agent needs (its BTF hidden here, as on a kernel built without
 # CONFIG_DEBUG_INFO_BTF): `check` names it in one line, and `run` stays up, not ready, saying

@@ -134,6 +134,31 @@ fn optional_program(kind: ProgramType, what: &str) -> Outcome {
     }
 }
 
+/// What this kernel gives the agent in its own way, and what it lacks with what that costs the
+/// judgement: one info line each ([`offsets::fallbacks`], [`Probes::degradations`]), or one
+/// line saying the kernel has everything. Never a refusal: what the agent cannot run without
+/// fails above.
+fn evidence(
+    offsets: &lifeline_common::KernelOffsets,
+    degradations: Vec<String>,
+) -> Vec<(&'static str, Outcome)> {
+    let lines: Vec<String> = offsets::fallbacks(offsets)
+        .iter()
+        .map(ToString::to_string)
+        .chain(degradations)
+        .collect();
+    if lines.is_empty() {
+        return vec![(
+            "evidence",
+            Outcome::Info("every field and program the agent reads is in this kernel".into()),
+        )];
+    }
+    lines
+        .into_iter()
+        .map(|l| ("evidence", Outcome::Info(l)))
+        .collect()
+}
+
 /// Runs every check. Must run inside a tokio runtime (program loading spawns a log task).
 pub fn run() -> Report {
     let caps = Capabilities::current();
@@ -171,17 +196,19 @@ pub fn run() -> Report {
         probe_endpoint.insert(Endpoint::exact([127, 0, 0, 1].into(), 1), Source::Flag);
         let attached = Probes::load(offsets).and_then(|(mut probes, _feed)| {
             probes.set_endpoints(&probe_endpoint)?;
-            Ok(probes.attachment())
+            Ok((probes.attachment(), probes.degradations()))
         });
+        let degradations = attached.as_ref().map(|(_, d)| d.clone()).unwrap_or_default();
         items.push((
             "load + attach",
-            outcome(attached, |how| {
+            outcome(attached, |(how, _)| {
                 format!(
                     "programs attached ({how}), ring buffer ready in {} ms (detached again)",
                     start.elapsed().as_millis()
                 )
             }),
         ));
+        items.extend(evidence(offsets, degradations));
     }
     items.push((
         "sock_diag",
@@ -335,6 +362,44 @@ mod tests {
                  or directory)"
             )
         );
+    }
+
+    #[test]
+    fn what_a_kernel_lacks_is_listed_with_its_cost_and_never_fails() {
+        let mut offsets = lifeline_common::KernelOffsets::default();
+        offsets.probe.saddr = 8;
+        offsets.probe.family = 8;
+        offsets.probe.skaddr = 0;
+        let lines = evidence(
+            &offsets,
+            vec!["inet_sk_error_report not available (ENOENT): counted as timeout".into()],
+        );
+        let text: Vec<String> = lines
+            .iter()
+            .map(|(name, o)| match o {
+                Outcome::Info(t) => format!("{name}: {t}"),
+                other => panic!("not info: {other:?}"),
+            })
+            .collect();
+        assert_eq!(text.len(), 4, "{text:?}");
+        assert!(
+            text[0].starts_with("evidence: tcp/tcp_retransmit_skb has no family field"),
+            "{text:?}"
+        );
+        assert!(text[1].contains("saddr's sa_family"), "{text:?}");
+        assert!(text[2].contains("keyed by sock_cookie"), "{text:?}");
+        assert!(text[3].contains("counted as timeout"), "{text:?}");
+        let mut full = lifeline_common::KernelOffsets::default();
+        (full.retransmit.family, full.probe.family, full.probe.skaddr) = (72, 112, 120);
+        assert_eq!(
+            evidence(&full, Vec::new()),
+            [(
+                "evidence",
+                Outcome::Info("every field and program the agent reads is in this kernel".into())
+            )]
+        );
+        let report = Report { items: lines };
+        assert!(report.can_run() && !report.render().contains("degraded"));
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! aya's Rust eBPF has no CO-RE relocations, so the programs read fields at offsets that
 //! userspace finds at start-up: `struct` member offsets from the kernel's BTF
 //! (`/sys/kernel/btf/vmlinux`), tracepoint field offsets from the tracepoints' `format` files.
-//! Nothing is hard-coded: a kernel whose layout differs gets its own numbers, and one that lacks
-//! a field fails here with a message naming it.
+//! Nothing is hard-coded: a kernel whose layout differs gets its own numbers. A field that a
+//! kernel's record lacks and that is found elsewhere exactly is read there ([`Fallback`]: the
+//! address family on 5.10, the socket's cookie on 6.1); one that cannot be replaced fails here
+//! with a message naming it.
 use std::{
     collections::HashMap,
     fs,
@@ -39,88 +41,157 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Finds every offset the programs need on this kernel.
 pub fn discover() -> Result<KernelOffsets> {
     let btf = Btf::from_file(VMLINUX_BTF)?;
-    let set_state = TracepointFormat::read("sock", "inet_sock_set_state")?;
-    let retransmit = TracepointFormat::read("tcp", "tcp_retransmit_skb")?;
-    let probe = TracepointFormat::read("tcp", "tcp_probe")?;
-    // Older kernels (6.1) have no `skaddr` in tcp_probe's record: the program keys sockets by
-    // the record's `sock_cookie` instead, and forgets them at close by `skc_cookie`.
-    let probe_skaddr = probe.offset("skaddr").ok();
-    let (probe_cookie, skc_cookie) = match probe_skaddr {
-        Some(_) => (0, 0),
-        None => {
-            tracing::info!(
-                "tcp/tcp_probe has no skaddr on this kernel: its segments are keyed by sock_cookie and matched to connections by their addresses"
-            );
-            (
-                probe.offset("sock_cookie")?,
-                member_offset(&btf, "sock_common", "skc_cookie")?,
-            )
-        }
-    };
+    let member = |strukt: &str, name: &str| member_offset(&btf, strukt, name);
+    let (set_state, retransmit, probe) = tracepoint_offsets(
+        &TracepointFormat::read("sock", "inet_sock_set_state")?,
+        &TracepointFormat::read("tcp", "tcp_retransmit_skb")?,
+        &TracepointFormat::read("tcp", "tcp_probe")?,
+        &member,
+    )?;
     // Only for the optional error-report program: a kernel without them still runs the rest
     // (all zero: the program is then not attached, see `programs::Probes::load`).
     let error_report = error_report_offsets(&btf)
         .inspect_err(|err| tracing::warn!("offsets for the error-report program: {err}"))
         .ok();
-    Ok(KernelOffsets {
-        sock_common_skc_net: member_offset(&btf, "sock_common", "skc_net")?,
-        net_ns_inum: member_offset(&btf, "net", "ns")? + member_offset(&btf, "ns_common", "inum")?,
-        sock_sk_err: member_offset(&btf, "sock", "sk_err")?,
+    let offsets = KernelOffsets {
+        sock_common_skc_net: member("sock_common", "skc_net")?,
+        net_ns_inum: member("net", "ns")? + member("ns_common", "inum")?,
+        sock_sk_err: member("sock", "sk_err")?,
         sock_common_skc_state: error_report.map_or(0, |o| o[0]),
         sock_sk_error_queue: error_report.map_or(0, |o| o[1]),
         sk_buff_head_prev: error_report.map_or(0, |o| o[2]),
         sk_buff_cb: error_report.map_or(0, |o| o[3]),
         sock_exterr_skb_ee: error_report.map_or(0, |o| o[4]),
-        tcp_sock_bytes_received: member_offset(&btf, "tcp_sock", "bytes_received")?,
-        set_state: SetStateOffsets {
-            skaddr: set_state.offset("skaddr")?,
-            oldstate: set_state.offset("oldstate")?,
-            newstate: set_state.offset("newstate")?,
-            sport: set_state.offset("sport")?,
-            dport: set_state.offset("dport")?,
-            family: set_state.offset("family")?,
-            protocol: set_state.offset("protocol")?,
-            saddr: set_state.offset("saddr")?,
-            daddr: set_state.offset("daddr")?,
-            saddr_v6: set_state.offset("saddr_v6")?,
-            daddr_v6: set_state.offset("daddr_v6")?,
-            _pad: 0,
-        },
-        retransmit: RetransmitOffsets {
-            skaddr: retransmit.offset("skaddr")?,
-            state: retransmit.offset("state")?,
-            sport: retransmit.offset("sport")?,
-            dport: retransmit.offset("dport")?,
-            family: retransmit.offset("family")?,
-            saddr: retransmit.offset("saddr")?,
-            daddr: retransmit.offset("daddr")?,
-            saddr_v6: retransmit.offset("saddr_v6")?,
-            daddr_v6: retransmit.offset("daddr_v6")?,
-            _pad: 0,
-        },
-        probe: ProbeOffsets {
-            skaddr: probe_skaddr.unwrap_or(0),
-            saddr: probe.offset("saddr")?,
-            daddr: probe.offset("daddr")?,
-            sport: probe.offset("sport")?,
-            dport: probe.offset("dport")?,
-            family: probe.offset("family")?,
-            data_len: probe.offset("data_len")?,
-            snd_nxt: probe.offset("snd_nxt")?,
-            snd_una: probe.offset("snd_una")?,
-            srtt: probe.offset("srtt")?,
-            sock_cookie: probe_cookie,
-            sock_common_skc_cookie: skc_cookie,
-        },
+        tcp_sock_bytes_received: member("tcp_sock", "bytes_received")?,
+        set_state,
+        retransmit,
+        probe,
         files: FileOffsets {
-            task_struct_files: member_offset(&btf, "task_struct", "files")?,
-            files_struct_fdt: member_offset(&btf, "files_struct", "fdt")?,
-            fdtable_max_fds: member_offset(&btf, "fdtable", "max_fds")?,
-            fdtable_fd: member_offset(&btf, "fdtable", "fd")?,
-            file_private_data: member_offset(&btf, "file", "private_data")?,
-            socket_sk: member_offset(&btf, "socket", "sk")?,
+            task_struct_files: member("task_struct", "files")?,
+            files_struct_fdt: member("files_struct", "fdt")?,
+            fdtable_max_fds: member("fdtable", "max_fds")?,
+            fdtable_fd: member("fdtable", "fd")?,
+            file_private_data: member("file", "private_data")?,
+            socket_sk: member("socket", "sk")?,
         },
-    })
+    };
+    for fallback in fallbacks(&offsets) {
+        tracing::info!("{fallback}");
+    }
+    Ok(offsets)
+}
+
+/// A field some kernels' tracepoint records lack, read from another source instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// `tcp/tcp_retransmit_skb` has no `family` (5.10): the socket's `skc_family` is read.
+    RetransmitFamilyFromSocket,
+    /// `tcp/tcp_probe` has no `family` (5.10): its `saddr` is a `struct sockaddr`, whose first
+    /// field is the family.
+    ProbeFamilyFromSockaddr,
+    /// `tcp/tcp_probe` has no `skaddr` (6.1, 5.10): segments are keyed by `sock_cookie`.
+    ProbeKeyedByCookie,
+}
+
+impl std::fmt::Display for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Fallback::RetransmitFamilyFromSocket => {
+                "tcp/tcp_retransmit_skb has no family field: the address family is read from the \
+                 socket (sock_common.skc_family); nothing lost"
+            }
+            Fallback::ProbeFamilyFromSockaddr => {
+                "tcp/tcp_probe has no family field: the address family is its saddr's sa_family; \
+                 nothing lost"
+            }
+            Fallback::ProbeKeyedByCookie => {
+                "tcp/tcp_probe has no skaddr field: its segments are keyed by sock_cookie and \
+                 matched to connections by their addresses (a segment of two connections with \
+                 the same addresses in two namespaces is dropped; both are still sampled)"
+            }
+        })
+    }
+}
+
+/// The fallbacks `offsets` use on this kernel.
+pub fn fallbacks(offsets: &KernelOffsets) -> Vec<Fallback> {
+    let mut out = Vec::new();
+    if offsets.retransmit.family == 0 {
+        out.push(Fallback::RetransmitFamilyFromSocket);
+    }
+    if offsets.probe.family == offsets.probe.saddr {
+        out.push(Fallback::ProbeFamilyFromSockaddr);
+    }
+    if offsets.probe.skaddr == 0 {
+        out.push(Fallback::ProbeKeyedByCookie);
+    }
+    out
+}
+
+/// The three tracepoints' field offsets from their format files; `member` gives a struct
+/// member's offset from the BTF, for the fields a record lacks and the socket has.
+pub fn tracepoint_offsets(
+    set_state: &TracepointFormat,
+    retransmit: &TracepointFormat,
+    probe: &TracepointFormat,
+    member: &dyn Fn(&str, &str) -> Result<u32>,
+) -> Result<(SetStateOffsets, RetransmitOffsets, ProbeOffsets)> {
+    let set_state = SetStateOffsets {
+        skaddr: set_state.offset("skaddr")?,
+        oldstate: set_state.offset("oldstate")?,
+        newstate: set_state.offset("newstate")?,
+        sport: set_state.offset("sport")?,
+        dport: set_state.offset("dport")?,
+        family: set_state.offset("family")?,
+        protocol: set_state.offset("protocol")?,
+        saddr: set_state.offset("saddr")?,
+        daddr: set_state.offset("daddr")?,
+        saddr_v6: set_state.offset("saddr_v6")?,
+        daddr_v6: set_state.offset("daddr_v6")?,
+        _pad: 0,
+    };
+    // 5.10's record has no `family` (6.1's has): the program reads the socket's.
+    let (family, skc_family) = match retransmit.offset("family") {
+        Ok(at) => (at, 0),
+        Err(_) => (0, member("sock_common", "skc_family")?),
+    };
+    let retransmit = RetransmitOffsets {
+        skaddr: retransmit.offset("skaddr")?,
+        state: retransmit.offset("state")?,
+        sport: retransmit.offset("sport")?,
+        dport: retransmit.offset("dport")?,
+        family,
+        saddr: retransmit.offset("saddr")?,
+        daddr: retransmit.offset("daddr")?,
+        saddr_v6: retransmit.offset("saddr_v6")?,
+        daddr_v6: retransmit.offset("daddr_v6")?,
+        sock_common_skc_family: skc_family,
+    };
+    // Older kernels (6.1, 5.10) have no `skaddr` in tcp_probe's record: the program keys
+    // sockets by the record's `sock_cookie` instead, and forgets them at close by `skc_cookie`.
+    let skaddr = probe.offset("skaddr").ok();
+    let (sock_cookie, skc_cookie) = match skaddr {
+        Some(_) => (0, 0),
+        None => (probe.offset("sock_cookie")?, member("sock_common", "skc_cookie")?),
+    };
+    let saddr = probe.offset("saddr")?;
+    let probe = ProbeOffsets {
+        skaddr: skaddr.unwrap_or(0),
+        saddr,
+        daddr: probe.offset("daddr")?,
+        sport: probe.offset("sport")?,
+        dport: probe.offset("dport")?,
+        // 5.10 has no `family`: `saddr` is a `struct sockaddr_in` / `sockaddr_in6`, whose
+        // first field is the family, set for both.
+        family: probe.offset("family").unwrap_or(saddr),
+        data_len: probe.offset("data_len")?,
+        snd_nxt: probe.offset("snd_nxt")?,
+        snd_una: probe.offset("snd_una")?,
+        srtt: probe.offset("srtt")?,
+        sock_cookie,
+        sock_common_skc_cookie: skc_cookie,
+    };
+    Ok((set_state, retransmit, probe))
 }
 
 /// `skc_state`, `sk_error_queue`, `sk_buff_head.prev`, `sk_buff.cb`, `sock_exterr_skb.ee`.
@@ -308,7 +379,8 @@ impl TracepointFormat {
         Ok(Self::parse(full, &text))
     }
 
-    /// Parses lines like `field:__u8 saddr[4]; offset:32; size:4; signed:0;` (tab separated).
+    /// Parses lines like `field:__u8 saddr[4]; offset:32; size:4; signed:0;` (tab separated;
+    /// 5.10's tcp_probe sizes its arrays `[sizeof(struct sockaddr_in6)]`).
     pub fn parse(name: String, text: &str) -> Self {
         let fields = text
             .lines()
@@ -316,8 +388,12 @@ impl TracepointFormat {
                 let mut parts = line.trim().split(';');
                 let decl = parts.next()?.strip_prefix("field:")?;
                 let offset = parts.next()?.trim().strip_prefix("offset:")?.parse().ok()?;
-                let ident = decl.rsplit(' ').next()?;
-                let ident = ident.split('[').next()?;
+                // The array size goes first: it may hold spaces.
+                let decl = match decl.strip_suffix(']') {
+                    Some(array) => array.split('[').next()?,
+                    None => decl,
+                };
+                let ident = decl.trim_end().rsplit(' ').next()?;
                 Some((ident.to_owned(), offset))
             })
             .collect();
@@ -429,6 +505,164 @@ mod tests {
             err.contains("sock/inet_sock_set_state") && err.contains("daddr"),
             "{err}"
         );
+    }
+
+    /// Debian 11's 5.10.223 (`linux-image-5.10.0-32-cloud-amd64`), its format files as the
+    /// kernel printed them (the print fmt lines left out).
+    const SET_STATE_5_10: &str = "name: inet_sock_set_state\nID: 1308\nformat:\n\
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
+\tfield:const void * skaddr;\toffset:8;\tsize:8;\tsigned:0;\n\
+\tfield:int oldstate;\toffset:16;\tsize:4;\tsigned:1;\n\
+\tfield:int newstate;\toffset:20;\tsize:4;\tsigned:1;\n\
+\tfield:__u16 sport;\toffset:24;\tsize:2;\tsigned:0;\n\
+\tfield:__u16 dport;\toffset:26;\tsize:2;\tsigned:0;\n\
+\tfield:__u16 family;\toffset:28;\tsize:2;\tsigned:0;\n\
+\tfield:__u16 protocol;\toffset:30;\tsize:2;\tsigned:0;\n\
+\tfield:__u8 saddr[4];\toffset:32;\tsize:4;\tsigned:0;\n\
+\tfield:__u8 daddr[4];\toffset:36;\tsize:4;\tsigned:0;\n\
+\tfield:__u8 saddr_v6[16];\toffset:40;\tsize:16;\tsigned:0;\n\
+\tfield:__u8 daddr_v6[16];\toffset:56;\tsize:16;\tsigned:0;\n";
+    const RETRANSMIT_5_10: &str = "name: tcp_retransmit_skb\nID: 1306\nformat:\n\
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
+\tfield:const void * skbaddr;\toffset:8;\tsize:8;\tsigned:0;\n\
+\tfield:const void * skaddr;\toffset:16;\tsize:8;\tsigned:0;\n\
+\tfield:int state;\toffset:24;\tsize:4;\tsigned:1;\n\
+\tfield:__u16 sport;\toffset:28;\tsize:2;\tsigned:0;\n\
+\tfield:__u16 dport;\toffset:30;\tsize:2;\tsigned:0;\n\
+\tfield:__u8 saddr[4];\toffset:32;\tsize:4;\tsigned:0;\n\
+\tfield:__u8 daddr[4];\toffset:36;\tsize:4;\tsigned:0;\n\
+\tfield:__u8 saddr_v6[16];\toffset:40;\tsize:16;\tsigned:0;\n\
+\tfield:__u8 daddr_v6[16];\toffset:56;\tsize:16;\tsigned:0;\n";
+    const PROBE_5_10: &str = "name: tcp_probe\nID: 1300\nformat:\n\
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
+\tfield:__u8 saddr[sizeof(struct sockaddr_in6)];\toffset:8;\tsize:28;\tsigned:0;\n\
+\tfield:__u8 daddr[sizeof(struct sockaddr_in6)];\toffset:36;\tsize:28;\tsigned:0;\n\
+\tfield:__u16 sport;\toffset:64;\tsize:2;\tsigned:0;\n\
+\tfield:__u16 dport;\toffset:66;\tsize:2;\tsigned:0;\n\
+\tfield:__u32 mark;\toffset:68;\tsize:4;\tsigned:0;\n\
+\tfield:__u16 data_len;\toffset:72;\tsize:2;\tsigned:0;\n\
+\tfield:__u32 snd_nxt;\toffset:76;\tsize:4;\tsigned:0;\n\
+\tfield:__u32 snd_una;\toffset:80;\tsize:4;\tsigned:0;\n\
+\tfield:__u32 snd_cwnd;\toffset:84;\tsize:4;\tsigned:0;\n\
+\tfield:__u32 ssthresh;\toffset:88;\tsize:4;\tsigned:0;\n\
+\tfield:__u32 snd_wnd;\toffset:92;\tsize:4;\tsigned:0;\n\
+\tfield:__u32 srtt;\toffset:96;\tsize:4;\tsigned:0;\n\
+\tfield:__u32 rcv_wnd;\toffset:100;\tsize:4;\tsigned:0;\n\
+\tfield:__u64 sock_cookie;\toffset:104;\tsize:8;\tsigned:0;\n";
+
+    /// BTF members as a fake kernel's: `skc_family` at 16, `skc_cookie` at 88.
+    fn members(strukt: &str, member: &str) -> Result<u32> {
+        match (strukt, member) {
+            ("sock_common", "skc_family") => Ok(16),
+            ("sock_common", "skc_cookie") => Ok(88),
+            _ => Err(Error::NoMember {
+                strukt: strukt.into(),
+                member: member.into(),
+            }),
+        }
+    }
+
+    fn formats(set_state: &str, retransmit: &str, probe: &str) -> [TracepointFormat; 3] {
+        [
+            TracepointFormat::parse("sock/inet_sock_set_state".into(), set_state),
+            TracepointFormat::parse("tcp/tcp_retransmit_skb".into(), retransmit),
+            TracepointFormat::parse("tcp/tcp_probe".into(), probe),
+        ]
+    }
+
+    #[test]
+    fn on_5_10_the_family_comes_from_the_socket_and_the_sockaddr() {
+        let [s, r, p] = formats(SET_STATE_5_10, RETRANSMIT_5_10, PROBE_5_10);
+        let (set_state, retransmit, probe) = tracepoint_offsets(&s, &r, &p, &members).expect("5.10 runs");
+        assert_eq!((set_state.family, set_state.daddr_v6), (28, 56));
+        assert_eq!(
+            retransmit.family, 0,
+            "no family field: the program reads the socket's"
+        );
+        assert_eq!(retransmit.sock_common_skc_family, 16);
+        assert_eq!(
+            (retransmit.skaddr, retransmit.dport, retransmit.daddr_v6),
+            (16, 30, 56)
+        );
+        assert_eq!(
+            probe.family, probe.saddr,
+            "sa_family is the sockaddr's first field"
+        );
+        assert_eq!((probe.saddr, probe.skaddr, probe.sock_cookie), (8, 0, 104));
+        assert_eq!(probe.sock_common_skc_cookie, 88);
+        let offsets = KernelOffsets {
+            retransmit,
+            probe,
+            ..KernelOffsets::default()
+        };
+        assert_eq!(
+            fallbacks(&offsets),
+            [
+                Fallback::RetransmitFamilyFromSocket,
+                Fallback::ProbeFamilyFromSockaddr,
+                Fallback::ProbeKeyedByCookie
+            ]
+        );
+    }
+
+    #[test]
+    fn a_record_with_the_fields_reads_them_and_falls_back_on_nothing() {
+        // 6.18's records: `family` in both, `skaddr` in tcp_probe (appended here to 5.10's).
+        let retransmit = format!("{RETRANSMIT_5_10}\tfield:__u16 family;\toffset:72;\tsize:2;\tsigned:0;\n");
+        let probe = format!(
+            "{PROBE_5_10}\tfield:__u16 family;\toffset:112;\tsize:2;\tsigned:0;\n\
+             \tfield:const void * skaddr;\toffset:120;\tsize:8;\tsigned:0;\n"
+        );
+        let [s, r, p] = formats(SET_STATE_5_10, &retransmit, &probe);
+        let none = |strukt: &str, member: &str| -> Result<u32> {
+            Err(Error::NoMember {
+                strukt: strukt.into(),
+                member: member.into(),
+            })
+        };
+        let (_, retransmit, probe) = tracepoint_offsets(&s, &r, &p, &none).expect("no BTF member needed");
+        assert_eq!((retransmit.family, retransmit.sock_common_skc_family), (72, 0));
+        assert_eq!((probe.family, probe.skaddr, probe.sock_cookie), (112, 120, 0));
+        let offsets = KernelOffsets {
+            retransmit,
+            probe,
+            ..KernelOffsets::default()
+        };
+        assert!(fallbacks(&offsets).is_empty());
+    }
+
+    #[test]
+    fn a_field_with_no_replacement_is_named() {
+        // No `sock_cookie` and no `skaddr` in tcp_probe: segments could not be keyed.
+        let probe = PROBE_5_10.replace("sock_cookie", "other");
+        let [s, r, p] = formats(SET_STATE_5_10, RETRANSMIT_5_10, &probe);
+        let err = tracepoint_offsets(&s, &r, &p, &members).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "tracepoint tcp/tcp_probe: no field sock_cookie in its format file"
+        );
+        // No family in tcp_retransmit_skb and none in the socket's BTF either.
+        let [s, r, p] = formats(SET_STATE_5_10, RETRANSMIT_5_10, PROBE_5_10);
+        let no_family = |strukt: &str, member: &str| match member {
+            "skc_family" => Err(Error::NoMember {
+                strukt: strukt.into(),
+                member: member.into(),
+            }),
+            _ => members(strukt, member),
+        };
+        let err = tracepoint_offsets(&s, &r, &p, &no_family)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "kernel BTF: struct sock_common has no member skc_family");
     }
 
     /// Reads the real kernel's BTF: runs wherever /sys/kernel/btf/vmlinux is readable.

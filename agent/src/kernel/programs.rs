@@ -33,6 +33,8 @@ pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
 /// The raw tracepoint that remembers errors reported on connecting sockets (program and
 /// tracepoint share the name): optional, see [`Probes::load`].
 pub const ERROR_REPORT: &str = "inet_sk_error_report";
+/// What a kernel without [`ERROR_REPORT`] (5.10) costs.
+const ERROR_REPORT_COST: &str = "failed connects ended by an ICMP error the process read first are counted as reason \"timeout\", not \"unreachable\"";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -130,6 +132,8 @@ pub struct Probes {
     attachment: Attachment,
     offsets: KernelOffsets,
     _logger_task: Option<tokio::task::JoinHandle<()>>,
+    /// Whether [`ERROR_REPORT`] is attached; why not, else.
+    error_report: std::result::Result<(), String>,
     /// Whether the Go-client uprobes loaded (see `go_probes.rs`); why not, else.
     pub(super) go_loaded: std::result::Result<(), String>,
     /// Whether the OpenSSL-client uprobes loaded (see `ssl_probes.rs`); why not, else.
@@ -161,12 +165,11 @@ impl Probes {
         }
         // Rare events (socket errors) that only tell the reason of a failed connect: without it
         // an ICMP unreachable that the process read before closing is reported as a timeout.
-        if let Err(err) = attach_error_report(&mut ebpf, offsets) {
-            tracing::warn!(
-                "{}; failed connects ended by an ICMP error the process read first are counted as reason \"timeout\", not \"unreachable\"",
-                crate::error::chain(&err)
-            );
-        }
+        let error_report = attach_error_report(&mut ebpf, offsets).map_err(|err| {
+            let why = crate::error::chain(&err);
+            tracing::warn!("{why}; {ERROR_REPORT_COST}");
+            why
+        });
         // The Go-client uprobes: loaded now, attached per binary of a client later. A kernel
         // that refuses them keeps the connection-level judgement for every client.
         let go_loaded = super::go_probes::load(&mut ebpf).map_err(|err| {
@@ -192,6 +195,7 @@ impl Probes {
             attachment: Attachment::None,
             offsets: *offsets,
             _logger_task: logger_task,
+            error_report,
             go_loaded,
             ssl_loaded,
             ebpf,
@@ -202,6 +206,32 @@ impl Probes {
     /// How the programs are attached now (for logs and `lifeline check`).
     pub fn attachment(&self) -> String {
         self.attachment.describe()
+    }
+
+    /// What the optional programs this kernel refused cost the judgement, one sentence each
+    /// (for `lifeline check`); empty when all of them run.
+    pub fn degradations(&self) -> Vec<String> {
+        [
+            (&self.error_report, ERROR_REPORT, ERROR_REPORT_COST),
+            (
+                &self.go_loaded,
+                "the Go-client uprobes",
+                "Go clients' streams are not followed: their connections are judged by the kernel's connection evidence only",
+            ),
+            (
+                &self.ssl_loaded,
+                "the OpenSSL-client uprobes",
+                "OpenSSL clients' requests are not followed: their connections are judged by the kernel's connection evidence only",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(loaded, what, cost)| {
+            loaded
+                .as_ref()
+                .err()
+                .map(|why| format!("{what} not available ({why}): {cost}"))
+        })
+        .collect()
     }
 
     /// Attaches the programs the way `ports` allows: the filter in front when it can hold
