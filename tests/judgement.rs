@@ -616,6 +616,76 @@ while True:\n    c, _ = l.accept()\n    c.setsockopt(socket.SOL_SOCKET, socket.S
     });
 }
 
+/// The fixture apiserver with a pod whose labels are a secret's stand-in, `hang` among its
+/// flags (`--hang-watches pods`, `--hang-lists pods`), and the agent watching it with
+/// `flags`: what the Go stream tests share.
+struct StreamFixture {
+    sink: WebhookSink,
+    dir: TempDir,
+    _api: ApiServer,
+    endpoint: String,
+    agent: Agent,
+    _config: TempDir,
+}
+
+impl StreamFixture {
+    fn start(hang: &[&str], flags: &[&str]) -> StreamFixture {
+        let sink = WebhookSink::start();
+        let dir = TempDir::new();
+        let mut options = ApiServerOptions::new(Generation::Old);
+        options.pods = vec![serde_json::json!({
+            "metadata": { "name": "db", "labels": { "app": "secret-pod-data-xyz" } }
+        })];
+        options.extra = hang.iter().map(|h| (*h).to_owned()).collect();
+        let args = options.args(dir.path());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let api = ApiServer::start(
+            &sibling_bin("ll-apiserver"),
+            "127.0.0.1:0".parse().unwrap(),
+            &dir.path().join("certs"),
+            &args,
+        );
+        let endpoint = api.addr().to_string();
+        let (agent, config) = agent(std::slice::from_ref(&endpoint), &sink, "", flags);
+        StreamFixture {
+            sink,
+            dir,
+            _api: api,
+            endpoint,
+            agent,
+            _config: config,
+        }
+    }
+
+    /// `kubectl ARGS` of the binary at `path` against the fixture, with the secret token.
+    fn kubectl(&self, path: &str, args: &[&str]) -> Watched {
+        let mut cmd = Command::new(path);
+        cmd.args([
+            "--server",
+            &format!("https://{}", self.endpoint),
+            "--insecure-skip-tls-verify",
+            "--token",
+            "secret-token-xyz",
+        ])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        Watched::spawn("kubectl", cmd)
+    }
+
+    /// Waits until `pid`'s streams are followed; its client object.
+    fn followed(&self, pid: u32, what: &str) -> Value {
+        wait_until(
+            secs(30.0),
+            &format!("{what}'s streams followed"),
+            || match find_pid(&self.agent.clients(), pid).cloned() {
+                Some(c) if c["visibility"] == "streams" => Ok(c),
+                other => Err(other),
+            },
+        )
+    }
+}
+
 /// Streams (issues 16, 23): each real Go client below (stripped: the uprobes go on the
 /// functions found in its `.gopclntab`; adding one is one line) watches pods with
 /// `timeoutSeconds=3` through an apiserver whose pod watches hang (headers and the initial
@@ -650,53 +720,13 @@ fn go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves(kubectl_path: &
         std::path::Path::new(kubectl_path).exists(),
         "{kubectl_path} is missing: run `cargo xtask setup`"
     );
-    let sink = WebhookSink::start();
-    let dir = TempDir::new();
-    let mut options = ApiServerOptions::new(Generation::Old);
-    options.pods = vec![serde_json::json!({
-        "metadata": { "name": "db", "labels": { "app": "secret-pod-data-xyz" } }
-    })];
-    options.extra = vec!["--hang-watches".into(), "pods".into()];
-    let args = options.args(dir.path());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let api = ApiServer::start(
-        &sibling_bin("ll-apiserver"),
-        "127.0.0.1:0".parse().unwrap(),
-        &dir.path().join("certs"),
-        &args,
-    );
-    let endpoint = api.addr().to_string();
-    let (agent, _config) = agent(
-        std::slice::from_ref(&endpoint),
-        &sink,
-        "",
-        &["--watch-grace", "3s"],
-    );
-    let kubectl = |args: &[&str]| {
-        let mut cmd = Command::new(kubectl_path);
-        cmd.args([
-            "--server",
-            &format!("https://{endpoint}"),
-            "--insecure-skip-tls-verify",
-            "--token",
-            "secret-token-xyz",
-        ])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        Watched::spawn("kubectl", cmd)
-    };
+    let f = StreamFixture::start(&["--hang-watches", "pods"], &["--watch-grace", "3s"]);
+    let (agent, sink) = (&f.agent, &f.sink);
+    let kubectl = |args: &[&str]| f.kubectl(kubectl_path, args);
     // The first kubectl: its binary gets the probes (they stay while it runs).
     let nodes = kubectl(&["get", "nodes", "--watch"]);
-    let (c, _) = wait_state(&agent, nodes.pid(), "healthy", secs(20.0));
-    let probed = wait_until(secs(10.0), "kubectl's streams followed", || {
-        let clients = agent.clients();
-        let c = find_pid(&clients, nodes.pid()).cloned();
-        match c {
-            Some(c) if c["visibility"] == "streams" => Ok(c),
-            other => Err(other),
-        }
-    });
+    let (c, _) = wait_state(agent, nodes.pid(), "healthy", secs(20.0));
+    let probed = f.followed(nodes.pid(), "kubectl");
     assert!(
         probed["visibility_reason"]
             .as_str()
@@ -711,7 +741,7 @@ fn go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves(kubectl_path: &
         "/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=3&labelSelector=app%3Dsecret-selector-xyz",
     ]);
     let started = SystemTime::now();
-    let (c, at) = wait_state(&agent, pods.pid(), "stale", secs(20.0));
+    let (c, at) = wait_state(agent, pods.pid(), "stale", secs(20.0));
     // Deadline 3 s + grace 3 s, judged within a tick; the watch started after the spawn.
     assert_within("the hung watch stuck", started, at, 6.0, 9.0);
     let why = reason(&c);
@@ -734,9 +764,9 @@ fn go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves(kubectl_path: &
         .file_name()
         .map(|n| n.to_string_lossy().chars().take(15).collect())
         .unwrap_or_default();
-    let alert = wait_alert(&sink, "LifelineClientStale", &comm, secs(10.0));
+    let alert = wait_alert(sink, "LifelineClientStale", &comm, secs(10.0));
     assert_eq!(alert["labels"]["resource"], "pods", "{alert}");
-    let stuck_metric = metrics_lines(&agent, "lifeline_client_stream_stuck{");
+    let stuck_metric = metrics_lines(agent, "lifeline_client_stream_stuck{");
     assert!(
         stuck_metric
             .iter()
@@ -782,47 +812,16 @@ fn go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves(kubectl_path: &
 #[test]
 fn a_go_clients_list_held_mid_answer_is_stuck_and_named() {
     init!();
-    let sink = WebhookSink::start();
-    let dir = TempDir::new();
-    let mut options = ApiServerOptions::new(Generation::Old);
-    options.pods = vec![serde_json::json!({ "metadata": { "name": "held-0" } })];
-    options.extra = vec!["--hang-lists".into(), "pods".into()];
-    let args = options.args(dir.path());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let api = ApiServer::start(
-        &sibling_bin("ll-apiserver"),
-        "127.0.0.1:0".parse().unwrap(),
-        &dir.path().join("certs"),
-        &args,
-    );
-    let endpoint = api.addr().to_string();
-    let (agent, _config) = agent(std::slice::from_ref(&endpoint), &sink, "", &[]);
-    let kubectl = |args: &[&str]| {
-        let mut cmd = Command::new(KUBECTL_1_20);
-        cmd.args([
-            "--server",
-            &format!("https://{endpoint}"),
-            "--insecure-skip-tls-verify",
-            "--token",
-            "lifeline-test",
-        ])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        Watched::spawn("kubectl", cmd)
-    };
+    let f = StreamFixture::start(&["--hang-lists", "pods"], &[]);
+    let agent = &f.agent;
+    let kubectl = |args: &[&str]| f.kubectl(KUBECTL_1_20, args);
     // The first kubectl gets the binary probed (the probes stay while it runs).
     let nodes = kubectl(&["get", "nodes", "--watch"]);
-    wait_state(&agent, nodes.pid(), "healthy", secs(20.0));
-    wait_until(secs(10.0), "kubectl's streams followed", || {
-        match find_pid(&agent.clients(), nodes.pid()) {
-            Some(c) if c["visibility"] == "streams" => Ok(()),
-            other => Err(other.cloned()),
-        }
-    });
+    wait_state(agent, nodes.pid(), "healthy", secs(20.0));
+    f.followed(nodes.pid(), "kubectl");
     let list = kubectl(&["get", "--raw", "/api/v1/namespaces/default/pods?limit=500"]);
     let started = SystemTime::now();
-    let (c, at) = wait_state(&agent, list.pid(), "stale", secs(30.0));
+    let (c, at) = wait_state(agent, list.pid(), "stale", secs(30.0));
     // The response's first half comes at once; stale_after of nothing, judged within a tick.
     assert_within("the list held mid-answer stuck", started, at, STALE, STALE + 4.0);
     let why = reason(&c);
@@ -875,28 +874,8 @@ fn every_go_release_s_hung_watch_is_stuck_and_named() {
         .map(|(file, go)| (file.to_owned(), go.to_owned()))
         .collect();
     assert!(clients.len() >= 2, "{manifest}");
-    let sink = WebhookSink::start();
-    let dir = TempDir::new();
-    let mut options = ApiServerOptions::new(Generation::Old);
-    options.pods = vec![serde_json::json!({
-        "metadata": { "name": "db", "labels": { "app": "secret-pod-data-xyz" } }
-    })];
-    options.extra = vec!["--hang-watches".into(), "pods".into()];
-    let args = options.args(dir.path());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let api = ApiServer::start(
-        &sibling_bin("ll-apiserver"),
-        "127.0.0.1:0".parse().unwrap(),
-        &dir.path().join("certs"),
-        &args,
-    );
-    let endpoint = api.addr().to_string();
-    let (agent, _config) = agent(
-        std::slice::from_ref(&endpoint),
-        &sink,
-        "",
-        &["--watch-grace", "3s"],
-    );
+    let f = StreamFixture::start(&["--hang-watches", "pods"], &["--watch-grace", "3s"]);
+    let (agent, sink, dir, endpoint) = (&f.agent, &f.sink, &f.dir, &f.endpoint);
     let running: Vec<(Watched, &str, &str, std::path::PathBuf)> = clients
         .iter()
         .map(|(file, go)| {
@@ -909,13 +888,7 @@ fn every_go_release_s_hung_watch_is_stuck_and_named() {
         })
         .collect();
     for (client, file, go, _) in &running {
-        let probed = wait_until(secs(30.0), &format!("{file}'s streams followed"), || {
-            let c = find_pid(&agent.clients(), client.pid()).cloned();
-            match c {
-                Some(c) if c["visibility"] == "streams" => Ok(c),
-                other => Err(other),
-            }
-        });
+        let probed = f.followed(client.pid(), file);
         let why = probed["visibility_reason"].as_str().unwrap_or("");
         assert!(why.contains(&format!("({go}.")), "{file}: {probed}");
         eprintln!("{file}: {why}");
@@ -925,7 +898,7 @@ fn every_go_release_s_hung_watch_is_stuck_and_named() {
         std::fs::write(trigger, "").expect("trigger");
     }
     for (client, file, _, _) in &running {
-        let (c, at) = wait_state(&agent, client.pid(), "stale", secs(20.0));
+        let (c, at) = wait_state(agent, client.pid(), "stale", secs(20.0));
         eprintln!(
             "{file}: stale {:.1}s after the pods watch was asked for",
             elapsed(started, at)
