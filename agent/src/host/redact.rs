@@ -138,26 +138,10 @@ fn redact_api_query(word: &str) -> String {
     if !(path.starts_with("/api/") || path.starts_with("/apis/")) {
         return word.to_owned();
     }
-    let mut out = String::from(&word[..=q]);
-    let mut rest = &word[q + 1..];
-    while !rest.is_empty() {
-        let end = rest.find(['&', '#']).unwrap_or(rest.len());
-        let param = &rest[..end];
-        match param.split_once('=') {
-            Some((name, value))
-                if !KEPT_QUERY_KEYS.contains(&name) && !value.is_empty() && value != REDACTED =>
-            {
-                out.push_str(name);
-                out.push('=');
-                out.push_str(REDACTED);
-            }
-            _ => out.push_str(param),
-        }
-        let sep_len = rest[end..].chars().next().map_or(0, char::len_utf8);
-        out.push_str(&rest[end..end + sep_len]);
-        rest = &rest[end + sep_len..];
-    }
-    out
+    let ends: &[char] = &['&', '#'];
+    redact_params(word, q, ends, |name, value| {
+        !KEPT_QUERY_KEYS.contains(&name) && value != REDACTED
+    })
 }
 
 /// Where a URL's authority (`userinfo@host:port`) ends.
@@ -192,16 +176,24 @@ fn redact_url(word: &str) -> String {
 
 /// Secret parameters after `?`, `&` or `;` in `text` (`?a=1&token=x` → `?a=1&token=<redacted>`).
 fn redact_query(text: &str) -> String {
-    let Some(q) = text.find('?') else {
-        return text.to_owned();
-    };
+    match text.find('?') {
+        Some(q) => redact_params(text, q, PARAM_END, |name, _| {
+            is_name(name) && is_secret_name(name)
+        }),
+        None => text.to_owned(),
+    }
+}
+
+/// `text` with the non-empty value of each parameter after its `?` at `q` (parameters end at
+/// one of `ends`) that `secret(name, value)` picks replaced by [`REDACTED`].
+fn redact_params(text: &str, q: usize, ends: &[char], secret: impl Fn(&str, &str) -> bool) -> String {
     let mut out = String::from(&text[..=q]);
     let mut rest = &text[q + 1..];
     while !rest.is_empty() {
-        let end = rest.find(PARAM_END).unwrap_or(rest.len());
+        let end = rest.find(ends).unwrap_or(rest.len());
         let param = &rest[..end];
         match param.split_once('=') {
-            Some((name, value)) if is_name(name) && is_secret_name(name) && !value.is_empty() => {
+            Some((name, value)) if !value.is_empty() && secret(name, value) => {
                 out.push_str(name);
                 out.push('=');
                 out.push_str(REDACTED);
