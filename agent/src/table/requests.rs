@@ -15,6 +15,9 @@ use super::{
     streams::{frame, request::Request, MAX_PENDING, MAX_PENDING_PER_PROCESS, PENDING_TTL},
     ConnectionTable,
 };
+
+/// How often, at most, the node's bound sweeps out every request past its TTL.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 use crate::kernel::events::{Frame, Header, HeaderField};
 
 /// What one goroutine encoded last.
@@ -59,6 +62,8 @@ pub(super) struct Pending {
     seq: u64,
     /// Requests forgotten at a bound before their HEADERS frame came.
     pub evicted: u64,
+    /// When requests past their TTL were last swept out at the node's bound.
+    swept: Option<Instant>,
 }
 
 impl Pending {
@@ -99,21 +104,14 @@ impl Pending {
         }
     }
 
-    /// Over the node's bound: every request past its TTL goes; if none was, the oldest of
-    /// the process that holds the most.
+    /// Over the node's bound: every request past its TTL goes (a sweep of all of them, at
+    /// most once a second: a flood held at the bound must not cost a sweep a header); if none
+    /// went, the oldest of the process that holds the most.
     fn evict_at_node_bound(&mut self, now: Instant) {
-        let cutoff = now.checked_sub(PENDING_TTL);
-        let mut expired = 0;
-        for p in self.processes.values_mut() {
-            let before = p.by_goroutine.len();
-            p.by_goroutine
-                .retain(|_, e| e.at.zip(cutoff).is_none_or(|(at, cut)| at >= cut));
-            expired += before - p.by_goroutine.len();
-        }
-        self.processes.retain(|_, p| !p.by_goroutine.is_empty());
-        self.total -= expired;
-        self.evicted += expired as u64;
-        if expired > 0 {
+        let sweep_due = self
+            .swept
+            .is_none_or(|at| now.saturating_duration_since(at) >= SWEEP_EVERY);
+        if sweep_due && self.sweep_expired(now) > 0 {
             return;
         }
         let heaviest = self
@@ -127,6 +125,23 @@ impl Pending {
                 self.evicted += 1;
             }
         }
+    }
+
+    /// Forgets every request past its TTL at `now`; how many.
+    fn sweep_expired(&mut self, now: Instant) -> usize {
+        self.swept = Some(now);
+        let cutoff = now.checked_sub(PENDING_TTL);
+        let mut expired = 0;
+        for p in self.processes.values_mut() {
+            let before = p.by_goroutine.len();
+            p.by_goroutine
+                .retain(|_, e| e.at.zip(cutoff).is_none_or(|(at, cut)| at >= cut));
+            expired += before - p.by_goroutine.len();
+        }
+        self.processes.retain(|_, p| !p.by_goroutine.is_empty());
+        self.total -= expired;
+        self.evicted += expired as u64;
+        expired
     }
 
     fn take(&mut self, tgid: u32, goroutine: u64, now: Instant) -> Option<Request> {
