@@ -305,7 +305,8 @@ fn refused_connect_storm_spares_other_clients_and_healthz() {
 }
 
 /// 3. Events lost anyway: the agent is stopped (SIGSTOP) while a churn of short connections
-///    overfills the ring buffer, and while it is full another process opens connections whose
+///    from many processes (each below the rate at which the kernel mutes one) overfills the
+///    ring buffer, and while it is full another process opens connections whose
 ///    every event is lost. After SIGCONT the agent counts the loss, says so, and rescans: the
 ///    held connections are listed with their owner within seconds, and nothing of the churn
 ///    is left behind (no connection stuck in SYN_SENT or ESTABLISHED from a lost close).
@@ -313,6 +314,9 @@ fn refused_connect_storm_spares_other_clients_and_healthz() {
 fn lost_events_are_counted_and_the_table_heals() {
     init!();
     const HELD: usize = 50;
+    const CHURNERS: usize = 40;
+    /// Connections each churner closes a second: below `MUTE_AFTER` (128).
+    const CHURN_RATE: u32 = 100;
     let ns = NetNs::new();
     let (_held_server, live) = server(&ns);
     let (_closing_server, churn_addr) = server_with(&ns, &["--close"]);
@@ -321,27 +325,41 @@ fn lost_events_are_counted_and_the_table_heals() {
     assert_eq!(metric(&agent, "lifeline_ebpf_events_lost_total", &[]), 0.0);
 
     agent.signal(libc::SIGSTOP);
-    let mut churn = Load::spawn(
-        &ns,
-        &[
-            "churn",
-            "--connect",
-            &churn_addr,
-            "--seconds",
-            "6",
-            "--threads",
-            "2",
-            "--linger",
-        ],
+    // Many processes, each closing fewer connections a second than would get it muted in the
+    // kernel (`MUTE_AFTER`: one process's storm costs the ring nothing), together far beyond
+    // the ring: each churned connection is 4-5 state changes, the ring holds ~35,000.
+    let mut churns: Vec<Load> = (0..CHURNERS)
+        .map(|_| {
+            Load::spawn(
+                &ns,
+                &[
+                    "churn",
+                    "--connect",
+                    &churn_addr,
+                    "--seconds",
+                    "6",
+                    "--threads",
+                    "1",
+                    "--rate",
+                    &CHURN_RATE.to_string(),
+                    "--linger",
+                ],
+            )
+        })
+        .collect();
+    let mut churned = 0;
+    for churn in &mut churns {
+        let done = churn.until("done").pop().expect("done line");
+        churned += done
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse::<u64>().ok())
+            .expect("done OK FAILED");
+    }
+    assert!(
+        churned > 15_000,
+        "enough churn to overfill the ring: {churned} connections"
     );
-    let done = churn.until("done").pop().expect("done line");
-    let churned: u64 = done
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .expect("done OK FAILED");
-    // Each churned connection is 4-5 state changes: far beyond the ring's ~35,000 events.
-    assert!(churned > 20_000, "enough churn to overfill the ring: {done}");
     let mut hold = Load::spawn(
         &ns,
         &[
@@ -381,16 +399,17 @@ fn lost_events_are_counted_and_the_table_heals() {
         "the loss is said: {}",
         agent.stderr()
     );
-    // The churning process lingers with every connection closed: whatever its lost events
+    // The churning processes linger with every connection closed: whatever their lost events
     // left in the table (a connect whose close was lost) is gone, only the held ones remain.
     agent.wait_clients(
         Duration::from_secs(15),
         "nothing of the churn left, the held connections alone",
         |c| {
             let tracked: usize = c.iter().map(|c| connections(c).len()).sum();
-            (listed(c, churn.pid()).is_empty() && tracked == HELD).then_some(())
+            let churn_left = churns.iter().any(|churn| !listed(c, churn.pid()).is_empty());
+            (!churn_left && tracked == HELD).then_some(())
         },
     );
     drop(hold);
-    drop(churn);
+    drop(churns);
 }

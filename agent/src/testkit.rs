@@ -237,6 +237,7 @@ pub fn client_snapshot(pid: u32, start_time_ticks: u64, state: State, since: Ins
             bytes_received: 0,
             retransmits: 0,
             streams: Vec::new(),
+            gap: None,
         }],
         recent_failures: 0,
         selected: false,

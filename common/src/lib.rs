@@ -247,7 +247,8 @@ pub struct SegmentState {
     pub netns: u32,
     /// Whether the last segment sent carried more than keepalive-sized payload.
     pub payload: u32,
-    pub _pad: u32,
+    /// The process of a muted connection (see [`MUTE_AFTER`]); 0 for one that is reported.
+    pub muted_tgid: u32,
 }
 
 /// Index of counters in the `COUNTERS` array map.
@@ -261,8 +262,51 @@ pub mod counter {
     pub const DEFERRED: u32 = 2;
     /// Held-back connects that failed: counted in `FAILURES`, never sent as events.
     pub const AGGREGATED: u32 = 3;
-    pub const LEN: u32 = 4;
+    /// Lost records whose loss could not be written to `LOSSES` (the map was full): they may
+    /// have concerned any connection, so userspace forgets every connection's waits.
+    pub const UNSCOPED: u32 = 4;
+    pub const LEN: u32 = 5;
 }
+
+/// Why a record was not sent (`LossKey::cause`).
+pub mod loss_cause {
+    /// The ring buffer was full.
+    pub const RING_FULL: u16 = 1;
+    /// Its process was over its stream record budget ([`STREAM_BUDGET`](super::STREAM_BUDGET)).
+    pub const RATE_LIMITED: u16 = 2;
+}
+
+/// Key of the `LOSSES` map: records lost about one socket, or one process, for one cause. The
+/// value is a count per CPU that only grows; userspace reads differences and removes keys
+/// that stopped growing.
+///
+/// The most precise scope the program had: `sk` (the socket's kernel address) when known;
+/// else `sport`/`dport` of the segment (kernels whose `tcp_probe` has no `skaddr`); else
+/// `tgid` (a header record, which knows its process and goroutine only).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LossKey {
+    pub sk: u64,
+    /// 0 where the program runs for no process in particular (softirq).
+    pub tgid: u32,
+    pub cause: u16,
+    /// Host byte order; 0 when unknown.
+    pub sport: u16,
+    pub dport: u16,
+    pub _pad: [u16; 3],
+}
+
+/// Entries of the `LOSSES` map. Beyond them a loss is counted node-wide (`counter::UNSCOPED`).
+pub const MAX_LOSSES: u32 = 4096;
+
+/// Stream records (frames and headers from the uprobes) each process may send per
+/// [`BUDGET_WINDOW_NS`] by default (the agent's `--stream-record-budget`); beyond it they are dropped and counted as its loss
+/// (`loss_cause::RATE_LIMITED`). A request costs about five records (`:method`, `:path`, its
+/// HEADERS both ways, the END_STREAM), and DATA frames are coalesced per stream
+/// ([`FRAME_COALESCE_NS`]): 20,000 is a client sending ~4,000 requests a second, well above
+/// what client-go's rate limits let a controller send (kube-controller-manager: 20/s by
+/// default), so one process's flood costs its own visibility, not its neighbours'.
+pub const STREAM_BUDGET: u32 = 20_000;
 
 /// Connect events per process (tgid) and [`BUDGET_WINDOW_NS`] that are sent at once. Beyond
 /// it, a connect is held back in the kernel until it ends its SYN_SENT phase: if it connects,
@@ -271,6 +315,17 @@ pub mod counter {
 /// `FAILURES`, which userspace reads every second. One process's connect storm therefore
 /// costs a few events per second, and cannot crowd other processes' events out of the ring.
 pub const CONNECT_BUDGET: u32 = 32;
+/// Connections a process may close itself per window (while over its connect budget) before
+/// its held-back connects that connect are *muted* instead of sent: none of their events
+/// (state changes, segments) are, each counted as its process's loss
+/// (`loss_cause::RATE_LIMITED`). A process that connects and closes thousands of times a
+/// second then costs the ring little more than its budget each second, and its own visibility
+/// only: the table learns of a muted connection that lives on from the periodic sock_diag
+/// scan, and the API calls the process's evidence incomplete while its muted connections are
+/// active. A process that opens thousands of connections and keeps them (a pool) closes
+/// none and is never muted; no client reconnecting with backoff comes near (client-go backs
+/// off to seconds between attempts).
+pub const MUTE_AFTER: u32 = 4 * CONNECT_BUDGET;
 /// The budget's window.
 pub const BUDGET_WINDOW_NS: u64 = 1_000_000_000;
 
@@ -296,7 +351,9 @@ pub struct DeferredConnect {
 pub struct Budget {
     pub window_start_ns: u64,
     pub used: u32,
-    pub _pad: u32,
+    /// Connections the process closed itself in the window (`close()`: to FIN_WAIT1 or
+    /// LAST_ACK), for [`MUTE_AFTER`].
+    pub closed: u32,
 }
 
 /// Key of the `FAILURES` map: failed connects of one process to one destination, for one
@@ -487,6 +544,7 @@ mod pod {
     unsafe impl aya::Pod for super::SegmentEvent {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::FailureKey {}
+    unsafe impl aya::Pod for super::LossKey {}
     unsafe impl aya::Pod for super::FrameEvent {}
     unsafe impl aya::Pod for super::HeaderEvent {}
     unsafe impl aya::Pod for super::SslKey {}

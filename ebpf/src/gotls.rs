@@ -27,11 +27,11 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use lifeline_common::{
-    direction, header_field, protocol, EventKind, FrameCursor, FrameEvent, GoroutineKey, HeaderEvent,
-    StreamKey, FRAME_COALESCE_NS, HEADER_VALUE_MAX,
+    direction, header_field, loss_cause, protocol, EventKind, FrameCursor, FrameEvent, GoroutineKey,
+    HeaderEvent, StreamKey, FRAME_COALESCE_NS, HEADER_VALUE_MAX,
 };
 
-use crate::{bump, counter, segment_key, EVENTS, OFFSETS, SEGMENTS};
+use crate::{bump, counter, lost, segment_key, stream_budget, EVENTS, OFFSETS, SEGMENTS};
 
 /// HTTP/2 frame types (RFC 9113 §6).
 const DATA: u8 = 0;
@@ -169,8 +169,12 @@ fn plausible(length: u32, frame_type: u8, stream_id: u32) -> bool {
 
 #[inline(always)]
 fn send_frame(sk: u64, goroutine: u64, frame_type: u8, flags: u8, stream_id: u32, length: u32, dir: u8) {
+    let tgid = tgid();
+    if !stream_budget(sk, tgid) {
+        return;
+    }
     let Some(mut entry) = EVENTS.reserve::<FrameEvent>(0) else {
-        bump(counter::LOST);
+        lost(sk, tgid, 0, 0, loss_cause::RING_FULL);
         return;
     };
     entry.write(FrameEvent {
@@ -179,7 +183,7 @@ fn send_frame(sk: u64, goroutine: u64, frame_type: u8, flags: u8, stream_id: u32
         sk,
         goroutine,
         kind: EventKind::Frame as u32,
-        tgid: tgid(),
+        tgid,
         stream_id,
         length,
         frame_type,
@@ -216,8 +220,13 @@ fn try_go_write_header(ctx: &ProbeContext) -> Option<()> {
         }
         _ => return None,
     };
+    // A header names no socket (it is written before the stream is): a loss is the process's.
+    let tgid = tgid();
+    if !stream_budget(0, tgid) {
+        return None;
+    }
     let Some(mut entry) = EVENTS.reserve::<HeaderEvent>(0) else {
-        bump(counter::LOST);
+        lost(0, tgid, 0, 0, loss_cause::RING_FULL);
         return None;
     };
     let event = entry.as_mut_ptr();
@@ -226,7 +235,7 @@ fn try_go_write_header(ctx: &ProbeContext) -> Option<()> {
         (*event).timestamp_ns = bpf_ktime_get_ns();
         (*event).goroutine = r.r14;
         (*event).kind = EventKind::Header as u32;
-        (*event).tgid = tgid();
+        (*event).tgid = tgid;
         (*event).field = field;
         (*event).value_len = value_len as u32;
         let mut copy = value_len as u32 & 0x3ff;
@@ -356,7 +365,9 @@ fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
                 let length = u32::from(head[0]) << 16 | u32::from(head[1]) << 8 | u32::from(head[2]);
                 let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
                 if !plausible(length, head[3], stream) {
-                    return None;
+                    // Mid-frame with no cursor (evicted, or the connection began before the
+                    // probes): this write's frames go unseen, and userspace is told so.
+                    return lose_place(sk, goroutine);
                 }
                 0
             }

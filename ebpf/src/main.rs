@@ -25,15 +25,19 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{
+        lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap,
+        RingBuf,
+    },
     programs::{RawTracePointContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::warn;
 use lifeline_common::{
-    counter, tcp_state, Budget, DeferredConnect, EndpointKey, EventKind, FailureKey, KernelOffsets,
-    SegmentEvent, SegmentState, SockEvent, AF_INET, AF_INET6, BUDGET_WINDOW_NS, COMM_LEN, CONNECT_BUDGET,
-    ENDPOINT_PORT_BITS, KEEPALIVE_RECORD_BYTES, MAX_ENDPOINTS, PORT_WORDS, SEGMENT_COALESCE_NS,
+    counter, loss_cause, tcp_state, Budget, DeferredConnect, EndpointKey, EventKind, FailureKey,
+    KernelOffsets, LossKey, SegmentEvent, SegmentState, SockEvent, AF_INET, AF_INET6, BUDGET_WINDOW_NS,
+    COMM_LEN, CONNECT_BUDGET, ENDPOINT_PORT_BITS, KEEPALIVE_RECORD_BYTES, MAX_ENDPOINTS, MAX_LOSSES,
+    MUTE_AFTER, PORT_WORDS, SEGMENT_COALESCE_NS, STREAM_BUDGET,
 };
 
 const IPPROTO_TCP: u16 = 6;
@@ -101,6 +105,11 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     },
 };
 
+/// Stream records each process may send per `BUDGET_WINDOW_NS` (the agent's
+/// `--stream-record-budget`), set by userspace before load like `OFFSETS`.
+#[no_mangle]
+static STREAM_BUDGET_PER_SECOND: u32 = STREAM_BUDGET;
+
 mod gotls;
 mod openssl;
 
@@ -124,6 +133,20 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::LEN, 
 /// Each process's use of its connect budget, by tgid.
 #[map]
 static BUDGETS: LruHashMap<u32, Budget> = LruHashMap::with_max_entries(4096, 0);
+
+/// Each process's use of its stream record budget (`STREAM_BUDGET`), by tgid.
+#[map]
+static STREAM_BUDGETS: LruHashMap<u32, Budget> = LruHashMap::with_max_entries(4096, 0);
+
+/// Records not sent, counted per scope and cause (see `LossKey`) and CPU. A plain hash: a
+/// loss that finds it full is counted node-wide (`counter::UNSCOPED`), never evicted unseen.
+#[map]
+static LOSSES: PerCpuHashMap<LossKey, u64> = PerCpuHashMap::with_max_entries(MAX_LOSSES, 0);
+
+/// Muted connections (see `MUTE_AFTER`): socket address → process, until the socket closes or
+/// connects anew. An evicted entry only un-mutes its socket.
+#[map]
+static MUTED: LruHashMap<u64, u32> = LruHashMap::with_max_entries(32768, 0);
 
 /// Connects held back because their process was over budget, by socket address, until they
 /// leave SYN_SENT.
@@ -153,6 +176,47 @@ fn bump(index: u32) {
         // SAFETY: per-CPU slot; nothing else writes it while this program runs on this CPU.
         unsafe { *count += 1 };
     }
+}
+
+/// A record about socket `sk` (0: unknown; then `sport`/`dport`, else process `tgid`) was not
+/// sent, for `cause`: counted where userspace finds whose evidence it was.
+#[inline(always)]
+pub(crate) fn lost(sk: u64, tgid: u32, sport: u16, dport: u16, cause: u16) {
+    if cause == loss_cause::RING_FULL {
+        bump(counter::LOST);
+    }
+    let key = LossKey {
+        sk,
+        tgid,
+        cause,
+        sport,
+        dport,
+        _pad: [0; 3],
+    };
+    match LOSSES.get_ptr_mut(key) {
+        // SAFETY: this CPU's slot; nothing else writes it while this program runs here.
+        Some(count) => unsafe { *count += 1 },
+        None => {
+            if LOSSES.insert(key, 1, 0).is_err() {
+                bump(counter::UNSCOPED);
+            }
+        }
+    }
+}
+
+/// Takes one record from process `tgid`'s stream budget; false (the record is counted lost
+/// for `sk`) when it is spent for this window.
+#[inline(always)]
+pub(crate) fn stream_budget(sk: u64, tgid: u32) -> bool {
+    // SAFETY: helper with no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: a plain read of a global (see `offset!`).
+    let limit = unsafe { core::ptr::read_volatile(&STREAM_BUDGET_PER_SECOND) };
+    if take_budget(&STREAM_BUDGETS, tgid, now, limit) {
+        return true;
+    }
+    lost(sk, tgid, 0, 0, loss_cause::RATE_LIMITED);
+    false
 }
 
 /// A field of `OFFSETS`. Volatile, so that the compiler cannot fold the zeros of the ELF in:
@@ -327,8 +391,15 @@ fn ended_with(sk: u64, old_state: u32, new_state: u32) -> i32 {
 /// sent now on its behalf; `None` takes them from the current task and time.
 #[inline(always)]
 fn emit(kind: EventKind, w: &Watched, old_state: u32, new_state: u32, owner: Option<&DeferredConnect>) {
+    let connect = old_state == tcp_state::CLOSE && new_state == tcp_state::SYN_SENT;
     let Some(mut entry) = EVENTS.reserve::<SockEvent>(0) else {
-        bump(counter::LOST);
+        // The process is known only in connect()'s context (see SockEvent's docs).
+        let tgid = match owner {
+            Some(o) => o.tgid,
+            None if connect => (bpf_get_current_pid_tgid() >> 32) as u32,
+            None => 0,
+        };
+        lost(w.sk, tgid, w.sport, w.dest.dport, loss_cause::RING_FULL);
         return;
     };
     // Only for sockets that passed the endpoint filter: two reads that tell userspace why a
@@ -338,7 +409,6 @@ fn emit(kind: EventKind, w: &Watched, old_state: u32, new_state: u32, owner: Opt
     let bytes_received: u64 =
         unsafe { bpf_probe_read_kernel((w.sk + u64::from(offset!(tcp_sock_bytes_received))) as *const u64) }
             .unwrap_or(0);
-    let connect = old_state == tcp_state::CLOSE && new_state == tcp_state::SYN_SENT;
     let (timestamp_ns, tgid, pid, comm) = match owner {
         Some(o) => (o.timestamp_ns, o.tgid, o.pid, o.comm),
         None => {
@@ -377,26 +447,38 @@ fn emit(kind: EventKind, w: &Watched, old_state: u32, new_state: u32, owner: Opt
     bump(counter::SENT);
 }
 
-/// Takes one event from the process's budget; false when it is spent for this window.
+/// Takes one event from the process's budget in `budgets`; false when `limit` is spent for
+/// this window.
 #[inline(always)]
-fn within_budget(tgid: u32, now: u64) -> bool {
-    let Some(budget) = BUDGETS.get_ptr_mut(tgid) else {
-        let fresh = Budget {
-            window_start_ns: now,
-            used: 1,
-            _pad: 0,
-        };
-        let _ = BUDGETS.insert(tgid, fresh, 0);
+fn take_budget(budgets: &LruHashMap<u32, Budget>, tgid: u32, now: u64, limit: u32) -> bool {
+    let Some(budget) = window(budgets, tgid, now) else {
         return true;
     };
-    // SAFETY: a map value; a race between CPUs only shifts the count by one.
-    let budget = unsafe { &mut *budget };
+    budget.used = budget.used.saturating_add(1);
+    budget.used <= limit
+}
+
+/// Process `tgid`'s budget in `budgets` for the window at `now` (a new one once the last has
+/// passed); None only when the map refused a new entry.
+#[inline(always)]
+#[allow(clippy::mut_from_ref)] // a map value, which the map hands out mutably by design
+fn window(budgets: &LruHashMap<u32, Budget>, tgid: u32, now: u64) -> Option<&mut Budget> {
+    if budgets.get_ptr_mut(tgid).is_none() {
+        let fresh = Budget {
+            window_start_ns: now,
+            used: 0,
+            closed: 0,
+        };
+        let _ = budgets.insert(tgid, fresh, 0);
+    }
+    // SAFETY: a map value; a race between CPUs only shifts a count by one.
+    let budget = unsafe { &mut *budgets.get_ptr_mut(tgid)? };
     if now.wrapping_sub(budget.window_start_ns) >= BUDGET_WINDOW_NS {
         budget.window_start_ns = now;
         budget.used = 0;
+        budget.closed = 0;
     }
-    budget.used += 1;
-    budget.used <= CONNECT_BUDGET
+    Some(budget)
 }
 
 #[tracepoint]
@@ -432,6 +514,22 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
     let sk: u64 = unsafe { ctx.read_at(offset!(set_state.skaddr) as usize)? };
     let old = unsafe { ctx.read_at::<i32>(offset!(set_state.oldstate) as usize)? } as u32;
     let new = unsafe { ctx.read_at::<i32>(offset!(set_state.newstate) as usize)? } as u32;
+    // SAFETY: copied out at once.
+    if let Some(tgid) = unsafe { MUTED.get(sk) }.copied() {
+        let connect = old == tcp_state::CLOSE && new == tcp_state::SYN_SENT;
+        if connect || new == tcp_state::CLOSE {
+            let _ = MUTED.remove(sk);
+        }
+        if !connect {
+            // A muted connection's change: its process's loss, and nothing else.
+            lost(0, tgid, 0, 0, loss_cause::RATE_LIMITED);
+            if new != tcp_state::ESTABLISHED {
+                let _ = SEGMENTS.remove(segment_key(sk));
+                gotls::forget(sk);
+            }
+            return Ok(());
+        }
+    }
     let sport: u16 = unsafe { ctx.read_at(offset!(set_state.sport) as usize)? };
     let w = Watched {
         sk,
@@ -445,7 +543,7 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
         let now = unsafe { bpf_ktime_get_ns() };
         let pid_tgid = bpf_get_current_pid_tgid();
         let tgid = (pid_tgid >> 32) as u32;
-        if !within_budget(tgid, now) {
+        if !take_budget(&BUDGETS, tgid, now, CONNECT_BUDGET) {
             let held = DeferredConnect {
                 timestamp_ns: now,
                 tgid,
@@ -466,6 +564,15 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
                 let _ = SOFT_ERRORS.remove(sk);
                 return Ok(());
             }
+            // SAFETY: helper with no preconditions.
+            if storming(held.tgid, unsafe { bpf_ktime_get_ns() }) {
+                // Connects by the thousand: this one is muted (its connect and establishment
+                // are its process's loss).
+                let _ = MUTED.insert(sk, held.tgid, 0);
+                lost(0, held.tgid, 0, 0, loss_cause::RATE_LIMITED);
+                lost(0, held.tgid, 0, 0, loss_cause::RATE_LIMITED);
+                return Ok(());
+            }
             // It connected: its connect is sent now, then what happened.
             emit(
                 EventKind::StateChange,
@@ -477,6 +584,16 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
         }
     }
     emit(EventKind::StateChange, &w, old, new, None);
+    // close() by the owner, in its context: counted for `MUTE_AFTER`.
+    if (old == tcp_state::ESTABLISHED && new == tcp_state::FIN_WAIT1)
+        || (old == tcp_state::CLOSE_WAIT && new == tcp_state::LAST_ACK)
+    {
+        // SAFETY: helper with no preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        if let Some(budget) = window(&BUDGETS, (bpf_get_current_pid_tgid() >> 32) as u32, now) {
+            budget.closed = budget.closed.saturating_add(1);
+        }
+    }
     if new != tcp_state::ESTABLISHED {
         let _ = SEGMENTS.remove(segment_key(sk));
         // A socket later allocated at the same address starts with its own preface.
@@ -487,6 +604,15 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
         let _ = SOFT_ERRORS.remove(sk);
     }
     Ok(())
+}
+
+/// Whether process `tgid` has closed more than `MUTE_AFTER` connections in its budget's
+/// current window (a connect/close storm, see `MUTE_AFTER`).
+#[inline(always)]
+fn storming(tgid: u32, now: u64) -> bool {
+    // SAFETY: copied out at once.
+    unsafe { BUDGETS.get(tgid) }
+        .is_some_and(|b| now.wrapping_sub(b.window_start_ns) < BUDGET_WINDOW_NS && b.closed > MUTE_AFTER)
 }
 
 /// Counts a held-back connect that failed, for userspace to read.
@@ -643,6 +769,10 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
     let now = unsafe { bpf_ktime_get_ns() };
     let payload = u32::from(data_len) > KEEPALIVE_RECORD_BYTES;
     let netns = match unsafe { SEGMENTS.get(key) } {
+        Some(last) if last.muted_tgid != 0 => {
+            lost(0, last.muted_tgid, 0, 0, loss_cause::RATE_LIMITED);
+            return Ok(());
+        }
         Some(last) => {
             // Nothing new: an acknowledgement of nothing the client sent, or the next segment
             // of an answer already reported (within the coalescing window).
@@ -672,6 +802,19 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
             if !is_endpoint(&dest) {
                 return Ok(());
             }
+            // SAFETY: copied out at once.
+            if let Some(tgid) = unsafe { MUTED.get(sk) }.copied().filter(|_| sk != 0) {
+                let muted = SegmentState {
+                    last_sent_ns: now,
+                    snd_nxt,
+                    netns: 0,
+                    payload: 0,
+                    muted_tgid: tgid,
+                };
+                let _ = SEGMENTS.insert(key, muted, 0);
+                lost(0, tgid, 0, 0, loss_cause::RATE_LIMITED);
+                return Ok(());
+            }
             if sk != 0 {
                 netns_inum(ctx, sk)
             } else {
@@ -684,18 +827,19 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
         snd_nxt,
         netns,
         payload: u32::from(payload),
-        _pad: 0,
+        muted_tgid: 0,
     };
     // Full map: the segment is still reported, only not coalesced.
     let _ = SEGMENTS.insert(key, state, 0);
     let family: u16 = unsafe { ctx.read_at(offset!(probe.family) as usize)? };
+    let sport: u16 = unsafe { ctx.read_at(offset!(probe.sport) as usize) }.unwrap_or(0);
     let Some(mut entry) = EVENTS.reserve::<SegmentEvent>(0) else {
-        bump(counter::LOST);
+        // Softirq: no process to name; the socket, or where it has no address here its ports.
+        lost(sk, 0, sport, dport, loss_cause::RING_FULL);
         return Ok(());
     };
     let srtt: u32 = unsafe { ctx.read_at(offset!(probe.srtt) as usize) }.unwrap_or(0);
     let snd_una: u32 = unsafe { ctx.read_at(offset!(probe.snd_una) as usize) }.unwrap_or(snd_nxt);
-    let sport: u16 = unsafe { ctx.read_at(offset!(probe.sport) as usize) }.unwrap_or(0);
     let saddr = sockaddr(ctx, offset!(probe.saddr), family).unwrap_or([0; 16]);
     let daddr = sockaddr(ctx, offset!(probe.daddr), family).unwrap_or([0; 16]);
     entry.write(SegmentEvent {

@@ -38,14 +38,14 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use lifeline_common::{
-    direction, header_field, protocol, EventKind, FrameEvent, HeaderEvent, SslCall, SslKey, SslRead,
-    FRAME_COALESCE_NS, HEADER_VALUE_MAX,
+    direction, header_field, loss_cause, protocol, EventKind, FrameEvent, HeaderEvent, SslCall, SslKey,
+    SslRead, FRAME_COALESCE_NS, HEADER_VALUE_MAX,
 };
 
 use crate::{
     bump, counter,
     gotls::{regs, tgid, user_u64, watched_socket},
-    EVENTS,
+    lost, stream_budget, EVENTS,
 };
 
 /// Frame types and flags (as `gotls.rs`): what the table reads.
@@ -168,8 +168,12 @@ fn try_ssl_sys_enter_rw(ctx: &TracePointContext) -> Option<()> {
 
 #[inline(always)]
 fn send_frame(sk: u64, frame_type: u8, flags: u8, length: u32, dir: u8) {
+    let tgid = tgid();
+    if !stream_budget(sk, tgid) {
+        return;
+    }
     let Some(mut entry) = EVENTS.reserve::<FrameEvent>(0) else {
-        bump(counter::LOST);
+        lost(sk, tgid, 0, 0, loss_cause::RING_FULL);
         return;
     };
     entry.write(FrameEvent {
@@ -178,7 +182,7 @@ fn send_frame(sk: u64, frame_type: u8, flags: u8, length: u32, dir: u8) {
         sk,
         goroutine: bpf_get_current_pid_tgid(),
         kind: EventKind::Frame as u32,
-        tgid: tgid(),
+        tgid,
         stream_id: STREAM,
         length,
         frame_type,
@@ -360,8 +364,13 @@ fn method_token(head: &[u8; METHOD_MAX + 2]) -> Option<usize> {
 /// the path in the scratch buffer); `len` is the value's whole length.
 #[inline(always)]
 fn send_header(field: u32, from: *const u8, copy: u32, len: u32) {
+    // A header names no socket here either: a loss is the process's.
+    let tgid = tgid();
+    if !stream_budget(0, tgid) {
+        return;
+    }
     let Some(mut entry) = EVENTS.reserve::<HeaderEvent>(0) else {
-        bump(counter::LOST);
+        lost(0, tgid, 0, 0, loss_cause::RING_FULL);
         return;
     };
     let event = entry.as_mut_ptr();
@@ -370,7 +379,7 @@ fn send_header(field: u32, from: *const u8, copy: u32, len: u32) {
         (*event).timestamp_ns = bpf_ktime_get_ns();
         (*event).goroutine = bpf_get_current_pid_tgid();
         (*event).kind = EventKind::Header as u32;
-        (*event).tgid = tgid();
+        (*event).tgid = tgid;
         (*event).field = field;
         (*event).value_len = len;
         let mut copy = copy & 0x3ff;

@@ -42,6 +42,8 @@ pub struct Metrics {
     pub alerts_sent: IntCounterVec,
     pub ebpf_events: IntCounterVec,
     pub ebpf_events_lost: IntCounter,
+    /// Kernel records not sent, by cause and by the scope the kernel could charge them to.
+    pub ebpf_records_dropped: IntCounterVec,
     pub detection: Histogram,
     /// 1 while an endpoint is reachable from the node, 0 while it is unreachable (no series
     /// before there is evidence either way).
@@ -189,6 +191,18 @@ impl Metrics {
                 IntCounter::new(
                     "lifeline_ebpf_events_lost_total",
                     "Kernel events dropped because the ring buffer was full",
+                ),
+            )?,
+            ebpf_records_dropped: register(
+                &r,
+                "lifeline_ebpf_records_dropped_total",
+                IntCounterVec::new(
+                    Opts::new(
+                        "lifeline_ebpf_records_dropped_total",
+                        "Kernel records not sent, by cause (ring_full, rate_limited) and by whose \
+                         evidence they were (socket, process, node)",
+                    ),
+                    &["cause", "scope"],
                 ),
             )?,
             detection: register(
@@ -421,6 +435,10 @@ mod tests {
         metrics.remediations.with_label_values(&["reset", "done"]).inc();
         metrics.alerts_sent.with_label_values(&["r", "ok"]).inc();
         metrics.ebpf_events.with_label_values(&["state_change"]).inc();
+        metrics
+            .ebpf_records_dropped
+            .with_label_values(&["rate_limited", "process"])
+            .inc();
         metrics.endpoint_reachable.with_label_values(&["e"]).set(1);
         metrics
             .client_watches
@@ -453,6 +471,7 @@ mod tests {
             "lifeline_alerts_sent_total",
             "lifeline_ebpf_events_total",
             "lifeline_ebpf_events_lost_total",
+            "lifeline_ebpf_records_dropped_total",
             "lifeline_detection_seconds",
             "lifeline_build_info",
             "lifeline_endpoint_reachable",

@@ -194,10 +194,11 @@ pub fn run() -> Report {
         // Attached for one endpoint on port 1, so the port filter is tried too.
         let mut probe_endpoint = EndpointSet::default();
         probe_endpoint.insert(Endpoint::exact([127, 0, 0, 1].into(), 1), Source::Flag);
-        let attached = Probes::load(offsets).and_then(|(mut probes, _feed)| {
-            probes.set_endpoints(&probe_endpoint)?;
-            Ok((probes.attachment(), probes.degradations()))
-        });
+        let attached =
+            Probes::load(offsets, lifeline_common::STREAM_BUDGET).and_then(|(mut probes, _feed)| {
+                probes.set_endpoints(&probe_endpoint)?;
+                Ok((probes.attachment(), probes.degradations()))
+            });
         let degradations = attached.as_ref().map(|(_, d)| d.clone()).unwrap_or_default();
         items.push((
             "load + attach",

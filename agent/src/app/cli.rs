@@ -71,6 +71,13 @@ pub struct RunArgs {
     /// (what they cost is measured against this in `cargo xtask bench`).
     #[arg(long)]
     pub no_go_probes: bool,
+    /// Stream records (request headers and frames the client uprobes read) each process may
+    /// send per second; beyond it the kernel drops its records and its evidence is
+    /// `incomplete` (rate_limited) until it slows, so one process's flood costs its own
+    /// visibility, never another client's.
+    #[arg(long, value_name = "N", default_value_t = lifeline_common::STREAM_BUDGET,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub stream_record_budget: u32,
     /// This node's name (default: $NODE_NAME, then the hostname).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,

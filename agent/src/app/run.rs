@@ -235,7 +235,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // crash-loop. It stays up, not ready, saying why (`unsupported`).
     let loaded = offsets::discover()
         .map_err(Error::from)
-        .and_then(|offsets| Ok(Probes::load(&offsets)?));
+        .and_then(|offsets| Ok(Probes::load(&offsets, args.stream_record_budget)?));
     let (probes, feed) = match loaded {
         Ok(loaded) => loaded,
         Err(why) => {

@@ -71,6 +71,7 @@ impl Judge {
                 bytes_received: c.bytes_received,
                 retransmits: c.retransmits,
                 streams: stream_snapshots(c, &t, now),
+                gap: c.gap.filter(|g| g.current(now)),
             });
             match c.tcp_state {
                 tcp_state::ESTABLISHED => facts.entry(pid).or_default().push(ConnectionFacts {

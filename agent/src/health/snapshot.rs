@@ -13,6 +13,7 @@ use crate::{
     kernel::probed::Visibility,
     process::ProcessInfo,
     reachability::EndpointStatus,
+    table::gaps::Gap,
     table::streams::request::Request,
     table::Tuple,
 };
@@ -55,6 +56,9 @@ pub struct ConnectionSnapshot {
     pub retransmits: u64,
     /// Its open HTTP/2 streams, where the client's plaintext is read.
     pub streams: Vec<StreamSnapshot>,
+    /// Records about it the kernel lost lately (see `table/gaps.rs`): its evidence is
+    /// incomplete.
+    pub gap: Option<Gap>,
 }
 
 /// One open stream of a connection, as it was at the tick (SPEC "Streams").

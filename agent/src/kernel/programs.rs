@@ -13,7 +13,7 @@ use aya::{
     programs::{trace_point::TracePointLinkId, Program, ProgramError, ProgramFd, RawTracePoint, TracePoint},
     Ebpf, EbpfError, EbpfLoader,
 };
-use lifeline_common::{counter, EndpointKey, FailureKey, KernelOffsets, MAX_ENDPOINTS, PORT_WORDS};
+use lifeline_common::{counter, EndpointKey, FailureKey, KernelOffsets, LossKey, MAX_ENDPOINTS, PORT_WORDS};
 
 use super::filter::{self, Filter};
 use crate::endpoint::{Endpoint, EndpointSet};
@@ -76,13 +76,16 @@ pub struct KernelCounters {
     pub deferred: u64,
     /// Held-back connects that failed, counted in the `FAILURES` map instead of sent.
     pub aggregated: u64,
+    /// Lost records that the `LOSSES` map had no room to say whose they were.
+    pub unscoped: u64,
 }
 
-/// What the event pump reads from the kernel: the ring of events and the map of failed
-/// connects counted there.
+/// What the event pump reads from the kernel: the ring of events, the map of failed
+/// connects counted there, and the map of records lost per scope and cause.
 pub struct KernelFeed {
     pub events: RingBuf<MapData>,
     pub failures: PerCpuHashMap<MapData, FailureKey, u64>,
+    pub losses: PerCpuHashMap<MapData, LossKey, u64>,
 }
 
 /// Loads and attaches [`ERROR_REPORT`] for the programs' lifetime.
@@ -145,7 +148,7 @@ impl Probes {
     /// Loads the programs with this kernel's offsets; they are attached by
     /// [`set_endpoints`](Self::set_endpoints). Returns what the event pump reads. Must be called
     /// inside a tokio runtime (kernel log messages are forwarded by a task).
-    pub fn load(offsets: &KernelOffsets) -> Result<(Self, KernelFeed)> {
+    pub fn load(offsets: &KernelOffsets, stream_budget: u32) -> Result<(Self, KernelFeed)> {
         if EBPF_OBJECT.is_empty() {
             return Err(Error::NoObject);
         }
@@ -155,6 +158,7 @@ impl Probes {
         let mut ebpf = EbpfLoader::new()
             .btf(None)
             .override_global("OFFSETS", offsets, true)
+            .override_global("STREAM_BUDGET_PER_SECOND", &stream_budget, true)
             .map_max_entries("EVENTS", RING_BYTES)
             .load(EBPF_OBJECT)
             .map_err(Error::Load)?;
@@ -187,6 +191,7 @@ impl Probes {
         let counters = take_map(&mut ebpf, "COUNTERS", PerCpuArray::try_from)?;
         let events = take_map(&mut ebpf, "EVENTS", RingBuf::try_from)?;
         let failures = take_map(&mut ebpf, "FAILURES", PerCpuHashMap::try_from)?;
+        let losses = take_map(&mut ebpf, "LOSSES", PerCpuHashMap::try_from)?;
         let probes = Self {
             endpoints,
             ports,
@@ -200,7 +205,14 @@ impl Probes {
             ssl_loaded,
             ebpf,
         };
-        Ok((probes, KernelFeed { events, failures }))
+        Ok((
+            probes,
+            KernelFeed {
+                events,
+                failures,
+                losses,
+            },
+        ))
     }
 
     /// How the programs are attached now (for logs and `lifeline check`).
@@ -430,6 +442,7 @@ impl Probes {
             lost: sum(counter::LOST)?,
             deferred: sum(counter::DEFERRED)?,
             aggregated: sum(counter::AGGREGATED)?,
+            unscoped: sum(counter::UNSCOPED)?,
         })
     }
 }
@@ -505,7 +518,11 @@ mod tests {
     #[tokio::test]
     #[ignore = "needs root: run by cargo xtask test"]
     async fn the_endpoint_map_is_all_or_nothing() {
-        let (mut probes, _ring) = Probes::load(&offsets::discover().expect("offsets")).expect("load");
+        let (mut probes, _ring) = Probes::load(
+            &offsets::discover().expect("offsets"),
+            lifeline_common::STREAM_BUDGET,
+        )
+        .expect("load");
         let max = MAX_ENDPOINTS;
         probes.set_endpoints(&set(0..10)).expect("10 endpoints");
         assert_eq!(probes.map_len(), 10);

@@ -8,8 +8,10 @@
 //! 10,000.
 //!
 //! Once a second it also reads the connect failures the kernel aggregated for processes over
-//! their event budget (see `lifeline_common::CONNECT_BUDGET`) and the kernel's counters, which
-//! it publishes in [`KernelStats`] (the sampler rescans when `lost` grows).
+//! their event budget (see `lifeline_common::CONNECT_BUDGET`), the records the kernel lost per
+//! socket or process (`LOSSES`: each charged to the connections it concerned, see
+//! `table/gaps.rs`), and the kernel's counters, which it publishes in [`KernelStats`] (the
+//! sampler rescans when `lost` grows).
 use std::{
     collections::HashMap,
     io,
@@ -24,7 +26,7 @@ use std::{
 };
 
 use aya::maps::{MapData, PerCpuHashMap, RingBuf};
-use lifeline_common::{FailureKey, AF_INET, AF_INET6};
+use lifeline_common::{FailureKey, LossKey, AF_INET, AF_INET6};
 
 use super::{
     events::{self, Change, KernelEvent, MonotonicClock, Record},
@@ -35,7 +37,10 @@ use crate::{
     metrics::Metrics,
     process::{ProcessInfo, Procfs},
     sampler::SharedTable,
-    table::{Applied, FailureReason},
+    table::{
+        gaps::{GapCause, GapScope},
+        Applied, FailureReason,
+    },
     workers::Refresher,
 };
 
@@ -56,6 +61,7 @@ pub struct KernelStats {
     lost: AtomicU64,
     deferred: AtomicU64,
     aggregated: AtomicU64,
+    unscoped: AtomicU64,
 }
 
 impl KernelStats {
@@ -65,6 +71,7 @@ impl KernelStats {
             lost: self.lost.load(Ordering::Relaxed),
             deferred: self.deferred.load(Ordering::Relaxed),
             aggregated: self.aggregated.load(Ordering::Relaxed),
+            unscoped: self.unscoped.load(Ordering::Relaxed),
         }
     }
 
@@ -73,6 +80,7 @@ impl KernelStats {
         self.lost.store(c.lost, Ordering::Relaxed);
         self.deferred.store(c.deferred, Ordering::Relaxed);
         self.aggregated.store(c.aggregated, Ordering::Relaxed);
+        self.unscoped.store(c.unscoped, Ordering::Relaxed);
     }
 }
 
@@ -101,6 +109,8 @@ impl Pump {
             clock: MonotonicClock::new(),
             owners: OwnerCache::new(ctx.procfs.clone()),
             failures_seen: HashMap::new(),
+            losses_seen: HashMap::new(),
+            loss_log: HashMap::new(),
             stop: stop.clone(),
             feed,
             ctx,
@@ -129,6 +139,10 @@ struct Worker {
     owners: OwnerCache,
     /// Last value read of every `FAILURES` entry (the kernel's counts only grow).
     failures_seen: HashMap<FailureKey, u64>,
+    /// Last value read of every `LOSSES` entry.
+    losses_seen: HashMap<LossKey, u64>,
+    /// Per cause and scope: when losses were last logged, and what came since unlogged.
+    loss_log: HashMap<(GapCause, &'static str), LossLog>,
     stop: Arc<AtomicBool>,
     feed: KernelFeed,
     ctx: PumpContext,
@@ -260,12 +274,23 @@ impl Worker {
         }
     }
 
-    /// Once a second: failures the kernel aggregated, and its counters.
+    /// Once a second: failures the kernel aggregated, the records it lost, and its counters.
     fn tick(&mut self, now: Instant) {
         match read_failures(&self.feed.failures, &mut self.failures_seen) {
             Ok(fresh) if !fresh.is_empty() => self.record_failures(&fresh, now),
             Ok(_) => {}
             Err(err) => tracing::warn!("reading aggregated connect failures: {err}"),
+        }
+        match read_losses(&mut self.feed.losses, &mut self.losses_seen) {
+            Ok(fresh) if !fresh.is_empty() => self.record_losses(&fresh, now),
+            Ok(_) => {}
+            // Unread losses: anyone's evidence may have a gap.
+            Err(err) => {
+                tracing::warn!(
+                    "reading the kernel's lost records: {err}; every connection's waits are dropped"
+                );
+                self.evidence_lost(GapScope::Node, GapCause::Unscoped, 0, now);
+            }
         }
         match self
             .ctx
@@ -275,23 +300,88 @@ impl Worker {
             .counters()
         {
             Ok(c) => {
-                let lost = c.lost.saturating_sub(self.ctx.stats.get().lost);
+                let before = self.ctx.stats.get();
+                let lost = c.lost.saturating_sub(before.lost);
                 if lost > 0 {
                     self.ctx.metrics.ebpf_events_lost.inc_by(lost);
-                    self.ctx
-                        .table
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .segments_lost();
                     tracing::warn!(
                         lost,
                         "the kernel lost events (ring buffer full); the sampler rescans to heal the table"
+                    );
+                }
+                let unscoped = c.unscoped.saturating_sub(before.unscoped);
+                if unscoped > 0 {
+                    self.ctx
+                        .metrics
+                        .ebpf_records_dropped
+                        .with_label_values(&["unknown", "node"])
+                        .inc_by(unscoped);
+                    let touched = self.evidence_lost(GapScope::Node, GapCause::Unscoped, unscoped, now);
+                    tracing::warn!(
+                        unscoped,
+                        touched,
+                        "the kernel lost records it could not charge to a socket or process (its map of losses was full): every connection's waits are dropped"
                     );
                 }
                 self.ctx.stats.set(c)
             }
             Err(err) => tracing::warn!("reading kernel counters: {err}"),
         }
+    }
+
+    /// Charges the records the kernel lost to the connections they concerned, and counts them.
+    fn record_losses(&mut self, fresh: &[(LossKey, u64)], now: Instant) {
+        let mut summary: HashMap<(GapCause, &'static str), (u64, usize)> = HashMap::new();
+        for (key, records) in fresh {
+            let Some(cause) = GapCause::from_kernel(key.cause) else {
+                tracing::warn!(
+                    cause = key.cause,
+                    "a lost-record count with an unknown cause; read as anyone's"
+                );
+                self.evidence_lost(GapScope::Node, GapCause::Unscoped, *records, now);
+                continue;
+            };
+            let scope = loss_scope(key);
+            let touched = self.evidence_lost(scope, cause, *records, now);
+            self.ctx
+                .metrics
+                .ebpf_records_dropped
+                .with_label_values(&[cause.as_str(), scope.as_str()])
+                .inc_by(*records);
+            let entry = summary.entry((cause, scope.as_str())).or_default();
+            entry.0 += records;
+            entry.1 += touched;
+        }
+        for ((cause, scope), (records, touched)) in summary {
+            let log = self.loss_log.entry((cause, scope)).or_default();
+            log.records += records;
+            log.connections = log.connections.max(touched);
+            if log
+                .logged
+                .is_some_and(|at| now.saturating_duration_since(at) < LOSS_LOG_EVERY)
+            {
+                continue;
+            }
+            tracing::warn!(
+                cause = cause.as_str(),
+                scope,
+                records = log.records,
+                connections = log.connections,
+                "the kernel lost records (counted since this was last said, at most once a minute): the connections they concerned forget what was pending"
+            );
+            *log = LossLog {
+                logged: Some(now),
+                ..LossLog::default()
+            };
+        }
+    }
+
+    fn evidence_lost(&self, scope: GapScope, cause: GapCause, records: u64, now: Instant) -> usize {
+        self.ctx
+            .table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .evidence_lost(scope, cause, records, now)
     }
 
     /// Hands the failures counted in the kernel to the table and the metrics. Those of a
@@ -388,9 +478,68 @@ fn read_failures(
     Ok(fresh)
 }
 
+/// How often the losses of one cause and scope are logged at most (they are counted in the
+/// metrics and shown per client in the API at once).
+const LOSS_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Losses of one cause and scope not logged yet.
+#[derive(Default)]
+struct LossLog {
+    logged: Option<Instant>,
+    records: u64,
+    /// The most connections one read touched.
+    connections: usize,
+}
+
+/// Reads every `LOSSES` entry (summed over CPUs): what grew since `seen`. An entry that did not
+/// grow since the last read is removed, so the map keeps room for new scopes; a loss counted
+/// between this read and the removal is missed (a window of microseconds, once per idle key).
+fn read_losses(
+    map: &mut PerCpuHashMap<MapData, LossKey, u64>,
+    seen: &mut HashMap<LossKey, u64>,
+) -> Result<Vec<(LossKey, u64)>, aya::maps::MapError> {
+    let mut current = HashMap::with_capacity(seen.len());
+    for entry in map.iter() {
+        let (key, per_cpu) = entry?;
+        current.insert(key, per_cpu.iter().sum());
+    }
+    let fresh = growth(seen, &current);
+    for (key, count) in &current {
+        if seen.get(key) == Some(count) {
+            // Idle for a whole tick: gone from the map, and from what was seen.
+            let _ = map.remove(key);
+        }
+    }
+    current.retain(|key, count| seen.get(key) != Some(count));
+    *seen = current;
+    Ok(fresh)
+}
+
+/// Whose records a `LOSSES` key counts, as precisely as the kernel knew.
+fn loss_scope(key: &LossKey) -> GapScope {
+    if key.sk != 0 {
+        GapScope::Socket {
+            sk: key.sk,
+            tgid: key.tgid,
+        }
+    } else if key.sport != 0 && key.dport != 0 {
+        GapScope::Ports {
+            local: key.sport,
+            remote: key.dport,
+        }
+    } else if key.tgid != 0 {
+        GapScope::Process(key.tgid)
+    } else {
+        GapScope::Node
+    }
+}
+
 /// What each count grew by from `before` to `after`. A count below its old value was evicted
 /// and started again: all of it is new.
-fn growth(before: &HashMap<FailureKey, u64>, after: &HashMap<FailureKey, u64>) -> Vec<(FailureKey, u64)> {
+fn growth<K: Copy + Eq + std::hash::Hash>(
+    before: &HashMap<K, u64>,
+    after: &HashMap<K, u64>,
+) -> Vec<(K, u64)> {
     after
         .iter()
         .filter_map(|(key, &now)| {
@@ -478,6 +627,31 @@ mod tests {
         // Evicted and started again: a count below the old one is all new.
         let restarted = HashMap::from([(a, 4)]);
         assert_eq!(growth(&after, &restarted), vec![(a, 4)]);
+    }
+
+    #[test]
+    fn a_loss_is_charged_to_the_most_precise_scope_the_kernel_had() {
+        let loss = |sk, tgid, sport, dport| LossKey {
+            sk,
+            tgid,
+            cause: lifeline_common::loss_cause::RING_FULL,
+            sport,
+            dport,
+            _pad: [0; 3],
+        };
+        assert_eq!(
+            loss_scope(&loss(0xa, 7, 40000, 443)),
+            GapScope::Socket { sk: 0xa, tgid: 7 }
+        );
+        assert_eq!(
+            loss_scope(&loss(0, 0, 40000, 443)),
+            GapScope::Ports {
+                local: 40000,
+                remote: 443
+            }
+        );
+        assert_eq!(loss_scope(&loss(0, 7, 0, 0)), GapScope::Process(7));
+        assert_eq!(loss_scope(&loss(0, 0, 0, 0)), GapScope::Node);
     }
 
     #[test]

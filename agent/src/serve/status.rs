@@ -240,11 +240,18 @@ pub fn table(clients: &[ClientView], now: DateTime<Utc>) -> String {
             age(&c.state_since, now),
             pod,
         ];
-        let reason = if c.reason.is_empty() {
+        let mut reason = if c.reason.is_empty() {
             "-".to_owned()
         } else {
             shown(&c.reason)
         };
+        if let (Some(since), Some(why)) = (&c.evidence_incomplete_since, &c.evidence_reason) {
+            reason = format!(
+                "{reason} (evidence incomplete for {}: {})",
+                age(since, now),
+                shown(why)
+            );
+        }
         let connections: Vec<[String; 7]> = if c.connections.is_empty() {
             vec![std::array::from_fn(|_| "-".to_owned())]
         } else {
@@ -316,6 +323,7 @@ mod tests {
             last_receive_age_seconds: Some(2.4),
             bytes_received: 1000,
             retransmits: 0,
+            evidence_gap: None,
         };
         let client = |pid: u32, connections| ClientView {
             pid,
@@ -335,6 +343,9 @@ mod tests {
             visibility: "connection".into(),
             visibility_reason: String::new(),
             streams: Vec::new(),
+            evidence: "complete".into(),
+            evidence_incomplete_since: None,
+            evidence_reason: None,
         };
         let now = DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z")
             .unwrap()

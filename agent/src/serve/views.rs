@@ -40,6 +40,17 @@ pub struct ClientView {
     /// Its open streams (where `visibility` is `streams`), watches first.
     #[serde(default)]
     pub streams: Vec<StreamView>,
+    /// `complete`, or `incomplete` while the kernel lately lost records about one of its
+    /// connections: what was pending then is timed afresh, never judged from the gap.
+    #[serde(default)]
+    pub evidence: String,
+    /// Since when its evidence is incomplete.
+    #[serde(default)]
+    pub evidence_incomplete_since: Option<String>,
+    /// Why: the cause and how many records, e.g. `rate_limited: 120 records lost on 1
+    /// connection`.
+    #[serde(default)]
+    pub evidence_reason: Option<String>,
 }
 
 /// One open stream (SPEC "Streams"): what it asks for, never a header value or a body.
@@ -80,6 +91,19 @@ pub struct ConnectionView {
     pub last_receive_age_seconds: Option<f64>,
     pub bytes_received: u64,
     pub retransmits: u64,
+    /// Records about it the kernel lost lately, if any.
+    #[serde(default)]
+    pub evidence_gap: Option<GapView>,
+}
+
+/// Records the kernel lost about one connection (see `table/gaps.rs`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GapView {
+    pub since: String,
+    pub last: String,
+    /// `ring_full`, `rate_limited` or `unscoped`.
+    pub cause: String,
+    pub records: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -136,7 +160,30 @@ fn connection_view(c: &ConnectionSnapshot, snap: &Snapshot) -> ConnectionView {
             .map(|at| snap.at.saturating_duration_since(at).as_secs_f64()),
         bytes_received: c.bytes_received,
         retransmits: c.retransmits,
+        evidence_gap: c.gap.map(|g| GapView {
+            since: rfc3339(snap.wall_of(g.since)),
+            last: rfc3339(snap.wall_of(g.last)),
+            cause: g.cause.as_str().to_owned(),
+            records: g.records,
+        }),
     }
+}
+
+/// Whether a client's evidence is complete, and if not since when and why.
+fn evidence(c: &ClientSnapshot, snap: &Snapshot) -> (String, Option<String>, Option<String>) {
+    let gaps: Vec<_> = c.connections.iter().filter_map(|k| k.gap).collect();
+    let Some(since) = gaps.iter().map(|g| g.since).min() else {
+        return ("complete".into(), None, None);
+    };
+    let latest = gaps.iter().max_by_key(|g| g.last).expect("not empty");
+    let records: u64 = gaps.iter().map(|g| g.records).sum();
+    let why = format!(
+        "{}: {records} records lost on {} connection{}",
+        latest.cause.as_str(),
+        gaps.len(),
+        if gaps.len() == 1 { "" } else { "s" }
+    );
+    ("incomplete".into(), Some(rfc3339(snap.wall_of(since))), Some(why))
 }
 
 /// `/api/v1/clients`: every listed process of the latest tick, ordered by pid.
@@ -144,28 +191,34 @@ pub fn clients(snap: &Snapshot) -> Vec<ClientView> {
     snap.clients
         .iter()
         .filter(|c| c.listed())
-        .map(|c| ClientView {
-            pid: c.process.pid,
-            comm: c.process.comm.clone(),
-            cmdline: c.process.cmdline.clone(),
-            netns: c.process.netns,
-            cgroup: c.process.cgroup.clone(),
-            container_id: c.process.container.as_ref().map(|k| k.id.clone()),
-            namespace: c.pod.as_ref().map(|p| p.namespace.clone()),
-            pod: c.pod.as_ref().map(|p| p.pod.clone()),
-            container: c.pod.as_ref().map(|p| p.container.clone()),
-            state: c.verdict.state.as_str().to_owned(),
-            state_since: rfc3339(snap.wall_of(c.verdict.since)),
-            reason: c.verdict.reason.clone(),
-            connections: c.connections.iter().map(|k| connection_view(k, snap)).collect(),
-            connect_failures: c.recent_failures,
-            visibility: c.visibility.as_str().to_owned(),
-            visibility_reason: match &c.visibility {
-                Visibility::Streams { client } => client.clone(),
-                Visibility::Connection { why } => why.clone(),
+        .map(|c| (c, evidence(c, snap)))
+        .map(
+            |(c, (evidence, evidence_incomplete_since, evidence_reason))| ClientView {
+                pid: c.process.pid,
+                comm: c.process.comm.clone(),
+                cmdline: c.process.cmdline.clone(),
+                netns: c.process.netns,
+                cgroup: c.process.cgroup.clone(),
+                container_id: c.process.container.as_ref().map(|k| k.id.clone()),
+                namespace: c.pod.as_ref().map(|p| p.namespace.clone()),
+                pod: c.pod.as_ref().map(|p| p.pod.clone()),
+                container: c.pod.as_ref().map(|p| p.container.clone()),
+                state: c.verdict.state.as_str().to_owned(),
+                state_since: rfc3339(snap.wall_of(c.verdict.since)),
+                reason: c.verdict.reason.clone(),
+                connections: c.connections.iter().map(|k| connection_view(k, snap)).collect(),
+                connect_failures: c.recent_failures,
+                visibility: c.visibility.as_str().to_owned(),
+                visibility_reason: match &c.visibility {
+                    Visibility::Streams { client } => client.clone(),
+                    Visibility::Connection { why } => why.clone(),
+                },
+                streams: stream_views(c, snap),
+                evidence,
+                evidence_incomplete_since,
+                evidence_reason,
             },
-            streams: stream_views(c, snap),
-        })
+        )
         .collect()
 }
 

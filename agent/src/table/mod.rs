@@ -28,6 +28,7 @@ use std::{
 use lifeline_common::tcp_state;
 
 use self::{
+    gaps::Gap,
     ordered::{Ordered, Segment},
     streams::Streams,
 };
@@ -201,6 +202,8 @@ pub struct Connection {
     pub last_change: Option<Instant>,
     /// The last sample found data unacknowledged or not sent yet.
     pub outstanding: bool,
+    /// Records about it the kernel did not send, if any were lost lately (see `gaps.rs`).
+    pub gap: Option<Gap>,
 }
 
 impl Connection {
@@ -570,6 +573,8 @@ impl ConnectionTable {
                     .flatten()
             })
             .copied()
+            // Defensive: an index entry never outlives its connection (see `index_sk`).
+            .filter(|id| self.conns.contains_key(id))
             .or_else(|| {
                 // A segment from a kernel whose tcp_probe has no `skaddr` names neither the
                 // socket nor its namespace: the one connection with these addresses, if only
@@ -587,10 +592,8 @@ impl ConnectionTable {
                 srtt_us,
             } => {
                 let id = found?;
-                let conn = self.conns.get_mut(&id).expect("found");
-                if ev.sk != 0 && conn.sk != Some(ev.sk) {
-                    conn.sk = Some(ev.sk);
-                    self.by_sk.insert(ev.sk, id);
+                if ev.sk != 0 {
+                    self.index_sk(id, ev.sk);
                 }
                 let conn = self.conns.get_mut(&id).expect("found");
                 let segment = Segment {
@@ -653,11 +656,7 @@ impl ConnectionTable {
                 if let Some(info) = owner {
                     self.attach_owner(id, info, ev.at);
                 }
-                let conn = self.conns.get_mut(&id).expect("found or inserted");
-                if conn.sk != Some(ev.sk) {
-                    conn.sk = Some(ev.sk);
-                    self.by_sk.insert(ev.sk, id);
-                }
+                self.index_sk(id, ev.sk);
                 let conn = self.conns.get_mut(&id).expect("found or inserted");
                 if ev.local.port() != 0 && conn.tuple != tuple {
                     self.by_tuple.remove(&conn.tuple);
@@ -822,17 +821,6 @@ impl ConnectionTable {
         self.next_sample_due = None;
     }
 
-    /// The kernel lost events: segments among them, so what was pending may have been
-    /// answered unseen. Every connection's waits are dropped (see `Ordered::lost_evidence`):
-    /// a request after this is timed afresh, and nothing is judged from what was not seen.
-    pub fn segments_lost(&mut self) {
-        for conn in self.conns.values_mut() {
-            conn.ordered.lost_evidence();
-            conn.streams.lost_evidence();
-        }
-        self.next_sample_due = None;
-    }
-
     /// Applies one sampler result taken at `now`.
     pub fn apply_sample(&mut self, tuple: &Tuple, sample: Sample, now: Instant) {
         self.apply_sample_to(tuple, sample, now);
@@ -992,6 +980,7 @@ impl ConnectionTable {
                 vanished_at: None,
                 last_change: None,
                 outstanding: false,
+                gap: None,
             },
         );
         if tuple.local.port() != 0 {
@@ -1000,11 +989,35 @@ impl ConnectionTable {
         id
     }
 
+    /// Connection `id`'s socket is at kernel address `sk`: indexed there, and only there. A
+    /// socket address is reused once its socket is freed: a connection that held `sk` before
+    /// is gone in the kernel, and loses the index.
+    fn index_sk(&mut self, id: ConnId, sk: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if conn.sk == Some(sk) {
+            return;
+        }
+        if let Some(old) = conn.sk.replace(sk) {
+            if self.by_sk.get(&old) == Some(&id) {
+                self.by_sk.remove(&old);
+            }
+        }
+        if let Some(before) = self.by_sk.insert(sk, id).filter(|&b| b != id) {
+            if let Some(c) = self.conns.get_mut(&before) {
+                c.sk = None;
+            }
+        }
+    }
+
     /// Removes a connection from every index; returns it.
     fn unlink(&mut self, id: ConnId) -> Option<Connection> {
         let conn = self.conns.remove(&id)?;
         if let Some(sk) = conn.sk {
-            self.by_sk.remove(&sk);
+            if self.by_sk.get(&sk) == Some(&id) {
+                self.by_sk.remove(&sk);
+            }
         }
         if self.by_tuple.get(&conn.tuple) == Some(&id) {
             self.by_tuple.remove(&conn.tuple);
@@ -1302,6 +1315,7 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) {
     conn.sampled_at = Some(now);
 }
 
+pub mod gaps;
 pub mod ordered;
 mod requests;
 pub mod sampler;

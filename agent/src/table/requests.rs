@@ -160,6 +160,19 @@ impl Pending {
         Some(Request::parse(e.method.as_deref().unwrap_or("GET"), &path, cut))
     }
 
+    /// Records of `tgid` were lost: a request of it waiting now may lack a header.
+    pub(super) fn forget_process(&mut self, tgid: u32) {
+        if let Some(p) = self.processes.remove(&tgid) {
+            self.total -= p.by_goroutine.len();
+        }
+    }
+
+    /// Anyone's records may have been lost.
+    pub(super) fn forget_all(&mut self) {
+        self.processes.clear();
+        self.total = 0;
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.processes.values().map(|p| p.by_goroutine.len()).sum()

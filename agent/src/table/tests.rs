@@ -391,8 +391,70 @@ fn lost_events_drop_the_waits_they_may_have_answered() {
     lab.apply(100, 0xa, 40000, segment(1400, 500), 0);
     lab.apply(10_000, 0xa, 40000, segment(0, 900), 0);
     assert!(waiting(&lab, 10_001).is_some());
-    lab.table.segments_lost();
+    let gap = super::gaps::GapScope::Socket { sk: 0xa, tgid: 0 };
+    assert_eq!(
+        lab.table
+            .evidence_lost(gap, super::gaps::GapCause::RingFull, 2, lab.at(10_002)),
+        1
+    );
     assert_eq!(waiting(&lab, 200_000), None, "not judged from what was not seen");
+    let conn = lab.table.connections().next().unwrap();
+    assert_eq!(conn.gap.map(|g| (g.since, g.records)), Some((lab.at(10_002), 2)));
+}
+
+#[test]
+fn a_loss_costs_only_the_connections_it_concerned() {
+    use super::gaps::{GapCause, GapScope};
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.connect(0, 0xb, 40001, 8);
+    for (sk, port) in [(0xa, 40000), (0xb, 40001)] {
+        lab.apply(100, sk, port, segment(1400, 500), 0);
+        lab.apply(10_000, sk, port, segment(0, 900), 0);
+    }
+    let waits = |lab: &Lab| {
+        let now = lab.at(200_000);
+        let mut w: Vec<(u16, bool)> = lab
+            .table
+            .connections()
+            .map(|c| (c.tuple.local.port(), c.waiting(now).is_some()))
+            .collect();
+        w.sort();
+        w
+    };
+    assert_eq!(waits(&lab), [(40000, true), (40001, true)]);
+    // The flooder's socket, then its process: the other client keeps its wait.
+    lab.table.evidence_lost(
+        GapScope::Socket { sk: 0xa, tgid: 0 },
+        GapCause::RateLimited,
+        1,
+        lab.at(10_001),
+    );
+    assert_eq!(waits(&lab), [(40000, false), (40001, true)]);
+    lab.table
+        .evidence_lost(GapScope::Process(7), GapCause::RateLimited, 1, lab.at(10_002));
+    assert_eq!(waits(&lab), [(40000, false), (40001, true)]);
+    // Segments known only by their ports (no socket address in this kernel's tcp_probe).
+    lab.table.evidence_lost(
+        GapScope::Ports {
+            local: 40001,
+            remote: lab.tuple(40001).remote.port(),
+        },
+        GapCause::RingFull,
+        1,
+        lab.at(10_003),
+    );
+    assert_eq!(waits(&lab), [(40000, false), (40001, false)]);
+    // A socket the table never met, of a process it never met: nobody's evidence.
+    assert_eq!(
+        lab.table.evidence_lost(
+            GapScope::Socket { sk: 0xdead, tgid: 0 },
+            GapCause::RingFull,
+            1,
+            lab.at(10_004)
+        ),
+        0
+    );
 }
 
 #[test]
@@ -784,4 +846,22 @@ fn segments_without_socket_or_namespace_match_the_one_connection_with_their_addr
         .table
         .connections()
         .all(|c| c.last_payload != Some(lab.at(200))));
+}
+
+/// A connect storm reuses kernel socket addresses: a connection whose socket address changed
+/// (a segment named it at a new one) leaves no index entry behind when it ends, and a new
+/// socket at the old address is a new connection (this once panicked the event pump).
+#[test]
+fn a_reused_socket_address_is_a_new_connection_never_a_gone_one() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.apply(10, 0xb, 40000, segment(0, 100), 0);
+    assert_eq!(lab.table.connections().next().unwrap().sk, Some(0xb));
+    lab.close(20, 0xb, 40000);
+    lab.apply(21, 0xb, 40000, state(tcp_state::FIN_WAIT1, tcp_state::CLOSE), 0);
+    assert_eq!(lab.table.connections().count(), 0);
+    lab.connect(30, 0xa, 40001, 8);
+    let conns: Vec<&Connection> = lab.table.connections().collect();
+    assert_eq!(conns.len(), 1);
+    assert_eq!((conns[0].tuple.local.port(), conns[0].owner), (40001, Some(8)));
 }

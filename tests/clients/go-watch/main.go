@@ -6,7 +6,11 @@
 // never leave the agent). Its bearer token comes from the environment, `GO_WATCH_TOKEN`, so
 // that no command line holds it. It exits when a request fails or is not HTTP/2.
 //
-//	GO_WATCH_TOKEN=... go-watch https://HOST:PORT TRIGGER-FILE
+// With `GO_WATCH_FLOOD=N` it is a noisy neighbour instead: N goroutines send `GET /version`
+// over one HTTP/2 connection as fast as the server answers, and it prints the requests of
+// each second (`rate N`).
+//
+//	GO_WATCH_TOKEN=... [GO_WATCH_FLOOD=N] go-watch https://HOST:PORT TRIGGER-FILE
 package main
 
 import (
@@ -15,6 +19,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -47,6 +53,9 @@ func main() {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
+	if n, err := strconv.Atoi(os.Getenv("GO_WATCH_FLOOD")); err == nil && n > 0 {
+		flood(newClient(), server, token, n)
+	}
 	go func() {
 		nodes := newClient()
 		for {
@@ -62,6 +71,33 @@ func main() {
 	fmt.Println("watching pods")
 	watch(newClient(), "/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=3&labelSelector=app%3Dsecret-selector-xyz")
 	select {}
+}
+
+func flood(client *http.Client, server, token string, workers int) {
+	var sent atomic.Int64
+	for i := 0; i < workers; i++ {
+		go func() {
+			for {
+				req, err := http.NewRequest("GET", server+"/version", nil)
+				if err != nil {
+					fail(err)
+				}
+				req.Header.Set("Authorization", "Bearer "+token)
+				resp, err := client.Do(req)
+				if err != nil {
+					fail(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				sent.Add(1)
+			}
+		}()
+	}
+	fmt.Println("flooding")
+	for {
+		time.Sleep(time.Second)
+		fmt.Println("rate", sent.Swap(0))
+	}
 }
 
 func fail(err error) {

@@ -1,0 +1,350 @@
+//! Noisy neighbours (issue 25): one process's flood costs that process's visibility, never its
+//! neighbours' judgement. Against the real kernel, the real programs and real Go clients: beside
+//! a stuck client (kubectl 1.20 whose LIST is held mid-answer: its response began, then
+//! nothing) and a healthy watch (kubectl 1.20 watching nodes), each test runs one neighbour:
+//!
+//! - a header flood through a probed Go client (`go-watch` of the Go release matrix with
+//!   `GO_WATCH_FLOOD`: thousands of requests a second over one HTTP/2 connection), over the
+//!   agent's stream record budget: its records are dropped in the kernel and charged to it
+//!   (its evidence `incomplete`, `rate_limited`), and to nobody else;
+//! - a connect/close storm to an endpoint (`ll-load churn` against `ll-load serve --close`,
+//!   an endpoint of its own beside the apiserver): muted in the kernel beyond its budget,
+//!   charged to it, the ring never full.
+//!
+//! Each must leave the stuck client `stale` within `stale_after` + 2 s of its LIST (judged at
+//! the next tick, ≤ 1 s more), the healthy one `healthy` with complete evidence, the agent under
+//! its memory bound and within its CPU budget (both printed), and the drops counted.
+//!
+//! Root only. Run: `cargo build -p lifeline -p lifeline-integration --bins &&
+//! cargo test -p lifeline-integration --test neighbours`
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant, SystemTime},
+};
+
+use lifeline_integration::{
+    scenario::{sibling_bin, WebhookSink},
+    *,
+};
+
+/// stale_after, seconds.
+const STALE: f64 = 6.0;
+/// The flooder's stream record budget: below what the flood sends on this machine with the
+/// probes on (≥ 1,000 requests a second, five records each), far above the healthy watch's.
+const BUDGET: u32 = 2000;
+/// The agent's RSS bound under any neighbour (README: 23 MiB at 1,000 connections, 51 MiB at
+/// 10,000).
+const RSS_BOUND_KIB: u64 = 96 * 1024;
+/// The agent's CPU under a neighbour, in seconds per second of one core.
+const CPU_BUDGET: f64 = 0.5;
+/// Where `cargo xtask setup` (`xtask/src/gomatrix.rs`) writes the Go release matrix.
+const FLOODER: &str = "/var/tmp/lifeline-go/clients/go-watch-1.24-exe";
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// The fake apiserver (pod LISTs held mid-answer), the agent watching it with short
+/// thresholds and `flags`, and the two kubectls: the healthy watch, judged and followed.
+struct Node {
+    _sink: WebhookSink,
+    dir: TempDir,
+    _api: ApiServer,
+    endpoint: String,
+    agent: Agent,
+    _config: TempDir,
+    healthy: Watched,
+}
+
+impl Node {
+    /// With `flags` for the agent, and `more` endpoints beside the apiserver's.
+    fn start(flags: &[&str], more: &[String]) -> Node {
+        let sink = WebhookSink::start();
+        let dir = TempDir::new();
+        let mut options = ApiServerOptions::new(Generation::Old);
+        options.extra = vec!["--hang-lists".into(), "pods".into()];
+        let args = options.args(dir.path());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let api = ApiServer::start(
+            &sibling_bin("ll-apiserver"),
+            "127.0.0.1:0".parse().unwrap(),
+            &dir.path().join("certs"),
+            &args,
+        );
+        let endpoint = api.addr().to_string();
+        let config = TempDir::new();
+        let file = config.path().join("lifeline.yaml");
+        let endpoints: Vec<String> = std::iter::once(&endpoint)
+            .chain(more)
+            .map(|e| format!("\"{e}\""))
+            .collect();
+        std::fs::write(
+            &file,
+            format!(
+                "endpoints: [{}]\nthresholds:\n  min_client_age: 2s\n  stale_after: {STALE}s\n\
+receivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n",
+                endpoints.join(", "),
+                sink.url
+            ),
+        )
+        .expect("write config");
+        let mut argv = vec!["--config".to_owned(), file.display().to_string()];
+        argv.extend(flags.iter().map(|f| (*f).to_owned()));
+        let agent = Agent::start_with(&argv);
+        let healthy = kubectl(&endpoint, &["get", "nodes", "--watch"]);
+        let pid = healthy.pid();
+        agent.wait_clients(secs(30.0), "the healthy watch followed and healthy", |c| {
+            find_pid(c, pid)
+                .filter(|c| c["state"] == "healthy" && c["visibility"] == "streams")
+                .cloned()
+        });
+        Node {
+            _sink: sink,
+            dir,
+            _api: api,
+            endpoint,
+            agent,
+            _config: config,
+            healthy,
+        }
+    }
+
+    /// The stuck client: a LIST whose answer stops mid-way. Asserts it turns `stale` within
+    /// stale_after + 2 s (+ the judge's tick) with the neighbour running, and that the healthy
+    /// watch stays healthy with complete evidence.
+    fn stuck_client_is_judged_in_time(&self, neighbour: &str) {
+        let list = kubectl(
+            &self.endpoint,
+            &["get", "--raw", "/api/v1/namespaces/default/pods?limit=500"],
+        );
+        let started = SystemTime::now();
+        let pid = list.pid();
+        let c = self.agent.wait_clients(
+            secs(STALE + 15.0),
+            &format!("the stuck LIST stale beside {neighbour}"),
+            |c| find_pid(c, pid).filter(|c| c["state"] == "stale").cloned(),
+        );
+        let took = SystemTime::now()
+            .duration_since(started)
+            .unwrap_or_default()
+            .as_secs_f64();
+        eprintln!("{neighbour}: the stuck LIST stale after {took:.1} s (stale_after {STALE} s)");
+        assert!(
+            (STALE..=STALE + 3.0).contains(&took),
+            "beside {neighbour}: stale after {took:.1} s, expected within [{STALE}, {}] s: {c}",
+            STALE + 3.0
+        );
+        assert!(
+            c["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("list pods in default")),
+            "named: {c}"
+        );
+        let clients = self.agent.clients();
+        let healthy = find_pid(&clients, self.healthy.pid()).expect("the healthy watch listed");
+        assert_eq!(healthy["state"], "healthy", "beside {neighbour}: {healthy}");
+        assert_eq!(healthy["evidence"], "complete", "beside {neighbour}: {healthy}");
+        let stuck = find_pid(&clients, pid).expect("the stuck LIST listed");
+        assert_eq!(stuck["evidence"], "complete", "beside {neighbour}: {stuck}");
+    }
+
+    /// Samples `lifeline_*` metric `name{labels}` (the sum of matching series).
+    fn metric(&self, name: &str, labels: &str) -> f64 {
+        let (_, text) = self.agent.get("/metrics");
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// `kubectl` 1.20 (go1.19) with `args` against the apiserver at `endpoint`.
+fn kubectl(endpoint: &str, args: &[&str]) -> Watched {
+    let mut cmd = Command::new(KUBECTL_1_20);
+    cmd.args([
+        "--server",
+        &format!("https://{endpoint}"),
+        "--insecure-skip-tls-verify",
+        "--token",
+        "secret-token-xyz",
+    ])
+    .args(args)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    Watched::spawn("kubectl", cmd)
+}
+
+/// CPU seconds the process has used (user + system).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("comm")
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+/// The agent's CPU share over `window` and its RSS at the end, printed, and held to the bounds.
+fn agent_cost(agent: &Agent, neighbour: &str, window: Duration) {
+    let (cpu0, t0) = (cpu_seconds(agent.pid()), Instant::now());
+    std::thread::sleep(window);
+    let share = (cpu_seconds(agent.pid()) - cpu0) / t0.elapsed().as_secs_f64();
+    let rss = rss_kib(agent.pid());
+    eprintln!(
+        "{neighbour}: agent CPU {:.1} % of one core, RSS {:.1} MiB",
+        share * 100.0,
+        rss as f64 / 1024.0
+    );
+    assert!(
+        share <= CPU_BUDGET,
+        "beside {neighbour}: the agent used {:.1} % of a core (budget {:.0} %)",
+        share * 100.0,
+        CPU_BUDGET * 100.0
+    );
+    assert!(
+        rss <= RSS_BOUND_KIB,
+        "beside {neighbour}: agent RSS {rss} KiB over {RSS_BOUND_KIB} KiB"
+    );
+}
+
+/// A Go client flooding the apiserver with requests over its stream record budget: its own
+/// evidence is `incomplete` (`rate_limited`, charged to its socket and process), it is never
+/// judged from the gap, and the stuck and the healthy client beside it are judged as without
+/// it.
+#[test]
+fn a_header_flood_costs_the_flooder_its_own_visibility_only() {
+    init!();
+    assert!(
+        std::path::Path::new(FLOODER).exists(),
+        "{FLOODER} is missing: run `cargo xtask setup`"
+    );
+    let node = Node::start(&["--stream-record-budget", &BUDGET.to_string()], &[]);
+    let trigger = node.dir.path().join("never");
+    let mut cmd = Command::new(FLOODER);
+    cmd.arg(format!("https://{}", node.endpoint))
+        .arg(&trigger)
+        .env("GO_WATCH_TOKEN", "secret-token-xyz")
+        .env("GO_WATCH_FLOOD", "32");
+    let flooder = Watched::spawn("go-watch flood", cmd);
+    let fpid = flooder.pid();
+    let c = node
+        .agent
+        .wait_clients(secs(30.0), "the flooder's evidence incomplete", |c| {
+            find_pid(c, fpid)
+                .filter(|c| c["evidence"] == "incomplete")
+                .cloned()
+        });
+    assert_eq!(c["visibility"], "streams", "its streams are read: {c}");
+    assert!(
+        c["evidence_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("rate_limited: ")),
+        "{c}"
+    );
+    assert!(c["evidence_incomplete_since"].is_string(), "{c}");
+    let rates = || -> Vec<u64> {
+        flooder
+            .lines()
+            .iter()
+            .filter_map(|l| l.text.strip_prefix("rate ")?.parse().ok())
+            .collect()
+    };
+    let deadline = Instant::now() + secs(10.0);
+    while rates().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the flooder's rates: {:?}",
+            flooder.lines()
+        );
+        std::thread::sleep(secs(0.2));
+    }
+    let rates = rates();
+    eprintln!("flood: requests per second {rates:?}");
+    assert!(
+        rates.iter().any(|&r| r * 5 > u64::from(BUDGET)),
+        "the flood sends more records than its budget: {rates:?}"
+    );
+
+    node.stuck_client_is_judged_in_time("a header flood");
+    agent_cost(&node.agent, "a header flood", secs(5.0));
+
+    // Never judged from the gap: the flooder itself stays healthy, still incomplete.
+    let clients = node.agent.clients();
+    let flood = find_pid(&clients, fpid).expect("the flooder listed");
+    assert_eq!(flood["state"], "healthy", "{flood}");
+    assert_eq!(flood["evidence"], "incomplete", "{flood}");
+    let dropped = node.metric("lifeline_ebpf_records_dropped_total", "cause=\"rate_limited\"");
+    assert!(dropped > 0.0, "the drops are counted by cause");
+    assert_eq!(
+        node.metric("lifeline_ebpf_records_dropped_total", "scope=\"node\""),
+        0.0,
+        "every drop charged to a socket or a process"
+    );
+    drop(flooder);
+}
+
+/// A process that connects to an endpoint and closes, thousands of times a second: beyond its
+/// budget its connections are muted in the kernel (`MUTE_AFTER`), charged to it, the ring
+/// never fills, and the stuck and the healthy client are judged as without it.
+#[test]
+fn a_connect_storm_costs_nobody_their_judgement() {
+    init!();
+    let mut cmd = Command::new(sibling_bin("ll-load"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--close"]);
+    let closer = Watched::spawn("ll-load serve", cmd);
+    let listening = closer.wait_line(secs(10.0), "`listening ADDR`", |l| {
+        l.text.starts_with("listening ")
+    });
+    let target = listening.text["listening ".len()..].trim().to_owned();
+    let node = Node::start(&[], std::slice::from_ref(&target));
+    let mut cmd = Command::new(sibling_bin("ll-load"));
+    cmd.args(["churn", "--connect", &target, "--seconds", "40", "--threads", "2"]);
+    let storm = Watched::spawn("ll-load churn", cmd);
+    // Under way: the kernel holds its connects back once over its budget.
+    let deadline = Instant::now() + secs(10.0);
+    while node.metric("lifeline_ebpf_events_total", "kind=\"state_change\"") < 500.0 {
+        assert!(Instant::now() < deadline, "the storm's connects seen");
+        std::thread::sleep(secs(0.2));
+    }
+    node.stuck_client_is_judged_in_time("a connect storm");
+    agent_cost(&node.agent, "a connect storm", secs(5.0));
+    // Muted beyond its budget: its records are its own loss, nobody else's; the ring never
+    // fills.
+    let muted = node.metric(
+        "lifeline_ebpf_records_dropped_total",
+        "cause=\"rate_limited\",scope=\"process\"",
+    );
+    eprintln!("a connect storm: {muted} of its records dropped in the kernel");
+    assert!(muted > 0.0, "the storm is muted, and its drops counted");
+    assert_eq!(
+        node.metric("lifeline_ebpf_records_dropped_total", "scope=\"node\""),
+        0.0,
+        "nothing charged to the node"
+    );
+    assert_eq!(
+        node.metric("lifeline_ebpf_events_lost_total", ""),
+        0.0,
+        "the ring never filled"
+    );
+    let clients = node.agent.clients();
+    assert!(
+        find_pid(&clients, storm.pid()).is_none_or(|c| c["state"] != "stale"),
+        "the storm itself is not judged stuck: {:?}",
+        find_pid(&clients, storm.pid())
+    );
+    drop(storm);
+    drop(closer);
+}
