@@ -40,6 +40,14 @@ const CPU_BUDGET: f64 = 0.5;
 /// Where `cargo xtask setup` (`xtask/src/gomatrix.rs`) writes the Go release matrix.
 const FLOODER: &str = "/var/tmp/lifeline-go/clients/go-watch-1.24-exe";
 
+/// One neighbour at a time: the suite runs with two test threads, and a second storm on the
+/// machine would be a neighbour of the first test's clients too.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
 }
@@ -227,6 +235,7 @@ fn agent_cost(agent: &Agent, neighbour: &str, window: Duration) {
 #[test]
 fn a_header_flood_costs_the_flooder_its_own_visibility_only() {
     init!();
+    let _alone = alone();
     assert!(
         std::path::Path::new(FLOODER).exists(),
         "{FLOODER} is missing: run `cargo xtask setup`"
@@ -302,6 +311,7 @@ fn a_header_flood_costs_the_flooder_its_own_visibility_only() {
 #[test]
 fn a_connect_storm_costs_nobody_their_judgement() {
     init!();
+    let _alone = alone();
     let mut cmd = Command::new(sibling_bin("ll-load"));
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--close"]);
     let closer = Watched::spawn("ll-load serve", cmd);

@@ -179,13 +179,14 @@ fn require_root(what: &str) -> Result {
 
 /// The integration suites, in the order they run (`realcluster` needs the Kubernetes binaries
 /// `cargo xtask setup` builds).
-const SUITES: [&str; 8] = [
+const SUITES: [&str; 9] = [
     "foundation",
     "judgement",
     "fixture",
     "scenarios",
     "kubernetes",
     "hardening",
+    "neighbours",
     "performance",
     "realcluster",
 ];
