@@ -18,13 +18,8 @@ mod serve;
 #[cfg(test)]
 mod testkit;
 
-// Short paths for the modules every step uses (`crate::process`, `crate::alerts`, ...).
-use act::{alerts, metrics, remediate};
-use app::{check, cli, config, logging, run, unsupported, workers};
-use health::{judge, reachability, snapshot};
-use host::{container, exits, netns, privileges, prober, process, redact, resources, sock_diag};
-use serve::{api, status, views};
-use table::sampler;
+use app::{check, cli, logging, run};
+use serve::status;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse_from(serve::plugin::argv());

@@ -10,16 +10,16 @@ use std::{fmt::Write as _, path::Path};
 use aya::{programs::ProgramType, sys::is_program_supported};
 
 use crate::{
+    app::logging::escape_controls,
     endpoint::{Endpoint, EndpointSet, Source},
+    host::netns,
+    host::privileges::{Blind, Capabilities, Without, REQUIREMENTS},
+    host::process::Procfs,
+    host::sock_diag::DiagSocket,
     kernel::{
         offsets,
         programs::{Probes, TRACEPOINTS},
     },
-    logging::escape_controls,
-    netns,
-    privileges::{Blind, Capabilities, Without, REQUIREMENTS},
-    process::Procfs,
-    sock_diag::DiagSocket,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -268,7 +268,7 @@ pub fn run() -> Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::privileges::Cap;
+    use crate::host::privileges::Cap;
 
     fn report(caps: Capabilities) -> Report {
         Report {

@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{config::ThresholdsFile, endpoint::Endpoint, logging::LogFormat};
+use crate::{app::config::ThresholdsFile, app::logging::LogFormat, endpoint::Endpoint};
 
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),

@@ -373,7 +373,7 @@ impl ConfigFile {
 
 /// Only http(s) URLs with a host (messages show the URL redacted).
 pub fn check_url(url: &str) -> std::result::Result<(), String> {
-    let shown = crate::redact::redact(url);
+    let shown = crate::host::redact::redact(url);
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))

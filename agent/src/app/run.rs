@@ -24,14 +24,21 @@ use lifeline_common::MAX_ENDPOINTS;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    alerts::{self, Alerter},
-    api::{self, Access, ApiState},
-    cli::RunArgs,
+    act::alerts::{self, Alerter},
+    act::metrics::{self, Metrics},
+    act::remediate::{self, Remediation},
+    app::cli::RunArgs,
+    app::config::{self, ConfigFile, ThresholdsFile},
+    app::unsupported::Unsupported,
+    app::workers::{ClusterEvictor, Command, Refresher, SampleLoop},
     cluster::{self, Cluster},
-    config::{self, ConfigFile, ThresholdsFile},
     endpoint::{Endpoint, EndpointSet},
+    health::judge::Judge,
+    health::snapshot::{Latest, Snapshot},
     health::Thresholds,
-    judge::Judge,
+    host::privileges::{self, Assessment, Blindness, Capabilities},
+    host::prober,
+    host::process::Procfs,
     kernel::{
         golang::GoTracer,
         offsets,
@@ -39,16 +46,9 @@ use crate::{
         programs::{self, Probes},
         pump::{KernelStats, Pump, PumpContext},
     },
-    metrics::{self, Metrics},
-    privileges::{self, Assessment, Blindness, Capabilities},
-    prober,
-    process::Procfs,
-    remediate::{self, Remediation},
-    sampler::{Sampler, SharedTable},
-    snapshot::{Latest, Snapshot},
+    serve::api::{self, Access, ApiState},
+    table::sampler::{Sampler, SharedTable},
     table::ConnectionTable,
-    unsupported::Unsupported,
-    workers::{ClusterEvictor, Command, Refresher, SampleLoop},
 };
 
 /// How long start-up waits for the cluster's first discovery before going on without it.
@@ -177,7 +177,7 @@ async fn start_cluster(args: &RunArgs, node: &str) -> Option<Cluster> {
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
-    let fd_limit = match crate::resources::raise_nofile() {
+    let fd_limit = match crate::host::resources::raise_nofile() {
         Ok(l) => {
             if l.before < l.soft {
                 tracing::info!("open-file limit raised from {} to {}", l.before, l.soft);

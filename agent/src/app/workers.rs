@@ -16,22 +16,22 @@ use std::{
 use tokio::sync::watch;
 
 use crate::{
-    alerts::{self, Alerter},
+    act::alerts::{self, Alerter},
+    act::metrics::Metrics,
+    act::remediate::{self, Remediation},
     cluster::{self, Cluster, EventTarget, EventType, PodRef},
+    health::judge::{self, Judge},
+    health::snapshot::{Latest, Snapshot},
     health::State,
-    judge::{self, Judge},
+    host::prober,
+    host::process::ProcessInfo,
     kernel::{
         golang::{self, GoTracer},
         openssl::SslTracer,
         probed::Visibility,
         programs::Probes,
     },
-    metrics::Metrics,
-    prober,
-    process::ProcessInfo,
-    remediate::{self, Remediation},
-    sampler::{Sampler, SharedTable},
-    snapshot::{Latest, Snapshot},
+    table::sampler::{Sampler, SharedTable},
 };
 
 /// How often tracked sockets are sampled and clients judged.

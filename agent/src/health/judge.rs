@@ -10,15 +10,15 @@ use std::{
 use lifeline_common::tcp_state;
 
 use crate::{
-    config::Select,
+    app::config::Select,
     endpoint::Endpoint,
-    health::{Attempt, ConnectionFacts, Failure, HealthEngine, Loss, Observation, Thresholds, MAX_WATCH},
-    prober::Targets,
-    reachability::{Probe, ProcessEvidence, Reachability},
-    snapshot::{
+    health::reachability::{Probe, ProcessEvidence, Reachability},
+    health::snapshot::{
         ClientKey, ClientSnapshot, ClientTransition, ConnectionSnapshot, PodOf, Snapshot, StreamSnapshot,
         VisibilityOf,
     },
+    health::{Attempt, ConnectionFacts, Failure, HealthEngine, Loss, Observation, Thresholds, MAX_WATCH},
+    host::prober::Targets,
     table::{ConnectionTable, ProcessRecord},
 };
 

@@ -5,7 +5,7 @@
 //!
 //! Evidence, newest wins:
 //!
-//! - the agent's own probe of the endpoint ([`crate::prober`]): TCP connect, TLS handshake,
+//! - the agent's own probe of the endpoint ([`crate::host::prober`]): TCP connect, TLS handshake,
 //!   `GET /readyz`. Refused, timed out or unroutable, a TLS handshake that gets no answer in
 //!   time (a stopped, deadlocked or overloaded apiserver: its kernel still accepts), or a 5xx
 //!   answer: failure. Connected and answered below 500, or answered something that is not TLS:
@@ -89,7 +89,7 @@ impl ProbeOutcome {
             ProbeOutcome::NoRoute => "the agent's probe found no route".into(),
             ProbeOutcome::TlsTimeout => format!(
                 "the agent's probe connected but the TLS handshake got no answer in {}s",
-                crate::prober::STEP_TIMEOUT.as_secs()
+                crate::host::prober::STEP_TIMEOUT.as_secs()
             ),
             ProbeOutcome::NoTls => "the agent's probe connected".into(),
             ProbeOutcome::NoAnswer => "the agent's probe got no HTTP answer".into(),

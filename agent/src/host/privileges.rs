@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, fmt, sync::Mutex};
 
 use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
 
-use crate::config::RemediationMode;
+use crate::app::config::RemediationMode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -1,4 +1,4 @@
-//! The agent's own probe of each apiserver endpoint, for [`crate::reachability`]: every
+//! The agent's own probe of each apiserver endpoint, for [`crate::health::reachability`]: every
 //! [`PROBE_EVERY`], a TCP connect, a TLS handshake (any certificate: the question is whether
 //! something answers, not whom to trust — nothing is sent but the probe) and
 //! `GET /readyz`, each bounded by [`STEP_TIMEOUT`]. A handshake that gets no answer in that
@@ -31,7 +31,7 @@ use tokio::{
 
 use crate::{
     endpoint::Endpoint,
-    reachability::{Probe, ProbeOutcome},
+    health::reachability::{Probe, ProbeOutcome},
 };
 
 mod conditions;

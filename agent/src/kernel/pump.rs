@@ -31,12 +31,12 @@ use super::{
     programs::{KernelCounters, KernelFeed, Probes},
 };
 use crate::{
+    act::metrics::Metrics,
+    app::workers::Refresher,
     cluster::Cluster,
-    metrics::Metrics,
-    process::{ProcessInfo, Procfs},
-    sampler::SharedTable,
+    host::process::{ProcessInfo, Procfs},
+    table::sampler::SharedTable,
     table::{Applied, FailureReason},
-    workers::Refresher,
 };
 
 /// Most events applied under one lock of the table.
@@ -323,7 +323,7 @@ impl Worker {
 
     /// Metric labels of a process: namespace, pod, container (empty outside Kubernetes), comm.
     fn labels(&self, info: &ProcessInfo) -> [String; 4] {
-        match crate::workers::pod_of(self.ctx.cluster.as_ref(), info) {
+        match crate::app::workers::pod_of(self.ctx.cluster.as_ref(), info) {
             Some(p) => [p.namespace, p.pod, p.container, info.comm.clone()],
             None => [String::new(), String::new(), String::new(), info.comm.clone()],
         }

@@ -8,7 +8,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::{body::Bytes, header::AUTHORIZATION, Request};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 
-use crate::{cli::Output, logging::escape_controls, views::ClientView};
+use crate::{app::cli::Output, app::logging::escape_controls, serve::views::ClientView};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -284,7 +284,7 @@ pub fn table(clients: &[ClientView], now: DateTime<Utc>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::views::ConnectionView;
+    use crate::serve::views::ConnectionView;
 
     #[test]
     fn ages_read_like_kubectl() {

@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::{
     cluster::ApiVersions,
     endpoint::EndpointSet,
+    health::reachability::{EndpointStatus, Status},
+    health::snapshot::{ClientSnapshot, ConnectionSnapshot, Snapshot},
     kernel::probed::Visibility,
-    reachability::{EndpointStatus, Status},
-    snapshot::{ClientSnapshot, ConnectionSnapshot, Snapshot},
 };
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

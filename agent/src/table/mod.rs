@@ -34,9 +34,9 @@ use self::{
 use crate::{
     endpoint::{Endpoint, EndpointSet},
     health::{LossCause, Rhythm},
+    host::process::ProcessInfo,
+    host::sock_diag::TcpInfo,
     kernel::events::{Change, KernelEvent},
-    process::ProcessInfo,
-    sock_diag::TcpInfo,
 };
 
 /// How many failed connects a process keeps (the newest): rules look at `connect_window`

@@ -45,8 +45,8 @@ use tokio::{
 
 use super::{queue::Queue, wire};
 use crate::{
-    alerts::{Alert, Labels, Status},
-    config,
+    act::alerts::{Alert, Labels, Status},
+    app::config,
     error::chain,
 };
 
@@ -201,7 +201,7 @@ impl ReceiverSpec {
         let url = target.url.as_str();
         let bad = || Error::Url {
             receiver: name.to_owned(),
-            url: crate::redact::redact(url),
+            url: crate::host::redact::redact(url),
         };
         let post_to = match kind {
             Kind::Alertmanager => format!("{}/api/v2/alerts", url.trim_end_matches('/')),
@@ -220,7 +220,7 @@ impl ReceiverSpec {
         if authority.as_str().contains('@') {
             return Err(Error::UserInfo {
                 receiver: name.to_owned(),
-                url: crate::redact::redact(url),
+                url: crate::host::redact::redact(url),
             });
         }
         let ca_file = target.tls_config.as_ref().and_then(|t| t.ca_file.clone());
@@ -252,7 +252,7 @@ impl ReceiverSpec {
 
     /// The target URL as logs and errors show it: secret query parameters redacted.
     fn shown_url(&self) -> String {
-        crate::redact::redact(&self.target.to_string())
+        crate::host::redact::redact(&self.target.to_string())
     }
 
     fn plain(name: &str, kind: Kind, url: &str) -> Result<Self> {

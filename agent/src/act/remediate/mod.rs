@@ -44,7 +44,7 @@ pub use evict::{EvictOutcome, Evictor, NoCluster};
 pub use policy::Settings;
 pub use runner::{Remediation, Workload};
 
-use crate::sock_diag;
+use crate::host::sock_diag;
 use model::PodRef;
 
 #[derive(Debug, thiserror::Error)]

@@ -39,9 +39,9 @@ use super::model::{
     Subject, Target,
 };
 use crate::{
-    config::{self, RemediationMode},
+    app::config::{self, RemediationMode},
+    health::snapshot::ClientKey,
     health::State,
-    snapshot::ClientKey,
 };
 
 /// How long an action has to show its effect: a client still in the state an action addressed

@@ -2,9 +2,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::{
+    health::reachability::{ProbeOutcome, Status},
+    health::snapshot::{no_pod, no_streams},
     health::State,
-    reachability::{ProbeOutcome, Status},
-    snapshot::{no_pod, no_streams},
     testkit::{counters, endpoint, Lab, APISERVER},
 };
 

@@ -10,7 +10,7 @@ use std::{
 use tracing::Level;
 
 use super::STEP_TIMEOUT;
-use crate::{endpoint::Endpoint, reachability::ProbeOutcome};
+use crate::{endpoint::Endpoint, health::reachability::ProbeOutcome};
 
 /// A condition that lasts is logged again at most this often.
 pub const REPEAT_EVERY: Duration = Duration::from_secs(300);

@@ -5,11 +5,11 @@ use serde_json::Value;
 
 use super::*;
 use crate::{
-    alerts::{
+    act::alerts::{
         sink::{free_addr, Sink},
         Alert, Dispatcher, Error, Labels, Options,
     },
-    views::rfc3339,
+    serve::views::rfc3339,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -65,7 +65,7 @@ fn resolved(pod: &str, at: SystemTime) -> Alert {
 }
 
 /// (pod, status) of every alert in webhook bodies, in order.
-fn webhook_alerts(bodies: &[crate::alerts::sink::Received]) -> Vec<(String, String)> {
+fn webhook_alerts(bodies: &[crate::act::alerts::sink::Received]) -> Vec<(String, String)> {
     bodies
         .iter()
         .flat_map(|r| r.body["alerts"].as_array().unwrap().clone())

@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 
 use super::*;
 use crate::{
-    remediate::model::{Client, PodRef},
+    act::remediate::model::{Client, PodRef},
     table::Tuple,
 };
 
