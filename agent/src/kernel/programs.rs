@@ -6,7 +6,10 @@
 //! ports only. When the filter cannot be used (more than [`filter::PORT_SLOTS`] ports, or it
 //! fails to load), the full programs are attached directly: their own first test is a port
 //! bitmap in a map, a little more expensive per call.
-use std::collections::BTreeSet;
+use std::{
+    collections::BTreeSet,
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 use aya::{
     maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -76,6 +79,33 @@ pub struct KernelCounters {
     pub deferred: u64,
     /// Held-back connects that failed, counted in the `FAILURES` map instead of sent.
     pub aggregated: u64,
+}
+
+/// The kernel's counters as the pump last read them.
+#[derive(Debug, Default)]
+pub struct KernelStats {
+    sent: AtomicU64,
+    lost: AtomicU64,
+    deferred: AtomicU64,
+    aggregated: AtomicU64,
+}
+
+impl KernelStats {
+    pub fn get(&self) -> KernelCounters {
+        KernelCounters {
+            sent: self.sent.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+            deferred: self.deferred.load(Ordering::Relaxed),
+            aggregated: self.aggregated.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn set(&self, c: KernelCounters) {
+        self.sent.store(c.sent, Ordering::Relaxed);
+        self.lost.store(c.lost, Ordering::Relaxed);
+        self.deferred.store(c.deferred, Ordering::Relaxed);
+        self.aggregated.store(c.aggregated, Ordering::Relaxed);
+    }
 }
 
 /// What the event pump reads from the kernel: the ring of events and the map of failed

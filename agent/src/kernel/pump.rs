@@ -16,7 +16,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     os::fd::AsRawFd,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc, Mutex, PoisonError,
     },
     thread::JoinHandle,
@@ -28,7 +28,7 @@ use lifeline_common::{FailureKey, AF_INET, AF_INET6};
 
 use super::{
     events::{self, Change, KernelEvent, MonotonicClock, Record},
-    programs::{KernelCounters, KernelFeed, Probes},
+    programs::{KernelFeed, KernelStats, Probes},
 };
 use crate::{
     act::metrics::Metrics,
@@ -48,33 +48,6 @@ const OWNER_CACHE_MAX: usize = 4096;
 /// How often aggregated failures and counters are read (and the stop flag checked when no
 /// event comes).
 pub const TICK: Duration = Duration::from_secs(1);
-
-/// The kernel's counters as the pump last read them.
-#[derive(Debug, Default)]
-pub struct KernelStats {
-    sent: AtomicU64,
-    lost: AtomicU64,
-    deferred: AtomicU64,
-    aggregated: AtomicU64,
-}
-
-impl KernelStats {
-    pub fn get(&self) -> KernelCounters {
-        KernelCounters {
-            sent: self.sent.load(Ordering::Relaxed),
-            lost: self.lost.load(Ordering::Relaxed),
-            deferred: self.deferred.load(Ordering::Relaxed),
-            aggregated: self.aggregated.load(Ordering::Relaxed),
-        }
-    }
-
-    pub(crate) fn set(&self, c: KernelCounters) {
-        self.sent.store(c.sent, Ordering::Relaxed);
-        self.lost.store(c.lost, Ordering::Relaxed);
-        self.deferred.store(c.deferred, Ordering::Relaxed);
-        self.aggregated.store(c.aggregated, Ordering::Relaxed);
-    }
-}
 
 /// What the pump writes to and reads from besides the kernel.
 pub struct PumpContext {
@@ -323,7 +296,7 @@ impl Worker {
 
     /// Metric labels of a process: namespace, pod, container (empty outside Kubernetes), comm.
     fn labels(&self, info: &ProcessInfo) -> [String; 4] {
-        match crate::app::workers::pod_of(self.ctx.cluster.as_ref(), info) {
+        match crate::cluster::pod_of(self.ctx.cluster.as_ref(), info) {
             Some(p) => [p.namespace, p.pod, p.container, info.comm.clone()],
             None => [String::new(), String::new(), String::new(), info.comm.clone()],
         }

@@ -29,7 +29,7 @@ use crate::{
     host::netns,
     host::process::{Liveness, Procfs},
     host::sock_diag::{self, DiagSocket},
-    kernel::pump::KernelStats,
+    kernel::programs::KernelStats,
     table::{ConnectionTable, Sample, SampleTarget, Scanned, Tuple},
 };
 
