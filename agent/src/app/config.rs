@@ -15,7 +15,9 @@ use lifeline_common::MAX_ENDPOINTS;
 use serde::{Deserialize, Deserializer};
 
 use crate::{
+    act::remediate::{self, RemediationMode},
     endpoint::{self, Endpoint, EndpointSet, Source},
+    health::judge::Select,
     health::Thresholds,
 };
 
@@ -83,44 +85,6 @@ pub struct ThresholdsFile {
     pub watch_grace: Option<Duration>,
 }
 
-/// Processes that are clients besides auto-detection: patterns matched against the process
-/// name (`comm`) or its command line; `*` matches any run of characters, and a pattern without
-/// `*` must match the whole value.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Select {
-    #[serde(default)]
-    pub comm: Vec<String>,
-    #[serde(default)]
-    pub cmdline: Vec<String>,
-}
-
-impl Select {
-    pub fn matches(&self, comm: &str, cmdline: &str) -> bool {
-        self.comm.iter().any(|p| glob(p, comm)) || self.cmdline.iter().any(|p| glob(p, cmdline))
-    }
-}
-
-/// `*`-only glob: `kube-*`, `*operator*`, `exact`.
-pub fn glob(pattern: &str, value: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = value.strip_prefix(first) else {
-        return false;
-    };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
-        return rest.is_empty();
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(i) => rest = &rest[i + part.len()..],
-            None => return false,
-        }
-    }
-    rest.len() >= last.len() && rest.ends_with(last)
-}
-
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Receiver {
@@ -173,15 +137,6 @@ pub struct BasicAuth {
     pub password_file: PathBuf,
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum RemediationMode {
-    #[default]
-    None,
-    Reset,
-    Restart,
-}
-
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Remediation {
@@ -193,6 +148,19 @@ pub struct Remediation {
     pub cooldown: Duration,
     #[serde(default = "default_budget")]
     pub budget_per_hour: u32,
+}
+
+impl Remediation {
+    /// The settings in force: this section, with `--dry-run` (`dry_run_flag`) forcing a dry
+    /// run.
+    pub fn settings(&self, dry_run_flag: bool) -> remediate::Settings {
+        remediate::Settings {
+            mode: self.mode,
+            dry_run: self.dry_run || dry_run_flag,
+            cooldown: self.cooldown,
+            budget_per_hour: self.budget_per_hour,
+        }
+    }
 }
 
 impl Default for Remediation {

@@ -194,7 +194,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut watch = args.config.as_deref().map(config::Watch::new);
     let mut settings = Settings::load(&args)?;
     privileges.check_remediation(
-        settings.file.remediation.mode,
+        settings.file.remediation.mode.remedy(),
         args.dry_run || settings.file.remediation.dry_run,
     )?;
     let access = match &args.api_token_file {
@@ -299,7 +299,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         alerts::Options::default(),
     )?;
     let remediation = Remediation::start(
-        remediate::Settings::new(&settings.file.remediation, args.dry_run),
+        settings.file.remediation.settings(args.dry_run),
         remediate::Actuator::new(ClusterEvictor(cluster.clone())),
         &metrics,
     );
@@ -438,7 +438,7 @@ impl Reload<'_> {
         let base = new.endpoints()?;
         let dry_run = self.dry_run || new.file.remediation.dry_run;
         self.privileges
-            .check_remediation(new.file.remediation.mode, dry_run)?;
+            .check_remediation(new.file.remediation.mode.remedy(), dry_run)?;
         self.feed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -448,7 +448,7 @@ impl Reload<'_> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .reconfigure(new.thresholds(), new.file.select.clone());
         self.remediation
-            .reconfigure(remediate::Settings::new(&new.file.remediation, self.dry_run));
+            .reconfigure(new.file.remediation.settings(self.dry_run));
         if new.file.listen != settings.file.listen {
             tracing::warn!("`listen` changed in the config file: it takes effect at the next restart");
         }

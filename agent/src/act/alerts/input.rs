@@ -104,9 +104,8 @@ mod tests {
     use super::*;
     use crate::{
         act::alerts::{node_name, sink::Sink, Options},
-        app::config::Select,
         cluster::pods::PodRef,
-        health::judge::Judge,
+        health::judge::{Judge, Select},
         health::reachability::{Probe, ProbeOutcome},
         health::{State, Thresholds},
         host::process::ProcessInfo,

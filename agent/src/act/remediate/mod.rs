@@ -41,7 +41,7 @@ use std::{io, net::SocketAddr, path::PathBuf, time::Duration};
 
 pub use act::Actuator;
 pub use evict::{EvictOutcome, Evictor, NoCluster};
-pub use policy::Settings;
+pub use policy::{RemediationMode, Settings};
 pub use runner::{Remediation, Workload};
 
 use crate::host::sock_diag;

@@ -199,3 +199,21 @@ fn probe_targets_are_exact_endpoints_and_the_addresses_cidr_clients_use() {
         ]
     );
 }
+
+#[test]
+fn globs_match_like_shell_stars() {
+    for (p, v, want) in [
+        ("kube-*", "kube-controller", true),
+        ("kube-*", "kubelet", false),
+        ("*operator*", "my-operator-x", true),
+        ("*op", "shop", true),
+        ("a*b*c", "a1b2c", true),
+        ("a*b*c", "a1c2b", false),
+        ("ab*ba", "aba", false),
+        ("exact", "exact", true),
+        ("exact", "exactly", false),
+        ("*", "", true),
+    ] {
+        assert_eq!(glob(p, v), want, "{p} ~ {v}");
+    }
+}

@@ -245,18 +245,6 @@ fn dry_run_reports_and_remembers_without_acting() {
 }
 
 #[test]
-fn dry_run_flag_overrides_the_file() {
-    let file = config::Remediation::default();
-    assert!(!Settings::new(&file, false).dry_run);
-    assert!(Settings::new(&file, true).dry_run);
-    let file = config::Remediation {
-        dry_run: true,
-        ..file
-    };
-    assert!(Settings::new(&file, false).dry_run);
-}
-
-#[test]
 fn cooldown_holds_a_second_reset_back() {
     let (mut r, c) = setup(RemediationMode::Reset);
     let kcm = host(7, "kcm");

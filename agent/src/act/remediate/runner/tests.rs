@@ -5,12 +5,12 @@ use std::{
 
 use super::*;
 use crate::{
+    act::remediate::RemediationMode,
     act::remediate::{
         evict::EvictOutcome,
         model::{Action, Skip, Target},
         Actuator, NoCluster, Remediation, Settings, Workload,
     },
-    app::config::RemediationMode,
     health::State,
     table::Tuple,
     testkit::{client_snapshot, snapshot, NETNS},
