@@ -10,11 +10,11 @@ use std::{fmt::Write as _, path::Path};
 use aya::{programs::ProgramType, sys::is_program_supported};
 
 use crate::{
-    app::logging::escape_controls,
     endpoint::{Endpoint, EndpointSet, Source},
     host::netns,
     host::privileges::{Blind, Capabilities, Without, REQUIREMENTS},
     host::process::Procfs,
+    host::redact::escape_controls,
     host::sock_diag::DiagSocket,
     kernel::{
         offsets,

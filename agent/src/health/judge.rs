@@ -11,12 +11,13 @@ use lifeline_common::tcp_state;
 
 use crate::{
     endpoint::Endpoint,
-    health::reachability::{Probe, ProcessEvidence, Reachability},
+    health::reachability::{ProcessEvidence, Reachability},
     health::snapshot::{
         ClientKey, ClientSnapshot, ClientTransition, ConnectionSnapshot, PodOf, Snapshot, StreamSnapshot,
         VisibilityOf,
     },
     health::{Attempt, ConnectionFacts, Failure, HealthEngine, Loss, Observation, Thresholds, MAX_WATCH},
+    host::prober::Probe,
     host::prober::Targets,
     table::{ConnectionTable, ProcessRecord},
 };

@@ -8,7 +8,16 @@ use http_body_util::{BodyExt, Empty};
 use hyper::{body::Bytes, header::AUTHORIZATION, Request};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 
-use crate::{app::cli::Output, app::logging::escape_controls, serve::views::ClientView};
+use crate::{host::redact::escape_controls, serve::views::ClientView};
+
+/// How `lifeline status` prints (`-o`).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    /// The table, then every client's streams: what each process watches and requests.
+    Wide,
+    Json,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -106,8 +106,8 @@ mod tests {
         act::alerts::{node_name, sink::Sink, Options},
         cluster::pods::PodRef,
         health::judge::{Judge, Select},
-        health::reachability::{Probe, ProbeOutcome},
         health::{State, Thresholds},
+        host::prober::{Probe, ProbeOutcome},
         host::process::ProcessInfo,
         testkit::{endpoint, Lab, APISERVER},
     };

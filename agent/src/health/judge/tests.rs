@@ -2,9 +2,10 @@ use std::time::Duration;
 
 use super::*;
 use crate::{
-    health::reachability::{ProbeOutcome, Status},
+    health::reachability::Status,
     health::snapshot::{no_pod, no_streams},
     health::State,
+    host::prober::ProbeOutcome,
     testkit::{counters, endpoint, Lab, APISERVER},
 };
 
