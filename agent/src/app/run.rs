@@ -41,9 +41,9 @@ use crate::{
     host::process::Procfs,
     kernel::{
         golang::GoTracer,
-        offsets,
+        object, offsets,
         openssl::SslTracer,
-        programs::{self, KernelStats, Probes},
+        programs::{KernelStats, Probes},
         pump::{Pump, PumpContext},
     },
     serve::api::{self, Access, ApiState},
@@ -75,7 +75,7 @@ pub enum Error {
     #[error(transparent)]
     Privileges(#[from] privileges::Error),
     #[error(transparent)]
-    Probes(#[from] programs::Error),
+    Probes(#[from] object::Error),
     #[error(transparent)]
     Metrics(#[from] metrics::Error),
     #[error(transparent)]

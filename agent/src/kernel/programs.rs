@@ -8,23 +8,29 @@
 //! bitmap in a map, a little more expensive per call.
 use std::{
     collections::BTreeSet,
+    path::Path,
     sync::atomic::{AtomicU64, Ordering},
 };
 
 use aya::{
     maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{trace_point::TracePointLinkId, Program, ProgramError, ProgramFd, RawTracePoint, TracePoint},
-    Ebpf, EbpfError, EbpfLoader,
+    programs::{trace_point::TracePointLinkId, ProgramFd, RawTracePoint, TracePoint},
+    Ebpf, EbpfLoader,
 };
 use lifeline_common::{counter, EndpointKey, FailureKey, KernelOffsets, MAX_ENDPOINTS, PORT_WORDS};
 
-use super::filter::{self, Filter};
+use super::{
+    filter::{self, Filter},
+    go_probes::{self, Sites},
+    object::{program_of, Error, Result},
+    ssl_probes::{self, SyscallLinks},
+    uprobes::{self, Links},
+};
 use crate::endpoint::{Endpoint, EndpointSet};
 
-/// The objects built from `ebpf/` by the build script.
+/// The full programs' object, built from `ebpf/` by the build script (the filter's is
+/// [`filter::FILTER_OBJECT`]).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifeline"));
-pub(super) static FILTER_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifeline-filter"));
 
 /// The tracepoints lifeline attaches to: (program name, category, tracepoint).
 pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
@@ -38,31 +44,6 @@ pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
 pub const ERROR_REPORT: &str = "inet_sk_error_report";
 /// What a kernel without [`ERROR_REPORT`] (5.10) costs.
 const ERROR_REPORT_COST: &str = "failed connects ended by an ICMP error the process read first are counted as reason \"timeout\", not \"unreachable\"";
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("this lifeline binary was built with AYA_BUILD_SKIP: it carries no eBPF programs")]
-    NoObject,
-    #[error("loading the eBPF object: {0}")]
-    Load(#[source] EbpfError),
-    #[error("eBPF object has no {kind} named {name}")]
-    Missing { kind: &'static str, name: &'static str },
-    #[error("program {name}: {source}")]
-    Program {
-        name: &'static str,
-        source: ProgramError,
-    },
-    #[error("map {name}: {source}")]
-    Map { name: &'static str, source: MapError },
-    #[error("the Go-client programs did not load: {0}")]
-    GoUnavailable(String),
-    #[error("the OpenSSL-client programs did not load: {0}")]
-    SslUnavailable(String),
-    #[error("{wanted} endpoints: the kernel map holds at most {MAX_ENDPOINTS}")]
-    Capacity { wanted: usize },
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Size of the event ring buffer. An event takes 120 bytes in it, so it holds ~35,000: a burst
 /// of 10,000 connects (two events each: connect, established) fits whole even while the
@@ -165,10 +146,10 @@ pub struct Probes {
     /// Whether [`ERROR_REPORT`] is attached; why not, else.
     error_report: std::result::Result<(), String>,
     /// Whether the Go-client uprobes loaded (see `go_probes.rs`); why not, else.
-    pub(super) go_loaded: std::result::Result<(), String>,
+    go_loaded: std::result::Result<(), String>,
     /// Whether the OpenSSL-client uprobes loaded (see `ssl_probes.rs`); why not, else.
-    pub(super) ssl_loaded: std::result::Result<(), String>,
-    pub(super) ebpf: Ebpf,
+    ssl_loaded: std::result::Result<(), String>,
+    ebpf: Ebpf,
 }
 
 impl Probes {
@@ -202,12 +183,12 @@ impl Probes {
         });
         // The Go-client uprobes: loaded now, attached per binary of a client later. A kernel
         // that refuses them keeps the connection-level judgement for every client.
-        let go_loaded = super::go_probes::load(&mut ebpf).map_err(|err| {
+        let go_loaded = go_probes::load(&mut ebpf).map_err(|err| {
             let why = crate::error::chain(&err);
             tracing::warn!("Go clients' streams are not followed: {why}");
             why
         });
-        let ssl_loaded = super::ssl_probes::load(&mut ebpf).map_err(|err| {
+        let ssl_loaded = ssl_probes::load(&mut ebpf).map_err(|err| {
             let why = crate::error::chain(&err);
             tracing::warn!("OpenSSL clients' requests are not followed: {why}");
             why
@@ -318,7 +299,7 @@ impl Probes {
             self.offsets.probe.dport,
         ];
         Filter::attach(
-            FILTER_OBJECT,
+            filter::FILTER_OBJECT,
             offsets,
             ports,
             [
@@ -464,6 +445,57 @@ impl Probes {
     }
 }
 
+/// The client uprobes (Go, OpenSSL): each set says what it loads and where it attaches
+/// (`go_probes.rs`, `ssl_probes.rs`); the loaded object is this owner's.
+impl Probes {
+    /// Why the Go-client programs cannot be used, if they cannot.
+    pub fn go_unavailable(&self) -> Option<&str> {
+        self.go_loaded.as_ref().err().map(String::as_str)
+    }
+
+    /// Attaches every site in `binary` (all processes that run it): all or nothing.
+    pub fn attach_go(&mut self, binary: &Path, sites: &Sites) -> Result<Links> {
+        if let Err(why) = &self.go_loaded {
+            return Err(Error::GoUnavailable(why.clone()));
+        }
+        go_probes::attach(&mut self.ebpf, binary, sites)
+    }
+
+    /// Why the OpenSSL-client programs cannot be used, if they cannot.
+    pub fn ssl_unavailable(&self) -> Option<&str> {
+        self.ssl_loaded.as_ref().err().map(String::as_str)
+    }
+
+    /// Attaches every site in `library` (all processes that map it): all or nothing.
+    pub fn attach_ssl(&mut self, library: &Path) -> Result<Links> {
+        if let Err(why) = &self.ssl_loaded {
+            return Err(Error::SslUnavailable(why.clone()));
+        }
+        ssl_probes::attach(&mut self.ebpf, library)
+    }
+
+    /// Attaches the system-call tracepoints that bind older `SSL *`s: all or nothing.
+    pub fn attach_ssl_syscalls(&mut self) -> Result<SyscallLinks> {
+        ssl_probes::attach_syscalls(&mut self.ebpf)
+    }
+
+    pub fn detach_ssl_syscalls(&mut self, links: SyscallLinks) {
+        ssl_probes::detach_syscalls(&mut self.ebpf, links);
+    }
+
+    /// Whether an SSL call on an `SSL *` of unknown descriptor began at or after `since_ns`
+    /// (kernel monotonic time): the system-call tracepoints would bind it.
+    pub fn ssl_unbound_since(&self, since_ns: u64) -> bool {
+        ssl_probes::unbound_since(&self.ebpf, since_ns)
+    }
+
+    /// Detaches the uprobes of one file ([`attach_go`](Self::attach_go),
+    /// [`attach_ssl`](Self::attach_ssl)).
+    pub fn detach_uprobes(&mut self, links: Links) {
+        uprobes::detach(&mut self.ebpf, links);
+    }
+}
+
 /// The `WATCHED_PORTS` words for a set of endpoints.
 pub fn port_bitmap<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> Vec<u64> {
     let mut words = vec![0u64; PORT_WORDS as usize];
@@ -471,20 +503,6 @@ pub fn port_bitmap<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> Vec
         words[usize::from(e.port / 64)] |= 1 << (e.port % 64);
     }
     words
-}
-
-/// Program `name` of `ebpf` as its kind `P` (a tracepoint, a raw tracepoint).
-pub(super) fn program_of<'e, P>(ebpf: &'e mut Ebpf, name: &'static str) -> Result<&'e mut P>
-where
-    &'e mut P: TryFrom<&'e mut Program, Error = ProgramError>,
-{
-    ebpf.program_mut(name)
-        .ok_or(Error::Missing {
-            kind: "program",
-            name,
-        })?
-        .try_into()
-        .map_err(|source| Error::Program { name, source })
 }
 
 fn take_map<M>(
