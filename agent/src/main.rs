@@ -17,6 +17,7 @@ mod host;
 mod serve;
 #[cfg(test)]
 mod testkit;
+mod times;
 
 use app::{check, cli, logging, run};
 use serve::status;

@@ -1,8 +1,5 @@
 //! What the agent reports: one JSON object per client process (SPEC.md `/api/v1/clients`) and
 //! the endpoints in force, built from the latest tick's snapshot (at most a tick old).
-use std::time::SystemTime;
-
-use chrono::{DateTime, SecondsFormat, Utc};
 use lifeline_common::tcp_state;
 use serde::{Deserialize, Serialize};
 
@@ -12,6 +9,7 @@ use crate::{
     health::reachability::{EndpointStatus, Status},
     health::snapshot::{ClientSnapshot, ConnectionSnapshot, Snapshot},
     kernel::probed::Visibility,
+    times::rfc3339,
 };
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -118,10 +116,6 @@ pub fn tcp_state_name(state: u32) -> &'static str {
         tcp_state::CLOSING => "CLOSING",
         _ => "UNKNOWN",
     }
-}
-
-pub fn rfc3339(t: SystemTime) -> String {
-    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 fn connection_view(c: &ConnectionSnapshot, snap: &Snapshot) -> ConnectionView {

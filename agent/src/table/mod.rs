@@ -28,12 +28,12 @@ use std::{
 use lifeline_common::tcp_state;
 
 use self::{
+    facts::{LossCause, Rhythm},
     ordered::{Ordered, Segment},
     streams::Streams,
 };
 use crate::{
     endpoint::{Endpoint, EndpointSet},
-    health::{LossCause, Rhythm},
     host::process::ProcessInfo,
     host::sock_diag::TcpInfo,
     kernel::events::{Change, KernelEvent},
@@ -1302,6 +1302,7 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) {
     conn.sampled_at = Some(now);
 }
 
+pub mod facts;
 pub mod ordered;
 mod requests;
 pub mod sampler;

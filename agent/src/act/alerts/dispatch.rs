@@ -45,8 +45,7 @@ use tokio::{
 
 use super::{queue::Queue, wire};
 use crate::{
-    act::alerts::{Alert, Labels, Status},
-    app::config,
+    act::alerts::{receivers, Alert, Labels, Status},
     error::chain,
 };
 
@@ -197,7 +196,7 @@ pub struct ReceiverSpec {
 }
 
 impl ReceiverSpec {
-    pub fn new(name: &str, kind: Kind, target: &config::UrlTarget) -> Result<Self> {
+    pub fn new(name: &str, kind: Kind, target: &receivers::UrlTarget) -> Result<Self> {
         let url = target.url.as_str();
         let bad = || Error::Url {
             receiver: name.to_owned(),
@@ -259,7 +258,7 @@ impl ReceiverSpec {
         Self::new(
             name,
             kind,
-            &config::UrlTarget {
+            &receivers::UrlTarget {
                 url: url.to_owned(),
                 ..Default::default()
             },
@@ -356,7 +355,7 @@ impl ReceiverSpec {
 /// The receivers in force: the config file's, then `--webhook` flags named `webhook-1`, …,
 /// then `--alertmanager` flags named `alertmanager-1`, ….
 pub fn receiver_specs(
-    file: &[config::Receiver],
+    file: &[receivers::Receiver],
     webhooks: &[String],
     alertmanagers: &[String],
 ) -> Result<Vec<ReceiverSpec>> {
@@ -482,7 +481,7 @@ impl Dispatcher {
     /// counting into `sent` (`lifeline_alerts_sent_total{receiver,result}`). Must be called
     /// inside the tokio runtime.
     pub fn start(
-        file: &[config::Receiver],
+        file: &[receivers::Receiver],
         webhooks: &[String],
         alertmanagers: &[String],
         sent: &IntCounterVec,

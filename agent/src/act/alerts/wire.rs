@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::{
     act::alerts::{Alert, Labels, Status},
-    serve::views::rfc3339,
+    times::rfc3339,
 };
 
 /// How Go (and so Alertmanager) writes the zero time: `endsAt` of a firing webhook alert.
