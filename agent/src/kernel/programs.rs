@@ -6,6 +6,10 @@
 //! ports only. When the filter cannot be used (more than [`filter::PORT_SLOTS`] ports, or it
 //! fails to load), the full programs are attached directly: their own first test is a port
 //! bitmap in a map, a little more expensive per call.
+//!
+//! [`Probes`] is the one owner of the loaded programs: every method on them is here. The
+//! client uprobe sets (`go_probes.rs`, `ssl_probes.rs`) are functions of the eBPF object it
+//! calls, over `uprobes.rs` and `object.rs`; none of them imports this file.
 use std::{
     collections::BTreeSet,
     path::Path,
