@@ -13,11 +13,11 @@ use lifeline_common::tcp_state;
 
 use crate::{
     endpoint::{Endpoint, EndpointSet, Source},
+    health::snapshot::{ClientSnapshot, ConnectionSnapshot, Snapshot},
     health::{State, Verdict},
+    host::process::{ProcessInfo, Procfs},
+    host::sock_diag::TcpInfo,
     kernel::events::{Change, KernelEvent},
-    process::{ProcessInfo, Procfs},
-    snapshot::{ClientSnapshot, ConnectionSnapshot, Snapshot},
-    sock_diag::TcpInfo,
     table::{ConnectionTable, Sample, Tuple},
 };
 

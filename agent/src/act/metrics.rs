@@ -12,7 +12,7 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::{health::State, reachability::Status, snapshot::Snapshot};
+use crate::{health::reachability::Status, health::snapshot::Snapshot, health::State};
 
 const CLIENT_LABELS: [&str; 4] = ["namespace", "pod", "container", "comm"];
 
@@ -243,7 +243,7 @@ impl Metrics {
     /// The stream gauges of one client: open watches and stuck streams per resource. At most
     /// [`RESOURCES_PER_CLIENT`] resource values per client; the rest count as `other`, so a
     /// client requesting made-up paths cannot grow the series without bound.
-    fn update_streams(&self, client: &crate::snapshot::ClientSnapshot, labels: &[String; 4]) {
+    fn update_streams(&self, client: &crate::health::snapshot::ClientSnapshot, labels: &[String; 4]) {
         let mut seen: HashSet<String> = HashSet::new();
         let mut bounded = |resource: &str| -> String {
             if seen.contains(resource) || seen.len() < RESOURCES_PER_CLIENT {

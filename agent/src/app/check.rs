@@ -11,15 +11,15 @@ use aya::{programs::ProgramType, sys::is_program_supported};
 
 use crate::{
     endpoint::{Endpoint, EndpointSet, Source},
+    host::netns,
+    host::privileges::{Blind, Capabilities, Without, REQUIREMENTS},
+    host::process::Procfs,
+    host::redact::escape_controls,
+    host::sock_diag::DiagSocket,
     kernel::{
         offsets,
         programs::{Probes, TRACEPOINTS},
     },
-    logging::escape_controls,
-    netns,
-    privileges::{Blind, Capabilities, Without, REQUIREMENTS},
-    process::Procfs,
-    sock_diag::DiagSocket,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -269,7 +269,7 @@ pub fn run() -> Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::privileges::Cap;
+    use crate::host::privileges::Cap;
 
     fn report(caps: Capabilities) -> Report {
         Report {

@@ -2,9 +2,11 @@
 //! exit code 2.
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
-use crate::{config::ThresholdsFile, endpoint::Endpoint, logging::LogFormat};
+use crate::{
+    app::config::ThresholdsFile, app::logging::LogFormat, endpoint::Endpoint, serve::status::Output,
+};
 
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -148,14 +150,6 @@ impl ThresholdArgs {
     }
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Output {
-    Table,
-    /// The table, then every client's streams: what each process watches and requests.
-    Wide,
-    Json,
-}
-
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// The agent's HTTP address.
@@ -218,5 +212,11 @@ mod tests {
         };
         assert_eq!(args.endpoints.len(), 2);
         assert!(!args.endpoints[1].0.is_empty());
+    }
+
+    #[test]
+    fn the_plugin_name_selects_the_cluster_command() {
+        let cli = Cli::try_parse_from(["kubectl lifeline", "cluster", "-n", "x"]).unwrap();
+        assert!(matches!(cli.command, Command::Cluster(ref a) if a.namespace == "x"));
     }
 }

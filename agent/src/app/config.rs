@@ -12,10 +12,13 @@ use std::{
 
 use lifeline_common::MAX_ENDPOINTS;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 use crate::{
+    act::alerts::receivers::{Receiver, UrlTarget},
+    act::remediate::{self, RemediationMode},
     endpoint::{self, Endpoint, EndpointSet, Source},
+    health::judge::Select,
     health::Thresholds,
 };
 
@@ -62,124 +65,25 @@ pub struct ConfigFile {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ThresholdsFile {
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::times::duration")]
     pub disconnect_grace: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::times::duration")]
     pub stale_after: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::times::duration")]
     pub silence_floor: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::times::duration")]
     pub silence_max: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::times::duration")]
     pub blackhole_after: Option<Duration>,
     pub connect_failures: Option<u32>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::times::duration")]
     pub connect_window: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::times::duration")]
     pub min_client_age: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::times::duration")]
     pub outage_after: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::times::duration")]
     pub watch_grace: Option<Duration>,
-}
-
-/// Processes that are clients besides auto-detection: patterns matched against the process
-/// name (`comm`) or its command line; `*` matches any run of characters, and a pattern without
-/// `*` must match the whole value.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Select {
-    #[serde(default)]
-    pub comm: Vec<String>,
-    #[serde(default)]
-    pub cmdline: Vec<String>,
-}
-
-impl Select {
-    pub fn matches(&self, comm: &str, cmdline: &str) -> bool {
-        self.comm.iter().any(|p| glob(p, comm)) || self.cmdline.iter().any(|p| glob(p, cmdline))
-    }
-}
-
-/// `*`-only glob: `kube-*`, `*operator*`, `exact`.
-pub fn glob(pattern: &str, value: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = value.strip_prefix(first) else {
-        return false;
-    };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
-        return rest.is_empty();
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(i) => rest = &rest[i + part.len()..],
-            None => return false,
-        }
-    }
-    rest.len() >= last.len() && rest.ends_with(last)
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Receiver {
-    pub name: String,
-    pub alertmanager: Option<UrlTarget>,
-    pub webhook: Option<UrlTarget>,
-}
-
-/// Where a receiver is and how to reach it. The TLS and authentication keys are those of
-/// Prometheus' and Alertmanager's `http_config`; secrets only from files (re-read per request,
-/// so a rotated token is picked up).
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct UrlTarget {
-    pub url: String,
-    #[serde(default, deserialize_with = "duration")]
-    pub timeout: Option<Duration>,
-    /// `https://` only: the CA bundle (PEM) that signs the receiver's certificate; the
-    /// system's roots when absent.
-    pub tls_config: Option<TlsConfig>,
-    /// `Authorization: Bearer <contents of credentials_file>`.
-    pub authorization: Option<Authorization>,
-    /// `Authorization: Basic`, the password from `password_file`.
-    pub basic_auth: Option<BasicAuth>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    pub ca_file: Option<PathBuf>,
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Authorization {
-    /// Only `Bearer` (the default).
-    #[serde(rename = "type", default = "bearer")]
-    pub kind: String,
-    pub credentials_file: PathBuf,
-}
-
-fn bearer() -> String {
-    "Bearer".into()
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct BasicAuth {
-    pub username: String,
-    pub password_file: PathBuf,
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum RemediationMode {
-    #[default]
-    None,
-    Reset,
-    Restart,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -189,10 +93,26 @@ pub struct Remediation {
     pub mode: RemediationMode,
     #[serde(default)]
     pub dry_run: bool,
-    #[serde(default = "default_cooldown", deserialize_with = "required_duration")]
+    #[serde(
+        default = "default_cooldown",
+        deserialize_with = "crate::times::required_duration"
+    )]
     pub cooldown: Duration,
     #[serde(default = "default_budget")]
     pub budget_per_hour: u32,
+}
+
+impl Remediation {
+    /// The settings in force: this section, with `--dry-run` (`dry_run_flag`) forcing a dry
+    /// run.
+    pub fn settings(&self, dry_run_flag: bool) -> remediate::Settings {
+        remediate::Settings {
+            mode: self.mode,
+            dry_run: self.dry_run || dry_run_flag,
+            cooldown: self.cooldown,
+            budget_per_hour: self.budget_per_hour,
+        }
+    }
 }
 
 impl Default for Remediation {
@@ -212,20 +132,6 @@ fn default_cooldown() -> Duration {
 
 fn default_budget() -> u32 {
     3
-}
-
-fn parse_duration<E: serde::de::Error>(text: &str) -> std::result::Result<Duration, E> {
-    humantime::parse_duration(text.trim())
-        .map_err(|err| E::custom(format!("{text:?} is not a duration like 15s or 2m ({err})")))
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Duration>, D::Error> {
-    let text = String::deserialize(d)?;
-    parse_duration(&text).map(Some)
-}
-
-fn required_duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Duration, D::Error> {
-    parse_duration(&String::deserialize(d)?)
 }
 
 /// `text` as a `T`, or one line naming the key (a dotted path, as `thresholds.stale_after`)
@@ -373,7 +279,7 @@ impl ConfigFile {
 
 /// Only http(s) URLs with a host (messages show the URL redacted).
 pub fn check_url(url: &str) -> std::result::Result<(), String> {
-    let shown = crate::redact::redact(url);
+    let shown = crate::host::redact::redact(url);
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))

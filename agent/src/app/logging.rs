@@ -7,10 +7,12 @@
 //! control character of a formatted line ([`escape_controls`]) except the newline that ends it,
 //! so every log site is covered. (Colors are therefore off: they are ESC sequences too.) JSON
 //! lines escape control characters by themselves.
-use std::{borrow::Cow, fmt::Write as _, io};
+use std::{borrow::Cow, io};
 
 use clap::ValueEnum;
 use tracing_subscriber::{fmt::MakeWriter, EnvFilter};
+
+use crate::host::redact::escape_controls;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -52,30 +54,6 @@ pub fn init(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
-}
-
-/// `text` with every control character (newline, carriage return, ESC, the C1 range, ...)
-/// written as `\n`, `\r` or `\u{1b}`; tabs stay. Borrowed when there is none.
-pub fn escape_controls(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(needs_escape) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c if needs_escape(c) => {
-                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    Cow::Owned(out)
-}
-
-fn needs_escape(c: char) -> bool {
-    c.is_control() && c != '\t'
 }
 
 /// A [`MakeWriter`] whose writers escape control characters inside each formatted line.
@@ -121,17 +99,6 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-
-    #[test]
-    fn control_characters_are_escaped_and_tabs_kept() {
-        assert_eq!(escape_controls("kube-proxy"), "kube-proxy");
-        assert!(matches!(escape_controls("plain\ttext"), Cow::Borrowed(_)));
-        assert_eq!(escape_controls("a\nERROR forged"), "a\\nERROR forged");
-        assert_eq!(
-            escape_controls("x\r\u{1b}[2J\u{9b}y\u{0}"),
-            "x\\r\\u{1b}[2J\\u{9b}y\\u{0}"
-        );
-    }
 
     /// A writer into a shared buffer.
     #[derive(Clone, Default)]

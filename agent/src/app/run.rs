@@ -24,31 +24,31 @@ use lifeline_common::MAX_ENDPOINTS;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    alerts::{self, Alerter},
-    api::{self, Access, ApiState},
-    cli::RunArgs,
+    act::alerts::{self, Alerter},
+    act::metrics::{self, Metrics},
+    act::remediate::{self, Remediation},
+    app::cli::RunArgs,
+    app::config::{self, ConfigFile, ThresholdsFile},
+    app::unsupported::Unsupported,
+    app::workers::{ClusterEvictor, Command, Refresher, SampleLoop},
     cluster::{self, Cluster},
-    config::{self, ConfigFile, ThresholdsFile},
     endpoint::{Endpoint, EndpointSet},
+    health::judge::Judge,
+    health::snapshot::{Latest, Snapshot},
     health::Thresholds,
-    judge::Judge,
+    host::privileges::{self, Assessment, Blindness, Capabilities},
+    host::prober,
+    host::process::Procfs,
     kernel::{
         golang::GoTracer,
-        offsets,
+        object, offsets,
         openssl::SslTracer,
-        programs::{self, Probes},
-        pump::{KernelStats, Pump, PumpContext},
+        programs::{KernelStats, Probes},
+        pump::{Pump, PumpContext},
     },
-    metrics::{self, Metrics},
-    privileges::{self, Assessment, Blindness, Capabilities},
-    prober,
-    process::Procfs,
-    remediate::{self, Remediation},
-    sampler::{Sampler, SharedTable},
-    snapshot::{Latest, Snapshot},
+    serve::api::{self, Access, ApiState},
+    table::sampler::{Sampler, SharedTable},
     table::ConnectionTable,
-    unsupported::Unsupported,
-    workers::{ClusterEvictor, Command, Refresher, SampleLoop},
 };
 
 /// How long start-up waits for the cluster's first discovery before going on without it.
@@ -75,7 +75,7 @@ pub enum Error {
     #[error(transparent)]
     Privileges(#[from] privileges::Error),
     #[error(transparent)]
-    Probes(#[from] programs::Error),
+    Probes(#[from] object::Error),
     #[error(transparent)]
     Metrics(#[from] metrics::Error),
     #[error(transparent)]
@@ -177,7 +177,7 @@ async fn start_cluster(args: &RunArgs, node: &str) -> Option<Cluster> {
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
-    let fd_limit = match crate::resources::raise_nofile() {
+    let fd_limit = match crate::host::resources::raise_nofile() {
         Ok(l) => {
             if l.before < l.soft {
                 tracing::info!("open-file limit raised from {} to {}", l.before, l.soft);
@@ -194,7 +194,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut watch = args.config.as_deref().map(config::Watch::new);
     let mut settings = Settings::load(&args)?;
     privileges.check_remediation(
-        settings.file.remediation.mode,
+        settings.file.remediation.mode.remedy(),
         args.dry_run || settings.file.remediation.dry_run,
     )?;
     let access = match &args.api_token_file {
@@ -299,7 +299,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         alerts::Options::default(),
     )?;
     let remediation = Remediation::start(
-        remediate::Settings::new(&settings.file.remediation, args.dry_run),
+        settings.file.remediation.settings(args.dry_run),
         remediate::Actuator::new(ClusterEvictor(cluster.clone())),
         &metrics,
     );
@@ -438,7 +438,7 @@ impl Reload<'_> {
         let base = new.endpoints()?;
         let dry_run = self.dry_run || new.file.remediation.dry_run;
         self.privileges
-            .check_remediation(new.file.remediation.mode, dry_run)?;
+            .check_remediation(new.file.remediation.mode.remedy(), dry_run)?;
         self.feed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -448,7 +448,7 @@ impl Reload<'_> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .reconfigure(new.thresholds(), new.file.select.clone());
         self.remediation
-            .reconfigure(remediate::Settings::new(&new.file.remediation, self.dry_run));
+            .reconfigure(new.file.remediation.settings(self.dry_run));
         if new.file.listen != settings.file.listen {
             tracing::warn!("`listen` changed in the config file: it takes effect at the next restart");
         }

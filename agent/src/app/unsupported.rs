@@ -13,12 +13,12 @@ use std::{
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    api::{self, Access, ApiState},
+    act::metrics::Metrics,
+    app::run::{Error, Result, GRACE},
     cluster::Cluster,
-    metrics::Metrics,
-    privileges::Blindness,
-    run::{Error, Result, GRACE},
-    snapshot::{Latest, Snapshot},
+    health::snapshot::{Latest, Snapshot},
+    host::privileges::Blindness,
+    serve::api::{self, Access, ApiState},
 };
 
 /// What the API serves while the kernel cannot run the agent.

@@ -16,22 +16,22 @@ use std::{
 use tokio::sync::watch;
 
 use crate::{
-    alerts::{self, Alerter},
-    cluster::{self, Cluster, EventTarget, EventType, PodRef},
+    act::alerts::{self, Alerter},
+    act::metrics::Metrics,
+    act::remediate::{self, Remediation},
+    cluster::{self, Cluster, EventTarget, EventType},
+    health::judge::{self, Judge},
+    health::snapshot::{Latest, Snapshot},
     health::State,
-    judge::{self, Judge},
+    host::prober,
+    host::process::ProcessInfo,
     kernel::{
         golang::{self, GoTracer},
         openssl::SslTracer,
         probed::Visibility,
         programs::Probes,
     },
-    metrics::Metrics,
-    prober,
-    process::ProcessInfo,
-    remediate::{self, Remediation},
-    sampler::{Sampler, SharedTable},
-    snapshot::{Latest, Snapshot},
+    table::sampler::{Sampler, SharedTable},
 };
 
 /// How often tracked sockets are sampled and clients judged.
@@ -75,11 +75,6 @@ impl Refresher {
     fn taken(&self) {
         self.pending.store(false, Ordering::Release);
     }
-}
-
-/// The pod a process runs in, from the cluster's pod index by container id.
-pub fn pod_of(cluster: Option<&Cluster>, info: &ProcessInfo) -> Option<PodRef> {
-    cluster.and_then(|c| info.container.as_ref().and_then(|k| c.pod_of(&k.id)))
 }
 
 /// Evictions through the cluster when there is one; standalone, every eviction fails.
@@ -197,7 +192,7 @@ impl SampleLoop {
             self.ssl.reconcile(&self.kernel, &holding, now);
         }
         let cluster = self.cluster.clone();
-        let pods = |info: &ProcessInfo| pod_of(cluster.as_ref(), info);
+        let pods = |info: &ProcessInfo| cluster::pod_of(cluster.as_ref(), info);
         let (go, ssl) = (&self.go, &self.ssl);
         let visibility = |key| match golang::visibility(go, key) {
             streams @ Visibility::Streams { .. } => streams,

@@ -47,7 +47,8 @@
 //! // shutdown: c.shutdown(GRACE).await;
 //!
 //! // app/workers.rs
-//! // pod of a process: c.pod_of(&container.id) (pod_of, also used by kernel::pump)
+//! // pod of a process: cluster::pod_of(cluster, info), by its container id (also used by
+//! // kernel::pump)
 //! // c.emit(EventTarget::Pod { .. }, reason, &message, EventType::Warning) (SampleLoop::event)
 //! // c.evict(namespace, name).await (ClusterEvictor); c.apiserver_reachable() for the
 //! // remediation guards (SampleLoop)
@@ -83,7 +84,7 @@ pub use events::{EventTarget, EventType, Limits as EventLimits};
 pub use evict::EvictOutcome;
 pub use pods::PodRef;
 
-use crate::endpoint::EndpointSet;
+use crate::{endpoint::EndpointSet, host::process::ProcessInfo};
 use connect::Host;
 use endpoints::{Feed, Tracker};
 use events::{Admission, Book, EventWriter, Write};
@@ -540,6 +541,12 @@ async fn call<T>(server: &str, what: &str, fut: impl Future<Output = kube::Resul
             after: REQUEST_TIMEOUT,
         }),
     }
+}
+
+/// The pod a process runs in, from the cluster's pod index by its container id; none outside
+/// Kubernetes or outside a container.
+pub fn pod_of(cluster: Option<&Cluster>, info: &ProcessInfo) -> Option<PodRef> {
+    cluster.and_then(|c| info.container.as_ref().and_then(|k| c.pod_of(&k.id)))
 }
 
 #[cfg(test)]

@@ -41,8 +41,8 @@ use super::{
 };
 use crate::{
     endpoint::{canonical_ip, Endpoint, Source},
-    process::Procfs,
-    sock_diag::{self, DiagSocket},
+    host::process::Procfs,
+    host::sock_diag::{self, DiagSocket},
 };
 
 /// Where the host's processes are (the agent runs with `hostPID`).

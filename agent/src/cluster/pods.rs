@@ -19,7 +19,7 @@ use kube::{
 use serde::Serialize;
 
 use super::{endpoints::Objects, Trouble};
-use crate::container::{self, ContainerRef};
+use crate::host::container::{self, ContainerRef};
 
 /// Annotation that makes every container of the pod a monitored client.
 pub const MONITOR_ANNOTATION: &str = "lifeline.dev/monitor";

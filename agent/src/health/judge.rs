@@ -10,15 +10,15 @@ use std::{
 use lifeline_common::tcp_state;
 
 use crate::{
-    config::Select,
     endpoint::Endpoint,
-    health::{Attempt, ConnectionFacts, Failure, HealthEngine, Loss, Observation, Thresholds, MAX_WATCH},
-    prober::Targets,
-    reachability::{Probe, ProcessEvidence, Reachability},
-    snapshot::{
+    health::reachability::{ProcessEvidence, Reachability},
+    health::snapshot::{
         ClientKey, ClientSnapshot, ClientTransition, ConnectionSnapshot, PodOf, Snapshot, StreamSnapshot,
         VisibilityOf,
     },
+    health::{Attempt, ConnectionFacts, Failure, HealthEngine, Loss, Observation, Thresholds, MAX_WATCH},
+    host::prober::Probe,
+    host::prober::Targets,
     table::{ConnectionTable, ProcessRecord},
 };
 
@@ -259,6 +259,44 @@ pub fn probe_targets(table: &ConnectionTable) -> Targets {
         }
     }
     targets
+}
+
+/// Processes that are clients besides auto-detection: patterns matched against the process
+/// name (`comm`) or its command line; `*` matches any run of characters, and a pattern without
+/// `*` must match the whole value.
+#[derive(Clone, Debug, Default, serde::Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Select {
+    #[serde(default)]
+    pub comm: Vec<String>,
+    #[serde(default)]
+    pub cmdline: Vec<String>,
+}
+
+impl Select {
+    pub fn matches(&self, comm: &str, cmdline: &str) -> bool {
+        self.comm.iter().any(|p| glob(p, comm)) || self.cmdline.iter().any(|p| glob(p, cmdline))
+    }
+}
+
+/// `*`-only glob: `kube-*`, `*operator*`, `exact`.
+pub fn glob(pattern: &str, value: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = value.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 #[cfg(test)]

@@ -37,7 +37,10 @@ use std::{
 
 use serde::Serialize;
 
-use crate::table::streams::Stuck;
+use crate::table::{
+    facts::{LossCause, Rhythm},
+    streams::Stuck,
+};
 
 /// An attempt in flight this long has retransmitted its SYN (the first SYN timeout is 1 s): no
 /// answer from the endpoint.
@@ -140,47 +143,6 @@ pub struct ConnectionFacts {
     /// Its stuck streams, oldest evidence first (only where the client's streams are read;
     /// see `table/streams.rs`).
     pub stuck: Vec<Stuck>,
-}
-
-/// How the client's requests have been spaced so far (rule B).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Rhythm {
-    pub last_request: Option<Instant>,
-    /// The longest interval between two consecutive requests seen.
-    pub longest_gap: Duration,
-    /// How many intervals were seen.
-    pub gaps: u32,
-}
-
-/// Who or what ended a connection that was not ended by the client's own choice.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LossCause {
-    /// The peer closed it (FIN: the socket went to CLOSE_WAIT).
-    PeerClosed,
-    /// Reset by the peer or the path (RST, ECONNRESET).
-    Reset,
-    /// Timed out (ETIMEDOUT: unacknowledged retransmits, keepalive).
-    TimedOut,
-    /// The client closed it right after data arrived: an HTTP/2 GOAWAY or a server's close.
-    Prompted,
-    /// Destroyed on the host (ECONNABORTED: `ss -K`, lifeline's own reset).
-    Aborted,
-    /// The start-up scan found it closed by the peer and still held (CLOSE_WAIT): the loss
-    /// happened before the agent started.
-    FoundClosed,
-}
-
-impl LossCause {
-    pub fn describe(self) -> &'static str {
-        match self {
-            LossCause::PeerClosed => "closed by the apiserver side",
-            LossCause::Reset => "reset",
-            LossCause::TimedOut => "timed out",
-            LossCause::Prompted => "closed after the apiserver asked it to (GOAWAY)",
-            LossCause::Aborted => "destroyed on this host",
-            LossCause::FoundClosed => "found closed by the apiserver side when the agent started",
-        }
-    }
 }
 
 /// The end of a client's last established connection, when it was not the client's choice.

@@ -5,7 +5,7 @@
 //!
 //! Evidence, newest wins:
 //!
-//! - the agent's own probe of the endpoint ([`crate::prober`]): TCP connect, TLS handshake,
+//! - the agent's own probe of the endpoint ([`crate::host::prober`]): TCP connect, TLS handshake,
 //!   `GET /readyz`. Refused, timed out or unroutable, a TLS handshake that gets no answer in
 //!   time (a stopped, deadlocked or overloaded apiserver: its kernel still accepts), or a 5xx
 //!   answer: failure. Connected and answered below 500, or answered something that is not TLS:
@@ -30,80 +30,12 @@ use std::{
 
 use serde::Serialize;
 
-use crate::endpoint::Endpoint;
+use crate::{endpoint::Endpoint, host::prober::Probe};
 
 /// Failed connects of this many different processes are failure evidence without a probe.
 pub const FAILING_PROCESSES: usize = 2;
 /// A probe result older than this is no evidence (the probe itself is stuck or stopped).
 pub const PROBE_MAX_AGE: Duration = Duration::from_secs(20);
-
-/// How one probe of an endpoint ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProbeOutcome {
-    /// Connection refused.
-    Refused,
-    /// No answer to the SYN in time.
-    Timeout,
-    /// No route (EHOSTUNREACH, ENETUNREACH).
-    NoRoute,
-    /// Connected, but the TLS handshake got no answer in time: the kernel accepts, the
-    /// apiserver does not answer (stopped, deadlocked, overloaded).
-    TlsTimeout,
-    /// Connected, and the endpoint answered something that is not TLS, or closed (a plain
-    /// TCP service): it is there.
-    NoTls,
-    /// TLS up, but no HTTP answer in time: no evidence either way (a gateway holding the
-    /// request for a dead upstream, or a slow apiserver).
-    NoAnswer,
-    /// An HTTP answer with this status to `GET /readyz`.
-    Answered(u16),
-}
-
-impl ProbeOutcome {
-    /// `Some(true)`: success evidence, `Some(false)`: failure, `None`: neither.
-    pub fn reachable(self) -> Option<bool> {
-        match self {
-            ProbeOutcome::Refused
-            | ProbeOutcome::Timeout
-            | ProbeOutcome::NoRoute
-            | ProbeOutcome::TlsTimeout => Some(false),
-            ProbeOutcome::NoTls => Some(true),
-            ProbeOutcome::NoAnswer => None,
-            ProbeOutcome::Answered(code) => Some(code < 500),
-        }
-    }
-
-    /// Whether the probe got through to something at the endpoint (its TCP connection was
-    /// accepted): its failures are then about the endpoint, not about the agent's own path.
-    pub fn connected(self) -> bool {
-        !matches!(
-            self,
-            ProbeOutcome::Refused | ProbeOutcome::Timeout | ProbeOutcome::NoRoute
-        )
-    }
-
-    pub fn describe(self) -> String {
-        match self {
-            ProbeOutcome::Refused => "the agent's probe was refused".into(),
-            ProbeOutcome::Timeout => "the agent's probe got no answer to its SYN".into(),
-            ProbeOutcome::NoRoute => "the agent's probe found no route".into(),
-            ProbeOutcome::TlsTimeout => format!(
-                "the agent's probe connected but the TLS handshake got no answer in {}s",
-                crate::prober::STEP_TIMEOUT.as_secs()
-            ),
-            ProbeOutcome::NoTls => "the agent's probe connected".into(),
-            ProbeOutcome::NoAnswer => "the agent's probe got no HTTP answer".into(),
-            ProbeOutcome::Answered(code) => format!("the agent's probe of /readyz got HTTP {code}"),
-        }
-    }
-}
-
-/// The latest probe of one endpoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Probe {
-    pub at: Instant,
-    pub outcome: ProbeOutcome,
-}
 
 /// What the node's processes showed about one endpoint, from the connection table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

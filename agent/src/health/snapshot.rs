@@ -9,10 +9,10 @@ use std::{
 use crate::{
     cluster::pods::PodRef,
     endpoint::{Endpoint, EndpointSet},
+    health::reachability::EndpointStatus,
     health::{Thresholds, Transition, Verdict},
+    host::process::ProcessInfo,
     kernel::probed::Visibility,
-    process::ProcessInfo,
-    reachability::EndpointStatus,
     table::gaps::Gap,
     table::streams::request::Request,
     table::Tuple,

@@ -10,8 +10,6 @@ use std::{collections::BTreeMap, fmt, sync::Mutex};
 
 use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
 
-use crate::config::RemediationMode;
-
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot read the agent's capabilities (CapEff in /proc/self/status): {0}")]
@@ -132,6 +130,15 @@ impl Blind {
     }
 }
 
+/// A remediation as the host sees it: what it does to a client (`remediation.mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Remedy {
+    /// Destroys the client's sockets.
+    Reset,
+    /// Restarts it: evicts its pod, or signals a host process.
+    Restart,
+}
+
 /// What a missing requirement costs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Without {
@@ -140,7 +147,7 @@ pub enum Without {
     /// The agent runs degraded, blind to this.
     Blind(Blind),
     /// Only this remediation mode is impossible; `run` refuses it when configured.
-    Mode(RemediationMode),
+    Mode(Remedy),
     /// Only restarts of host processes owned by other users fail.
     SignalOthers,
     /// Nothing: listed so that `check` can say it is not needed.
@@ -196,7 +203,7 @@ pub const REQUIREMENTS: [Requirement; 7] = [
     Requirement {
         purpose: "destroy sockets (netlink SOCK_DESTROY) for remediation.mode reset and restart",
         any_of: &[&[Cap::NetAdmin]],
-        without: Without::Mode(RemediationMode::Reset),
+        without: Without::Mode(Remedy::Reset),
     },
     Requirement {
         purpose: "signal host processes of other users for remediation.mode restart",
@@ -254,12 +261,12 @@ impl Assessment {
     }
 
     /// Refuses a remediation mode the agent could not carry out (a dry run needs nothing).
-    pub fn check_remediation(&self, mode: RemediationMode, dry_run: bool) -> Result<()> {
-        let name = match mode {
-            RemediationMode::None => return Ok(()),
+    pub fn check_remediation(&self, remedy: Option<Remedy>, dry_run: bool) -> Result<()> {
+        let name = match remedy {
+            None => return Ok(()),
             _ if dry_run => return Ok(()),
-            RemediationMode::Reset => "reset",
-            RemediationMode::Restart => "restart",
+            Some(Remedy::Reset) => "reset",
+            Some(Remedy::Restart) => "restart",
         };
         if self.no_socket_destroy {
             return Err(Error::Remediation {
@@ -397,27 +404,21 @@ mod tests {
 
         let no_net_admin = Assessment::of(all.without(&[Cap::NetAdmin]));
         assert!(no_net_admin.check_can_run().is_ok() && no_net_admin.blind.is_empty());
-        assert!(no_net_admin
-            .check_remediation(RemediationMode::None, false)
-            .is_ok());
+        assert!(no_net_admin.check_remediation(None, false).is_ok());
         assert!(
-            no_net_admin
-                .check_remediation(RemediationMode::Reset, true)
-                .is_ok(),
+            no_net_admin.check_remediation(Some(Remedy::Reset), true).is_ok(),
             "dry run"
         );
-        for mode in [RemediationMode::Reset, RemediationMode::Restart] {
+        for mode in [Remedy::Reset, Remedy::Restart] {
             let err = no_net_admin
-                .check_remediation(mode, false)
+                .check_remediation(Some(mode), false)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("needs CAP_NET_ADMIN"), "{err}");
         }
 
         let no_kill = Assessment::of(all.without(&[Cap::Kill]));
-        assert!(
-            no_kill.no_signal_others && no_kill.check_remediation(RemediationMode::Restart, false).is_ok()
-        );
+        assert!(no_kill.no_signal_others && no_kill.check_remediation(Some(Remedy::Restart), false).is_ok());
     }
 
     #[test]

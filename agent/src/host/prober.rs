@@ -1,4 +1,4 @@
-//! The agent's own probe of each apiserver endpoint, for [`crate::reachability`]: every
+//! The agent's own probe of each apiserver endpoint, for [`crate::health::reachability`]: every
 //! [`PROBE_EVERY`], a TCP connect, a TLS handshake (any certificate: the question is whether
 //! something answers, not whom to trust — nothing is sent but the probe) and
 //! `GET /readyz`, each bounded by [`STEP_TIMEOUT`]. A handshake that gets no answer in that
@@ -29,15 +29,80 @@ use tokio::{
     sync::watch,
 };
 
-use crate::{
-    endpoint::Endpoint,
-    reachability::{Probe, ProbeOutcome},
-};
+use crate::endpoint::Endpoint;
 
 mod conditions;
 
 pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How one probe of an endpoint ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// Connection refused.
+    Refused,
+    /// No answer to the SYN in time.
+    Timeout,
+    /// No route (EHOSTUNREACH, ENETUNREACH).
+    NoRoute,
+    /// Connected, but the TLS handshake got no answer in time: the kernel accepts, the
+    /// apiserver does not answer (stopped, deadlocked, overloaded).
+    TlsTimeout,
+    /// Connected, and the endpoint answered something that is not TLS, or closed (a plain
+    /// TCP service): it is there.
+    NoTls,
+    /// TLS up, but no HTTP answer in time: no evidence either way (a gateway holding the
+    /// request for a dead upstream, or a slow apiserver).
+    NoAnswer,
+    /// An HTTP answer with this status to `GET /readyz`.
+    Answered(u16),
+}
+
+impl ProbeOutcome {
+    /// `Some(true)`: success evidence, `Some(false)`: failure, `None`: neither.
+    pub fn reachable(self) -> Option<bool> {
+        match self {
+            ProbeOutcome::Refused
+            | ProbeOutcome::Timeout
+            | ProbeOutcome::NoRoute
+            | ProbeOutcome::TlsTimeout => Some(false),
+            ProbeOutcome::NoTls => Some(true),
+            ProbeOutcome::NoAnswer => None,
+            ProbeOutcome::Answered(code) => Some(code < 500),
+        }
+    }
+
+    /// Whether the probe got through to something at the endpoint (its TCP connection was
+    /// accepted): its failures are then about the endpoint, not about the agent's own path.
+    pub fn connected(self) -> bool {
+        !matches!(
+            self,
+            ProbeOutcome::Refused | ProbeOutcome::Timeout | ProbeOutcome::NoRoute
+        )
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            ProbeOutcome::Refused => "the agent's probe was refused".into(),
+            ProbeOutcome::Timeout => "the agent's probe got no answer to its SYN".into(),
+            ProbeOutcome::NoRoute => "the agent's probe found no route".into(),
+            ProbeOutcome::TlsTimeout => format!(
+                "the agent's probe connected but the TLS handshake got no answer in {}s",
+                STEP_TIMEOUT.as_secs()
+            ),
+            ProbeOutcome::NoTls => "the agent's probe connected".into(),
+            ProbeOutcome::NoAnswer => "the agent's probe got no HTTP answer".into(),
+            ProbeOutcome::Answered(code) => format!("the agent's probe of /readyz got HTTP {code}"),
+        }
+    }
+}
+
+/// The latest probe of one endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub at: Instant,
+    pub outcome: ProbeOutcome,
+}
 
 /// What to probe: per endpoint, the addresses to try (an exact endpoint's own address; for a
 /// CIDR endpoint, the addresses clients used).

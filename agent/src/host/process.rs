@@ -9,7 +9,7 @@
 //! gone: any other failure (out of file descriptors, memory, permission) is an unknown, never an
 //! exit ([`Liveness`]).
 //!
-//! The command line is redacted ([`crate::redact`]) and bounded ([`MAX_CMDLINE`]) here, where
+//! The command line is redacted ([`crate::host::redact`]) and bounded ([`MAX_CMDLINE`]) here, where
 //! it is read, so every output (API, logs, alerts, Events) gets it that way.
 
 use std::collections::{HashMap, HashSet};
@@ -22,8 +22,8 @@ use std::ptr::NonNull;
 
 use serde::Serialize;
 
-use crate::container::{self, ContainerRef};
-use crate::redact;
+use crate::host::container::{self, ContainerRef};
+use crate::host::redact;
 
 /// The longest command line the agent keeps, in bytes (after redaction); longer ones are cut
 /// and end with [`redact::TRUNCATED`]. Bounds every answer, log line and alert that shows it.
@@ -62,7 +62,7 @@ pub struct ProcessInfo {
     /// name of whichever thread made a connection.
     pub comm: String,
     /// The arguments from `/proc/<pid>/cmdline` joined by single spaces, trailing NULs
-    /// dropped, secret-looking values redacted ([`crate::redact`]), at most [`MAX_CMDLINE`]
+    /// dropped, secret-looking values redacted ([`crate::host::redact`]), at most [`MAX_CMDLINE`]
     /// bytes; empty for kernel threads (and zombies). Not valid UTF-8 is replaced lossily.
     pub cmdline: String,
     /// The process's cgroup path as chosen by [`select_cgroup_path`] (in practice the cgroup

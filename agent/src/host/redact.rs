@@ -18,6 +18,8 @@
 //!
 //! Values `true` and `false` are kept (`--use-service-account-credentials=true` is a switch).
 
+use std::{borrow::Cow, fmt::Write as _};
+
 /// What a secret value becomes.
 pub const REDACTED: &str = "<redacted>";
 
@@ -225,6 +227,30 @@ pub fn truncate(mut text: String, max: usize) -> String {
 /// The mark of a value cut by [`truncate`].
 pub const TRUNCATED: &str = "…[truncated]";
 
+/// `text` with every control character (newline, carriage return, ESC, the C1 range, ...)
+/// written as `\n`, `\r` or `\u{1b}`; tabs stay. Borrowed when there is none.
+pub fn escape_controls(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(needs_escape) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if needs_escape(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+fn needs_escape(c: char) -> bool {
+    c.is_control() && c != '\t'
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,5 +389,16 @@ mod tests {
         assert!(cut.len() <= 50, "{}", cut.len());
         assert!(cut.ends_with(TRUNCATED));
         assert!(cut.starts_with("éé"));
+    }
+
+    #[test]
+    fn control_characters_are_escaped_and_tabs_kept() {
+        assert_eq!(escape_controls("kube-proxy"), "kube-proxy");
+        assert!(matches!(escape_controls("plain\ttext"), Cow::Borrowed(_)));
+        assert_eq!(escape_controls("a\nERROR forged"), "a\\nERROR forged");
+        assert_eq!(
+            escape_controls("x\r\u{1b}[2J\u{9b}y\u{0}"),
+            "x\\r\\u{1b}[2J\\u{9b}y\\u{0}"
+        );
     }
 }

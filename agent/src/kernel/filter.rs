@@ -16,6 +16,11 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 
+/// The filter's object, built from `ebpf/src/filter.rs` by the build script; patched and
+/// loaded per set of ports.
+pub(super) static FILTER_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifeline-filter"));
+
 /// Ports the filter compares with; more than this and the full programs are attached
 /// directly (their first test is a port bitmap in a map).
 pub const PORT_SLOTS: usize = 8;
@@ -221,7 +226,7 @@ mod tests {
     use super::*;
 
     fn object() -> &'static [u8] {
-        super::super::programs::FILTER_OBJECT
+        FILTER_OBJECT
     }
 
     /// The instructions of the patched object's code sections.

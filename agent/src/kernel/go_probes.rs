@@ -6,7 +6,7 @@ use std::path::Path;
 use aya::{programs::uprobe::UProbeAttachLocation, Ebpf};
 
 use super::{
-    programs::{Error, Probes, Result},
+    object::Result,
     uprobes::{self, Links},
 };
 
@@ -47,20 +47,10 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
     uprobes::load(ebpf, &PROGRAMS)
 }
 
-impl Probes {
-    /// Why the Go-client programs cannot be used, if they cannot.
-    pub fn go_unavailable(&self) -> Option<&str> {
-        self.go_loaded.as_ref().err().map(String::as_str)
-    }
-
-    /// Attaches every site in `binary` (all processes that run it): all or nothing.
-    pub fn attach_go(&mut self, binary: &Path, sites: &Sites) -> Result<Links> {
-        if let Err(why) = &self.go_loaded {
-            return Err(Error::GoUnavailable(why.clone()));
-        }
-        let places = sites
-            .each()
-            .map(|(name, offset)| (name, UProbeAttachLocation::AbsoluteOffset(offset)));
-        self.attach_uprobes(binary, places)
-    }
+/// Attaches every site in `binary` (all processes that run it): all or nothing.
+pub(super) fn attach(ebpf: &mut Ebpf, binary: &Path, sites: &Sites) -> Result<Links> {
+    let places = sites
+        .each()
+        .map(|(name, offset)| (name, UProbeAttachLocation::AbsoluteOffset(offset)));
+    uprobes::attach(ebpf, binary, places)
 }

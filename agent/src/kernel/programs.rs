@@ -6,22 +6,35 @@
 //! ports only. When the filter cannot be used (more than [`filter::PORT_SLOTS`] ports, or it
 //! fails to load), the full programs are attached directly: their own first test is a port
 //! bitmap in a map, a little more expensive per call.
-use std::collections::BTreeSet;
+//!
+//! [`Probes`] is the one owner of the loaded programs: every method on them is here. The
+//! client uprobe sets (`go_probes.rs`, `ssl_probes.rs`) are functions of the eBPF object it
+//! calls, over `uprobes.rs` and `object.rs`; none of them imports this file.
+use std::{
+    collections::BTreeSet,
+    path::Path,
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 use aya::{
     maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{trace_point::TracePointLinkId, Program, ProgramError, ProgramFd, RawTracePoint, TracePoint},
-    Ebpf, EbpfError, EbpfLoader,
+    programs::{trace_point::TracePointLinkId, ProgramFd, RawTracePoint, TracePoint},
+    Ebpf, EbpfLoader,
 };
 use lifeline_common::{counter, EndpointKey, FailureKey, KernelOffsets, LossKey, MAX_ENDPOINTS, PORT_WORDS};
 
-use super::filter::{self, Filter};
+use super::{
+    filter::{self, Filter},
+    go_probes::{self, Sites},
+    object::{program_of, Error, Result},
+    ssl_probes::{self, SyscallLinks},
+    uprobes::{self, Links},
+};
 use crate::endpoint::{Endpoint, EndpointSet};
 
-/// The objects built from `ebpf/` by the build script.
+/// The full programs' object, built from `ebpf/` by the build script (the filter's is
+/// [`filter::FILTER_OBJECT`]).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifeline"));
-pub(super) static FILTER_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifeline-filter"));
 
 /// The tracepoints lifeline attaches to: (program name, category, tracepoint).
 pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
@@ -35,31 +48,6 @@ pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
 pub const ERROR_REPORT: &str = "inet_sk_error_report";
 /// What a kernel without [`ERROR_REPORT`] (5.10) costs.
 const ERROR_REPORT_COST: &str = "failed connects ended by an ICMP error the process read first are counted as reason \"timeout\", not \"unreachable\"";
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("this lifeline binary was built with AYA_BUILD_SKIP: it carries no eBPF programs")]
-    NoObject,
-    #[error("loading the eBPF object: {0}")]
-    Load(#[source] EbpfError),
-    #[error("eBPF object has no {kind} named {name}")]
-    Missing { kind: &'static str, name: &'static str },
-    #[error("program {name}: {source}")]
-    Program {
-        name: &'static str,
-        source: ProgramError,
-    },
-    #[error("map {name}: {source}")]
-    Map { name: &'static str, source: MapError },
-    #[error("the Go-client programs did not load: {0}")]
-    GoUnavailable(String),
-    #[error("the OpenSSL-client programs did not load: {0}")]
-    SslUnavailable(String),
-    #[error("{wanted} endpoints: the kernel map holds at most {MAX_ENDPOINTS}")]
-    Capacity { wanted: usize },
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Size of the event ring buffer. An event takes 120 bytes in it, so it holds ~35,000: a burst
 /// of 10,000 connects (two events each: connect, established) fits whole even while the
@@ -78,6 +66,36 @@ pub struct KernelCounters {
     pub aggregated: u64,
     /// Lost records that the `LOSSES` map had no room to say whose they were.
     pub unscoped: u64,
+}
+
+/// The kernel's counters as the pump last read them.
+#[derive(Debug, Default)]
+pub struct KernelStats {
+    sent: AtomicU64,
+    lost: AtomicU64,
+    deferred: AtomicU64,
+    aggregated: AtomicU64,
+    unscoped: AtomicU64,
+}
+
+impl KernelStats {
+    pub fn get(&self) -> KernelCounters {
+        KernelCounters {
+            sent: self.sent.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+            deferred: self.deferred.load(Ordering::Relaxed),
+            aggregated: self.aggregated.load(Ordering::Relaxed),
+            unscoped: self.unscoped.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn set(&self, c: KernelCounters) {
+        self.sent.store(c.sent, Ordering::Relaxed);
+        self.lost.store(c.lost, Ordering::Relaxed);
+        self.deferred.store(c.deferred, Ordering::Relaxed);
+        self.aggregated.store(c.aggregated, Ordering::Relaxed);
+        self.unscoped.store(c.unscoped, Ordering::Relaxed);
+    }
 }
 
 /// What the event pump reads from the kernel: the ring of events, the map of failed
@@ -138,10 +156,10 @@ pub struct Probes {
     /// Whether [`ERROR_REPORT`] is attached; why not, else.
     error_report: std::result::Result<(), String>,
     /// Whether the Go-client uprobes loaded (see `go_probes.rs`); why not, else.
-    pub(super) go_loaded: std::result::Result<(), String>,
+    go_loaded: std::result::Result<(), String>,
     /// Whether the OpenSSL-client uprobes loaded (see `ssl_probes.rs`); why not, else.
-    pub(super) ssl_loaded: std::result::Result<(), String>,
-    pub(super) ebpf: Ebpf,
+    ssl_loaded: std::result::Result<(), String>,
+    ebpf: Ebpf,
 }
 
 impl Probes {
@@ -176,12 +194,12 @@ impl Probes {
         });
         // The Go-client uprobes: loaded now, attached per binary of a client later. A kernel
         // that refuses them keeps the connection-level judgement for every client.
-        let go_loaded = super::go_probes::load(&mut ebpf).map_err(|err| {
+        let go_loaded = go_probes::load(&mut ebpf).map_err(|err| {
             let why = crate::error::chain(&err);
             tracing::warn!("Go clients' streams are not followed: {why}");
             why
         });
-        let ssl_loaded = super::ssl_probes::load(&mut ebpf).map_err(|err| {
+        let ssl_loaded = ssl_probes::load(&mut ebpf).map_err(|err| {
             let why = crate::error::chain(&err);
             tracing::warn!("OpenSSL clients' requests are not followed: {why}");
             why
@@ -300,7 +318,7 @@ impl Probes {
             self.offsets.probe.dport,
         ];
         Filter::attach(
-            FILTER_OBJECT,
+            filter::FILTER_OBJECT,
             offsets,
             ports,
             [
@@ -447,6 +465,57 @@ impl Probes {
     }
 }
 
+/// The client uprobes (Go, OpenSSL): each set says what it loads and where it attaches
+/// (`go_probes.rs`, `ssl_probes.rs`); the loaded object is this owner's.
+impl Probes {
+    /// Why the Go-client programs cannot be used, if they cannot.
+    pub fn go_unavailable(&self) -> Option<&str> {
+        self.go_loaded.as_ref().err().map(String::as_str)
+    }
+
+    /// Attaches every site in `binary` (all processes that run it): all or nothing.
+    pub fn attach_go(&mut self, binary: &Path, sites: &Sites) -> Result<Links> {
+        if let Err(why) = &self.go_loaded {
+            return Err(Error::GoUnavailable(why.clone()));
+        }
+        go_probes::attach(&mut self.ebpf, binary, sites)
+    }
+
+    /// Why the OpenSSL-client programs cannot be used, if they cannot.
+    pub fn ssl_unavailable(&self) -> Option<&str> {
+        self.ssl_loaded.as_ref().err().map(String::as_str)
+    }
+
+    /// Attaches every site in `library` (all processes that map it): all or nothing.
+    pub fn attach_ssl(&mut self, library: &Path) -> Result<Links> {
+        if let Err(why) = &self.ssl_loaded {
+            return Err(Error::SslUnavailable(why.clone()));
+        }
+        ssl_probes::attach(&mut self.ebpf, library)
+    }
+
+    /// Attaches the system-call tracepoints that bind older `SSL *`s: all or nothing.
+    pub fn attach_ssl_syscalls(&mut self) -> Result<SyscallLinks> {
+        ssl_probes::attach_syscalls(&mut self.ebpf)
+    }
+
+    pub fn detach_ssl_syscalls(&mut self, links: SyscallLinks) {
+        ssl_probes::detach_syscalls(&mut self.ebpf, links);
+    }
+
+    /// Whether an SSL call on an `SSL *` of unknown descriptor began at or after `since_ns`
+    /// (kernel monotonic time): the system-call tracepoints would bind it.
+    pub fn ssl_unbound_since(&self, since_ns: u64) -> bool {
+        ssl_probes::unbound_since(&self.ebpf, since_ns)
+    }
+
+    /// Detaches the uprobes of one file ([`attach_go`](Self::attach_go),
+    /// [`attach_ssl`](Self::attach_ssl)).
+    pub fn detach_uprobes(&mut self, links: Links) {
+        uprobes::detach(&mut self.ebpf, links);
+    }
+}
+
 /// The `WATCHED_PORTS` words for a set of endpoints.
 pub fn port_bitmap<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> Vec<u64> {
     let mut words = vec![0u64; PORT_WORDS as usize];
@@ -454,20 +523,6 @@ pub fn port_bitmap<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> Vec
         words[usize::from(e.port / 64)] |= 1 << (e.port % 64);
     }
     words
-}
-
-/// Program `name` of `ebpf` as its kind `P` (a tracepoint, a raw tracepoint).
-pub(super) fn program_of<'e, P>(ebpf: &'e mut Ebpf, name: &'static str) -> Result<&'e mut P>
-where
-    &'e mut P: TryFrom<&'e mut Program, Error = ProgramError>,
-{
-    ebpf.program_mut(name)
-        .ok_or(Error::Missing {
-            kind: "program",
-            name,
-        })?
-        .try_into()
-        .map_err(|source| Error::Program { name, source })
 }
 
 fn take_map<M>(

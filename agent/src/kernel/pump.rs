@@ -18,7 +18,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     os::fd::AsRawFd,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc, Mutex, PoisonError,
     },
     thread::JoinHandle,
@@ -30,18 +30,18 @@ use lifeline_common::{FailureKey, LossKey, AF_INET, AF_INET6};
 
 use super::{
     events::{self, Change, KernelEvent, MonotonicClock, Record},
-    programs::{KernelCounters, KernelFeed, Probes},
+    programs::{KernelFeed, KernelStats, Probes},
 };
 use crate::{
+    act::metrics::Metrics,
+    app::workers::Refresher,
     cluster::Cluster,
-    metrics::Metrics,
-    process::{ProcessInfo, Procfs},
-    sampler::SharedTable,
+    host::process::{ProcessInfo, Procfs},
+    table::sampler::SharedTable,
     table::{
         gaps::{GapCause, GapScope},
         Applied, FailureReason,
     },
-    workers::Refresher,
 };
 
 /// Most events applied under one lock of the table.
@@ -53,36 +53,6 @@ const OWNER_CACHE_MAX: usize = 4096;
 /// How often aggregated failures and counters are read (and the stop flag checked when no
 /// event comes).
 pub const TICK: Duration = Duration::from_secs(1);
-
-/// The kernel's counters as the pump last read them.
-#[derive(Debug, Default)]
-pub struct KernelStats {
-    sent: AtomicU64,
-    lost: AtomicU64,
-    deferred: AtomicU64,
-    aggregated: AtomicU64,
-    unscoped: AtomicU64,
-}
-
-impl KernelStats {
-    pub fn get(&self) -> KernelCounters {
-        KernelCounters {
-            sent: self.sent.load(Ordering::Relaxed),
-            lost: self.lost.load(Ordering::Relaxed),
-            deferred: self.deferred.load(Ordering::Relaxed),
-            aggregated: self.aggregated.load(Ordering::Relaxed),
-            unscoped: self.unscoped.load(Ordering::Relaxed),
-        }
-    }
-
-    pub(crate) fn set(&self, c: KernelCounters) {
-        self.sent.store(c.sent, Ordering::Relaxed);
-        self.lost.store(c.lost, Ordering::Relaxed);
-        self.deferred.store(c.deferred, Ordering::Relaxed);
-        self.aggregated.store(c.aggregated, Ordering::Relaxed);
-        self.unscoped.store(c.unscoped, Ordering::Relaxed);
-    }
-}
 
 /// What the pump writes to and reads from besides the kernel.
 pub struct PumpContext {
@@ -413,7 +383,7 @@ impl Worker {
 
     /// Metric labels of a process: namespace, pod, container (empty outside Kubernetes), comm.
     fn labels(&self, info: &ProcessInfo) -> [String; 4] {
-        match crate::workers::pod_of(self.ctx.cluster.as_ref(), info) {
+        match crate::cluster::pod_of(self.ctx.cluster.as_ref(), info) {
             Some(p) => [p.namespace, p.pod, p.container, info.comm.clone()],
             None => [String::new(), String::new(), String::new(), info.comm.clone()],
         }

@@ -11,7 +11,7 @@ use aya::{
 use lifeline_common::SslCall;
 
 use super::{
-    programs::{program_of, Error, Probes, Result},
+    object::{program_of, Error, Result},
     uprobes::{self, Links},
 };
 
@@ -45,7 +45,8 @@ const SYSCALLS_PROGRAM: &str = "ssl_sys_enter_rw";
 /// The system calls OpenSSL's socket BIO reads and writes with (`readsocket`/`writesocket`).
 const SYSCALLS: [&str; 2] = ["sys_enter_read", "sys_enter_write"];
 
-/// The system-call tracepoints; give them back to [`Probes::detach_ssl_syscalls`].
+/// The system-call tracepoints; give them back to
+/// [`Probes::detach_ssl_syscalls`](super::programs::Probes::detach_ssl_syscalls).
 #[derive(Debug)]
 pub struct SyscallLinks(Vec<TracePointLinkId>);
 
@@ -58,64 +59,54 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
     Ok(())
 }
 
-impl Probes {
-    /// Why the OpenSSL-client programs cannot be used, if they cannot.
-    pub fn ssl_unavailable(&self) -> Option<&str> {
-        self.ssl_loaded.as_ref().err().map(String::as_str)
-    }
+/// Attaches every site in `library` (all processes that map it): all or nothing.
+pub(super) fn attach(ebpf: &mut Ebpf, library: &Path) -> Result<Links> {
+    let places = SITES.map(|(name, symbol)| (name, UProbeAttachLocation::Symbol(symbol)));
+    uprobes::attach(ebpf, library, places)
+}
 
-    /// Attaches every site in `library` (all processes that map it): all or nothing.
-    pub fn attach_ssl(&mut self, library: &Path) -> Result<Links> {
-        if let Err(why) = &self.ssl_loaded {
-            return Err(Error::SslUnavailable(why.clone()));
-        }
-        let places = SITES.map(|(name, symbol)| (name, UProbeAttachLocation::Symbol(symbol)));
-        self.attach_uprobes(library, places)
-    }
-
-    /// Attaches the system-call tracepoints that bind older `SSL *`s: all or nothing.
-    pub fn attach_ssl_syscalls(&mut self) -> Result<SyscallLinks> {
-        let name = SYSCALLS_PROGRAM;
-        let mut links = SyscallLinks(Vec::new());
-        for syscall in SYSCALLS {
-            let attached = program_of::<TracePoint>(&mut self.ebpf, name).and_then(|p| {
-                p.attach("syscalls", syscall)
-                    .map_err(|source| Error::Program { name, source })
-            });
-            match attached {
-                Ok(link) => links.0.push(link),
-                Err(err) => {
-                    self.detach_ssl_syscalls(links);
-                    return Err(err);
-                }
-            }
-        }
-        Ok(links)
-    }
-
-    pub fn detach_ssl_syscalls(&mut self, links: SyscallLinks) {
-        for link in links.0 {
-            if let Ok(p) = program_of::<TracePoint>(&mut self.ebpf, SYSCALLS_PROGRAM) {
-                if let Err(err) = p.detach(link) {
-                    tracing::warn!("detaching {SYSCALLS_PROGRAM}: {err}");
-                }
+/// Attaches the system-call tracepoints that bind older `SSL *`s: all or nothing.
+pub(super) fn attach_syscalls(ebpf: &mut Ebpf) -> Result<SyscallLinks> {
+    let name = SYSCALLS_PROGRAM;
+    let mut links = SyscallLinks(Vec::new());
+    for syscall in SYSCALLS {
+        let attached = program_of::<TracePoint>(ebpf, name).and_then(|p| {
+            p.attach("syscalls", syscall)
+                .map_err(|source| Error::Program { name, source })
+        });
+        match attached {
+            Ok(link) => links.0.push(link),
+            Err(err) => {
+                detach_syscalls(ebpf, links);
+                return Err(err);
             }
         }
     }
+    Ok(links)
+}
 
-    /// Whether an SSL call on an `SSL *` of unknown descriptor began at or after `since_ns`
-    /// (kernel monotonic time): the system-call tracepoints would bind it.
-    pub fn ssl_unbound_since(&self, since_ns: u64) -> bool {
-        let Some(map) = self.ebpf.map("SSL_UNBOUND") else {
-            return false;
-        };
-        let Ok(calls) = aya::maps::HashMap::<_, u64, SslCall>::try_from(map) else {
-            return false;
-        };
-        let recent = calls
-            .iter()
-            .filter_map(std::result::Result::ok)
-            .any(|(_, call)| call.at_ns >= since_ns);
-        recent
+pub(super) fn detach_syscalls(ebpf: &mut Ebpf, links: SyscallLinks) {
+    for link in links.0 {
+        if let Ok(p) = program_of::<TracePoint>(ebpf, SYSCALLS_PROGRAM) {
+            if let Err(err) = p.detach(link) {
+                tracing::warn!("detaching {SYSCALLS_PROGRAM}: {err}");
+            }
+        }
     }
+}
+
+/// Whether an SSL call on an `SSL *` of unknown descriptor began at or after `since_ns`
+/// (kernel monotonic time): the system-call tracepoints would bind it.
+pub(super) fn unbound_since(ebpf: &Ebpf, since_ns: u64) -> bool {
+    let Some(map) = ebpf.map("SSL_UNBOUND") else {
+        return false;
+    };
+    let Ok(calls) = aya::maps::HashMap::<_, u64, SslCall>::try_from(map) else {
+        return false;
+    };
+    let recent = calls
+        .iter()
+        .filter_map(std::result::Result::ok)
+        .any(|(_, call)| call.at_ns >= since_ns);
+    recent
 }

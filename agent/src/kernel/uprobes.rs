@@ -10,9 +10,10 @@ use aya::{
     Ebpf,
 };
 
-use super::programs::{program_of, Error, Probes, Result};
+use super::object::{program_of, Error, Result};
 
-/// The uprobes attached to one file; give them back to [`Probes::detach_uprobes`].
+/// The uprobes attached to one file; give them back to
+/// [`Probes::detach_uprobes`](super::programs::Probes::detach_uprobes).
 #[derive(Debug)]
 pub struct Links(Vec<(&'static str, UProbeLinkId)>);
 
@@ -31,38 +32,36 @@ pub(super) fn load(ebpf: &mut Ebpf, names: &[&'static str]) -> Result<()> {
     Ok(())
 }
 
-impl Probes {
-    /// Attaches each (program, place) in `file`, for every process that runs or maps it: all
-    /// or nothing.
-    pub(super) fn attach_uprobes<'a>(
-        &mut self,
-        file: &Path,
-        sites: impl IntoIterator<Item = (&'static str, UProbeAttachLocation<'a>)>,
-    ) -> Result<Links> {
-        let mut links = Links(Vec::new());
-        for (name, place) in sites {
-            let attached = program_of::<UProbe>(&mut self.ebpf, name).and_then(|p| {
-                p.attach(place, file, UProbeScope::AllProcesses)
-                    .map_err(|source| Error::Program { name, source })
-            });
-            match attached {
-                Ok(link) => links.0.push((name, link)),
-                Err(err) => {
-                    self.detach_uprobes(links);
-                    return Err(err);
-                }
+/// Attaches each (program, place) in `file`, for every process that runs or maps it: all or
+/// nothing.
+pub(super) fn attach<'a>(
+    ebpf: &mut Ebpf,
+    file: &Path,
+    sites: impl IntoIterator<Item = (&'static str, UProbeAttachLocation<'a>)>,
+) -> Result<Links> {
+    let mut links = Links(Vec::new());
+    for (name, place) in sites {
+        let attached = program_of::<UProbe>(ebpf, name).and_then(|p| {
+            p.attach(place, file, UProbeScope::AllProcesses)
+                .map_err(|source| Error::Program { name, source })
+        });
+        match attached {
+            Ok(link) => links.0.push((name, link)),
+            Err(err) => {
+                detach(ebpf, links);
+                return Err(err);
             }
         }
-        Ok(links)
     }
+    Ok(links)
+}
 
-    /// Detaches what [`attach_uprobes`](Self::attach_uprobes) attached.
-    pub fn detach_uprobes(&mut self, links: Links) {
-        for (name, link) in links.0 {
-            if let Ok(p) = program_of::<UProbe>(&mut self.ebpf, name) {
-                if let Err(err) = p.detach(link) {
-                    tracing::warn!("detaching {name}: {err}");
-                }
+/// Detaches what [`attach`] attached.
+pub(super) fn detach(ebpf: &mut Ebpf, links: Links) {
+    for (name, link) in links.0 {
+        if let Ok(p) = program_of::<UProbe>(ebpf, name) {
+            if let Err(err) = p.detach(link) {
+                tracing::warn!("detaching {name}: {err}");
             }
         }
     }

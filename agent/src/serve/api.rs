@@ -33,7 +33,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::{watch, Semaphore};
 use tower_service::Service;
 
-use crate::{privileges::Blindness, snapshot::Latest, views};
+use crate::{health::snapshot::Latest, host::privileges::Blindness, serve::views};
 
 /// The longest request head (request line and headers) the server reads.
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -158,7 +158,7 @@ pub struct ApiState {
     /// Why this kernel cannot run the agent (its programs or offsets failed to load), if so:
     /// the agent then stays up, never ready, saying why here (see `run::unsupported`).
     pub unsupported: Option<Arc<str>>,
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<crate::act::metrics::Metrics>,
     /// The Kubernetes side, when there is one: pod names and the API versions in use.
     pub cluster: Option<crate::cluster::Cluster>,
 }
@@ -201,7 +201,7 @@ async fn guard(State(access): State<Access>, request: Request, next: Next) -> Re
 }
 
 /// Binds first (so a bad address fails start-up), then serves until `shutdown` completes;
-/// open connections then get [`crate::run::GRACE`]-like time from the caller to finish.
+/// open connections then get [`crate::app::run::GRACE`]-like time from the caller to finish.
 pub async fn serve(
     addr: SocketAddr,
     app: Router,

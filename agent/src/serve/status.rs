@@ -8,7 +8,16 @@ use http_body_util::{BodyExt, Empty};
 use hyper::{body::Bytes, header::AUTHORIZATION, Request};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 
-use crate::{cli::Output, logging::escape_controls, views::ClientView};
+use crate::{host::redact::escape_controls, serve::views::ClientView};
+
+/// How `lifeline status` prints (`-o`).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    /// The table, then every client's streams: what each process watches and requests.
+    Wide,
+    Json,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -291,7 +300,7 @@ pub fn table(clients: &[ClientView], now: DateTime<Utc>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::views::ConnectionView;
+    use crate::serve::views::ConnectionView;
 
     #[test]
     fn ages_read_like_kubectl() {

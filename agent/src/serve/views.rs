@@ -1,17 +1,15 @@
 //! What the agent reports: one JSON object per client process (SPEC.md `/api/v1/clients`) and
 //! the endpoints in force, built from the latest tick's snapshot (at most a tick old).
-use std::time::SystemTime;
-
-use chrono::{DateTime, SecondsFormat, Utc};
 use lifeline_common::tcp_state;
 use serde::{Deserialize, Serialize};
 
 use crate::{
     cluster::ApiVersions,
     endpoint::EndpointSet,
+    health::reachability::{EndpointStatus, Status},
+    health::snapshot::{ClientSnapshot, ConnectionSnapshot, Snapshot},
     kernel::probed::Visibility,
-    reachability::{EndpointStatus, Status},
-    snapshot::{ClientSnapshot, ConnectionSnapshot, Snapshot},
+    times::rfc3339,
 };
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -142,10 +140,6 @@ pub fn tcp_state_name(state: u32) -> &'static str {
         tcp_state::CLOSING => "CLOSING",
         _ => "UNKNOWN",
     }
-}
-
-pub fn rfc3339(t: SystemTime) -> String {
-    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 fn connection_view(c: &ConnectionSnapshot, snap: &Snapshot) -> ConnectionView {

@@ -28,16 +28,16 @@ use std::{
 use lifeline_common::tcp_state;
 
 use self::{
+    facts::{LossCause, Rhythm},
     gaps::Gap,
     ordered::{Ordered, Segment},
     streams::Streams,
 };
 use crate::{
     endpoint::{Endpoint, EndpointSet},
-    health::{LossCause, Rhythm},
+    host::process::ProcessInfo,
+    host::sock_diag::TcpInfo,
     kernel::events::{Change, KernelEvent},
-    process::ProcessInfo,
-    sock_diag::TcpInfo,
 };
 
 /// How many failed connects a process keeps (the newest): rules look at `connect_window`
@@ -1315,6 +1315,7 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) {
     conn.sampled_at = Some(now);
 }
 
+pub mod facts;
 pub mod gaps;
 pub mod ordered;
 mod requests;

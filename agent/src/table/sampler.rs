@@ -25,11 +25,11 @@ use std::{
 use lifeline_common::tcp_state;
 
 use crate::{
-    exits::ExitWatch,
-    kernel::pump::KernelStats,
-    netns,
-    process::{Liveness, Procfs},
-    sock_diag::{self, DiagSocket},
+    host::exits::ExitWatch,
+    host::netns,
+    host::process::{Liveness, Procfs},
+    host::sock_diag::{self, DiagSocket},
+    kernel::programs::KernelStats,
     table::{ConnectionTable, Sample, SampleTarget, Scanned, Tuple},
 };
 
@@ -423,8 +423,8 @@ pub type SharedTable = Arc<Mutex<ConnectionTable>>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::netns::{run_in_netns, TestNetns};
     use crate::kernel::programs::KernelCounters;
-    use crate::netns::{run_in_netns, TestNetns};
     use std::net::{TcpListener, TcpStream};
 
     #[test]

@@ -8,7 +8,7 @@
 //!   (to healthy, to another state, or by exiting) resolves it.
 //! - A new client alert is held for `settle` after the state began. A client that recovers
 //!   within that delay never alerts (a healthy re-dial is silent).
-//! - Outages are per endpoint (`crate::reachability`). From the moment an endpoint is seen
+//! - Outages are per endpoint (`crate::health::reachability`). From the moment an endpoint is seen
 //!   unreachable, the alerts of unhealthy clients whose evidence is about that endpoint are
 //!   held — not sent, not lost. If the endpoint comes back within `outage_after`, they go as
 //!   usual (those clients still unhealthy `settle` after it came back; an `unreachable` one
@@ -30,7 +30,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::{health::State, snapshot::ClientKey};
+use crate::{health::snapshot::ClientKey, health::State};
 
 /// How long a new client alert is held before it is first emitted.
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(3);

@@ -45,8 +45,7 @@ use tokio::{
 
 use super::{queue::Queue, wire};
 use crate::{
-    alerts::{Alert, Labels, Status},
-    config,
+    act::alerts::{receivers, Alert, Labels, Status},
     error::chain,
 };
 
@@ -197,11 +196,11 @@ pub struct ReceiverSpec {
 }
 
 impl ReceiverSpec {
-    pub fn new(name: &str, kind: Kind, target: &config::UrlTarget) -> Result<Self> {
+    pub fn new(name: &str, kind: Kind, target: &receivers::UrlTarget) -> Result<Self> {
         let url = target.url.as_str();
         let bad = || Error::Url {
             receiver: name.to_owned(),
-            url: crate::redact::redact(url),
+            url: crate::host::redact::redact(url),
         };
         let post_to = match kind {
             Kind::Alertmanager => format!("{}/api/v2/alerts", url.trim_end_matches('/')),
@@ -220,7 +219,7 @@ impl ReceiverSpec {
         if authority.as_str().contains('@') {
             return Err(Error::UserInfo {
                 receiver: name.to_owned(),
-                url: crate::redact::redact(url),
+                url: crate::host::redact::redact(url),
             });
         }
         let ca_file = target.tls_config.as_ref().and_then(|t| t.ca_file.clone());
@@ -252,14 +251,14 @@ impl ReceiverSpec {
 
     /// The target URL as logs and errors show it: secret query parameters redacted.
     fn shown_url(&self) -> String {
-        crate::redact::redact(&self.target.to_string())
+        crate::host::redact::redact(&self.target.to_string())
     }
 
     fn plain(name: &str, kind: Kind, url: &str) -> Result<Self> {
         Self::new(
             name,
             kind,
-            &config::UrlTarget {
+            &receivers::UrlTarget {
                 url: url.to_owned(),
                 ..Default::default()
             },
@@ -356,7 +355,7 @@ impl ReceiverSpec {
 /// The receivers in force: the config file's, then `--webhook` flags named `webhook-1`, …,
 /// then `--alertmanager` flags named `alertmanager-1`, ….
 pub fn receiver_specs(
-    file: &[config::Receiver],
+    file: &[receivers::Receiver],
     webhooks: &[String],
     alertmanagers: &[String],
 ) -> Result<Vec<ReceiverSpec>> {
@@ -482,7 +481,7 @@ impl Dispatcher {
     /// counting into `sent` (`lifeline_alerts_sent_total{receiver,result}`). Must be called
     /// inside the tokio runtime.
     pub fn start(
-        file: &[config::Receiver],
+        file: &[receivers::Receiver],
         webhooks: &[String],
         alertmanagers: &[String],
         sent: &IntCounterVec,

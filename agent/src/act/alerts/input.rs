@@ -1,8 +1,8 @@
 //! The glue between the tick and the alerts: [`ClientInput`]s and [`EndpointInput`]s taken
 //! from the tick's snapshot, the node's name, and [`Alerter`], which does a whole tick.
 use crate::{
-    alerts::{AlertBook, ClientInput, ClientLabels, Dispatcher, EndpointInput, DEFAULT_SETTLE},
-    snapshot::Snapshot,
+    act::alerts::{AlertBook, ClientInput, ClientLabels, Dispatcher, EndpointInput, DEFAULT_SETTLE},
+    health::snapshot::Snapshot,
 };
 
 /// The alert policy and the delivery, for the run loop: one call per tick.
@@ -66,7 +66,7 @@ pub fn inputs(snap: &Snapshot) -> (Vec<ClientInput>, Vec<EndpointInput>) {
         .endpoints
         .iter()
         .filter_map(|e| match &e.status {
-            crate::reachability::Status::Unreachable { since, reason } => Some(EndpointInput {
+            crate::health::reachability::Status::Unreachable { since, reason } => Some(EndpointInput {
                 endpoint: e.endpoint.to_string(),
                 since: snap.wall_of(*since),
                 reason: reason.clone(),
@@ -103,13 +103,12 @@ mod tests {
 
     use super::*;
     use crate::{
-        alerts::{node_name, sink::Sink, Options},
+        act::alerts::{node_name, sink::Sink, Options},
         cluster::pods::PodRef,
-        config::Select,
+        health::judge::{Judge, Select},
         health::{State, Thresholds},
-        judge::Judge,
-        process::ProcessInfo,
-        reachability::{Probe, ProbeOutcome},
+        host::prober::{Probe, ProbeOutcome},
+        host::process::ProcessInfo,
         testkit::{endpoint, Lab, APISERVER},
     };
 
@@ -141,7 +140,7 @@ mod tests {
             &lab.table,
             &reached,
             &in_pod,
-            &crate::snapshot::no_streams,
+            &crate::health::snapshot::no_streams,
             lab.at(15_000),
         );
         lab.peer_close(20_000, 0xa, 40000);
@@ -156,7 +155,7 @@ mod tests {
             &lab.table,
             &probes,
             &in_pod,
-            &crate::snapshot::no_streams,
+            &crate::health::snapshot::no_streams,
             lab.at(36_000),
         );
         let (clients, unreachable) = inputs(&snap);
@@ -174,12 +173,12 @@ mod tests {
     }
 
     /// The judge's snapshot at `ms`, with a wall clock that moves with the lab's.
-    fn tick(judge: &mut Judge, lab: &Lab, ms: u64) -> crate::snapshot::Snapshot {
+    fn tick(judge: &mut Judge, lab: &Lab, ms: u64) -> crate::health::snapshot::Snapshot {
         let mut snap = judge.tick(
             &lab.table,
             &BTreeMap::new(),
             &in_pod,
-            &crate::snapshot::no_streams,
+            &crate::health::snapshot::no_streams,
             lab.at(ms),
         );
         snap.wall = std::time::SystemTime::UNIX_EPOCH

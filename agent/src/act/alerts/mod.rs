@@ -22,6 +22,7 @@ mod book;
 mod dispatch;
 mod input;
 mod queue;
+pub mod receivers;
 mod wire;
 
 #[cfg(test)]

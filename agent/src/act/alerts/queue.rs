@@ -7,7 +7,7 @@
 //! overtake its firing: it replaces it, or it is sent after it.
 use std::collections::{BTreeMap, HashMap};
 
-use crate::alerts::{Alert, Labels};
+use crate::act::alerts::{Alert, Labels};
 
 /// Alert identities waiting for delivery, oldest first.
 #[derive(Debug)]

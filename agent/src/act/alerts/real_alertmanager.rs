@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::{sink::free_addr, wire::fingerprint};
 use crate::{
-    alerts::{AlertBook, ClientInput, ClientLabels, Dispatcher, Options, DEFAULT_SETTLE},
+    act::alerts::{AlertBook, ClientInput, ClientLabels, Dispatcher, Options, DEFAULT_SETTLE},
     health::State,
 };
 

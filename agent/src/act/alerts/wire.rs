@@ -14,8 +14,8 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    alerts::{Alert, Labels, Status},
-    views::rfc3339,
+    act::alerts::{Alert, Labels, Status},
+    times::rfc3339,
 };
 
 /// How Go (and so Alertmanager) writes the zero time: `endsAt` of a firing webhook alert.

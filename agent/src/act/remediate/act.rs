@@ -14,7 +14,7 @@ use super::{
     model::{Action, Decision, Disposition, Outcome, PodRef, Resolution, Skip, Target},
     Error, Result,
 };
-use crate::{error::chain, netns, process::Procfs, sock_diag::DiagSocket, table::Tuple};
+use crate::{error::chain, host::netns, host::process::Procfs, host::sock_diag::DiagSocket, table::Tuple};
 
 /// The signal that restarts a host process (its supervisor starts it again).
 pub const DEFAULT_SIGNAL: i32 = libc::SIGTERM;

@@ -12,7 +12,7 @@
 //! ```text
 //! // start-up, inside the runtime (app/run.rs):
 //! let remediation = remediate::Remediation::start(
-//!     remediate::Settings::new(&settings.file.remediation, args.dry_run),
+//!     settings.file.remediation.settings(args.dry_run), // config::Remediation::settings
 //!     remediate::Actuator::new(ClusterEvictor(cluster.clone())),
 //!     &metrics,
 //! );
@@ -22,7 +22,7 @@
 //! let outcomes = remediation.tick(&snapshot, apiserver_reachable,
 //!                                 |client| remediate::Workload { pod, opted_in });
 //! // config reload (app/run.rs, Reload::apply):
-//! remediation.reconfigure(remediate::Settings::new(&new.file.remediation, dry_run));
+//! remediation.reconfigure(new.file.remediation.settings(dry_run));
 //! // shutdown (app/run.rs):
 //! remediation.shutdown(GRACE).await;
 //! ```
@@ -41,10 +41,10 @@ use std::{io, net::SocketAddr, path::PathBuf, time::Duration};
 
 pub use act::Actuator;
 pub use evict::{EvictOutcome, Evictor, NoCluster};
-pub use policy::Settings;
+pub use policy::{RemediationMode, Settings};
 pub use runner::{Remediation, Workload};
 
-use crate::sock_diag;
+use crate::host::sock_diag;
 use model::PodRef;
 
 #[derive(Debug, thiserror::Error)]

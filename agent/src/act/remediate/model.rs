@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{health::State, snapshot::ClientKey, table::Tuple};
+use crate::{health::snapshot::ClientKey, health::State, table::Tuple};
 
 /// A pod, by namespace and name (its UID, for Events, may be empty).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -38,11 +38,7 @@ use super::model::{
     Action, ActionKind, ClientFacts, Decision, Disposition, OutageCause, Outcome, Plan, Resolution, Skip,
     Subject, Target,
 };
-use crate::{
-    config::{self, RemediationMode},
-    health::State,
-    snapshot::ClientKey,
-};
+use crate::{health::snapshot::ClientKey, health::State, host::privileges::Remedy};
 
 /// How long an action has to show its effect: a client still in the state an action addressed
 /// this long after it is judged again (a reset that did not help escalates to a restart).
@@ -51,6 +47,27 @@ pub const ESCALATE_AFTER: Duration = Duration::from_secs(60);
 pub const BLOCKED_RETRY: Duration = Duration::from_secs(30);
 /// The budget's sliding window.
 pub const BUDGET_WINDOW: Duration = Duration::from_secs(3600);
+
+/// `remediation.mode`: what the agent does to an unhealthy client.
+#[derive(Clone, Copy, Debug, Default, serde::Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RemediationMode {
+    #[default]
+    None,
+    Reset,
+    Restart,
+}
+
+impl RemediationMode {
+    /// What the mode does on the host, for the privilege check (none: nothing).
+    pub fn remedy(self) -> Option<Remedy> {
+        match self {
+            Self::None => None,
+            Self::Reset => Some(Remedy::Reset),
+            Self::Restart => Some(Remedy::Restart),
+        }
+    }
+}
 
 /// The `remediation:` settings in force.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,16 +80,6 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The config file's section, with `--dry-run` (`dry_run_flag`) forcing a dry run.
-    pub fn new(file: &config::Remediation, dry_run_flag: bool) -> Self {
-        Self {
-            mode: file.mode,
-            dry_run: file.dry_run || dry_run_flag,
-            cooldown: file.cooldown,
-            budget_per_hour: file.budget_per_hour,
-        }
-    }
-
     /// After a reset, how long a client that is unhealthy again is restarted rather than reset.
     pub fn escalation_window(&self) -> Duration {
         self.cooldown.max(2 * ESCALATE_AFTER)

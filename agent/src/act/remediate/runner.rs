@@ -17,8 +17,8 @@ use super::{
     policy::{Remediator, Settings},
 };
 use crate::{
-    metrics::Metrics,
-    snapshot::{ClientSnapshot, Snapshot},
+    act::metrics::Metrics,
+    health::snapshot::{ClientSnapshot, Snapshot},
 };
 
 /// Where a client process runs and whether it may be remediated, as the caller knows it.

@@ -54,24 +54,6 @@ remediation:
 }
 
 #[test]
-fn globs_match_like_shell_stars() {
-    for (p, v, want) in [
-        ("kube-*", "kube-controller", true),
-        ("kube-*", "kubelet", false),
-        ("*operator*", "my-operator-x", true),
-        ("*op", "shop", true),
-        ("a*b*c", "a1b2c", true),
-        ("a*b*c", "a1c2b", false),
-        ("ab*ba", "aba", false),
-        ("exact", "exact", true),
-        ("exact", "exactly", false),
-        ("*", "", true),
-    ] {
-        assert_eq!(glob(p, v), want, "{p} ~ {v}");
-    }
-}
-
-#[test]
 fn an_empty_file_is_rejected_and_braces_mean_defaults() {
     for empty in ["", "\n  \n", "# only a comment\n---\n"] {
         let err = parse(empty).expect_err(empty).to_string();
@@ -261,4 +243,16 @@ fn a_parse_error_is_one_line_with_the_dotted_key_the_line_and_the_column() {
     // No source excerpt under the message: a log line is one line.
     let err = parse("endpoints: [a, b\n").unwrap_err().to_string();
     assert!(!err.contains('\n'), "{err:?}");
+}
+
+#[test]
+fn dry_run_flag_overrides_the_file() {
+    let file = Remediation::default();
+    assert!(!file.settings(false).dry_run);
+    assert!(file.settings(true).dry_run);
+    let file = Remediation {
+        dry_run: true,
+        ..file
+    };
+    assert!(file.settings(false).dry_run);
 }

@@ -361,7 +361,7 @@ impl Drop for Running {
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn real_listeners_in_a_namespace() {
-    let ns = crate::netns::TestNetns::new();
+    let ns = crate::host::netns::TestNetns::new();
     let bin = std::env::temp_dir().join(format!("lifeline-listeners-{}", std::process::id()));
     std::fs::create_dir_all(&bin).expect("bin dir");
     let python = Path::new("/usr/bin/python3");

@@ -2,9 +2,10 @@ use std::time::Duration;
 
 use super::*;
 use crate::{
+    health::reachability::Status,
+    health::snapshot::{no_pod, no_streams},
     health::State,
-    reachability::{ProbeOutcome, Status},
-    snapshot::{no_pod, no_streams},
+    host::prober::ProbeOutcome,
     testkit::{counters, endpoint, Lab, APISERVER},
 };
 
@@ -198,4 +199,22 @@ fn probe_targets_are_exact_endpoints_and_the_addresses_cidr_clients_use() {
             ("10.9.0.1:443".to_owned(), vec!["10.9.0.1:443".to_owned()]),
         ]
     );
+}
+
+#[test]
+fn globs_match_like_shell_stars() {
+    for (p, v, want) in [
+        ("kube-*", "kube-controller", true),
+        ("kube-*", "kubelet", false),
+        ("*operator*", "my-operator-x", true),
+        ("*op", "shop", true),
+        ("a*b*c", "a1b2c", true),
+        ("a*b*c", "a1c2b", false),
+        ("ab*ba", "aba", false),
+        ("exact", "exact", true),
+        ("exact", "exactly", false),
+        ("*", "", true),
+    ] {
+        assert_eq!(glob(p, v), want, "{p} ~ {v}");
+    }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::host::prober::ProbeOutcome;
 
 struct Clock(Instant);
 impl Clock {

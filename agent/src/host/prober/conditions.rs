@@ -9,8 +9,9 @@ use std::{
 
 use tracing::Level;
 
+use super::ProbeOutcome;
 use super::STEP_TIMEOUT;
-use crate::{endpoint::Endpoint, reachability::ProbeOutcome};
+use crate::endpoint::Endpoint;
 
 /// A condition that lasts is logged again at most this often.
 pub const REPEAT_EVERY: Duration = Duration::from_secs(300);

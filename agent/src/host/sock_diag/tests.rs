@@ -1,5 +1,5 @@
 use super::*;
-use crate::netns::{run_in_netns, TestNetns};
+use crate::host::netns::{run_in_netns, TestNetns};
 use lifeline_common::tcp_state;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

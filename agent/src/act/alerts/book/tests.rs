@@ -1,5 +1,7 @@
 use super::*;
-use crate::alerts::{Alert, AlertBook, ClientInput, ClientLabels, EndpointInput, Status, DEFAULT_SETTLE};
+use crate::act::alerts::{
+    Alert, AlertBook, ClientInput, ClientLabels, EndpointInput, Status, DEFAULT_SETTLE,
+};
 
 /// A fake wall clock: seconds after a fixed origin.
 fn at(secs: u64) -> SystemTime {

@@ -5,11 +5,11 @@ use serde_json::Value;
 
 use super::*;
 use crate::{
-    alerts::{
+    act::alerts::{
         sink::{free_addr, Sink},
         Alert, Dispatcher, Error, Labels, Options,
     },
-    views::rfc3339,
+    times::rfc3339,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -65,7 +65,7 @@ fn resolved(pod: &str, at: SystemTime) -> Alert {
 }
 
 /// (pod, status) of every alert in webhook bodies, in order.
-fn webhook_alerts(bodies: &[crate::alerts::sink::Received]) -> Vec<(String, String)> {
+fn webhook_alerts(bodies: &[crate::act::alerts::sink::Received]) -> Vec<(String, String)> {
     bodies
         .iter()
         .flat_map(|r| r.body["alerts"].as_array().unwrap().clone())
@@ -374,7 +374,7 @@ async fn a_rejected_body_is_not_retried() {
 
 #[test]
 fn receivers_come_from_the_file_then_the_flags_with_generated_names() {
-    let file: Vec<config::Receiver> = serde_saphyr::from_str(
+    let file: Vec<receivers::Receiver> = serde_saphyr::from_str(
         r#"
 - { name: am, alertmanager: { url: "http://alertmanager:9093/" } }
 - { name: hook, webhook: { url: "http://sink:8080/hook", timeout: 2s } }
@@ -420,7 +420,7 @@ fn receivers_come_from_the_file_then_the_flags_with_generated_names() {
 
 #[test]
 fn bad_urls_credentials_in_urls_and_duplicate_names_are_refused_naming_them() {
-    let err = |file: &[config::Receiver], hooks: &[&str]| {
+    let err = |file: &[receivers::Receiver], hooks: &[&str]| {
         let hooks: Vec<String> = hooks.iter().map(|s| (*s).to_owned()).collect();
         receiver_specs(file, &hooks, &[]).unwrap_err()
     };
@@ -432,16 +432,16 @@ fn bad_urls_credentials_in_urls_and_duplicate_names_are_refused_naming_them() {
     let text = err(&[], &["ftp://x"]).to_string();
     assert!(text.contains("webhook-1") && text.contains("ftp://x"), "{text}");
     assert!(matches!(err(&[], &["http://"]), Error::Url { .. }));
-    let file: Vec<config::Receiver> =
+    let file: Vec<receivers::Receiver> =
         serde_saphyr::from_str(r#"[{ name: webhook-1, webhook: { url: "http://x" } }]"#).unwrap();
     let text = err(&file, &["http://y"]).to_string();
     assert!(text.contains("\"webhook-1\" is used twice"), "{text}");
-    let both: Vec<config::Receiver> = serde_saphyr::from_str(r#"[{ name: x }]"#).unwrap();
+    let both: Vec<receivers::Receiver> = serde_saphyr::from_str(r#"[{ name: x }]"#).unwrap();
     assert!(matches!(err(&both, &[]), Error::Target { .. }));
 }
 
 /// A receiver from YAML (a `UrlTarget`), for the TLS and authentication tests.
-fn receiver_yaml(yaml: &str) -> Vec<config::Receiver> {
+fn receiver_yaml(yaml: &str) -> Vec<receivers::Receiver> {
     serde_saphyr::from_str(yaml).unwrap()
 }
 

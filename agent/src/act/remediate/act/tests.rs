@@ -9,8 +9,8 @@ use std::{
 
 use super::*;
 use crate::{
-    netns::{netns_inode, run_in_netns, TestNetns},
-    remediate::{model::Client, NoCluster},
+    act::remediate::{model::Client, NoCluster},
+    host::netns::{netns_inode, run_in_netns, TestNetns},
 };
 
 fn client(pid: u32, start_time: u64) -> Client {

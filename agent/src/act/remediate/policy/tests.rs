@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 
 use super::*;
 use crate::{
-    remediate::model::{Client, PodRef},
+    act::remediate::model::{Client, PodRef},
     table::Tuple,
 };
 
@@ -242,18 +242,6 @@ fn dry_run_reports_and_remembers_without_acting() {
         summary(&r.plan(c.at(61), &stale, None)),
         [(7, ActionKind::Restart, Disposition::DryRun)]
     );
-}
-
-#[test]
-fn dry_run_flag_overrides_the_file() {
-    let file = config::Remediation::default();
-    assert!(!Settings::new(&file, false).dry_run);
-    assert!(Settings::new(&file, true).dry_run);
-    let file = config::Remediation {
-        dry_run: true,
-        ..file
-    };
-    assert!(Settings::new(&file, false).dry_run);
 }
 
 #[test]

@@ -5,13 +5,13 @@ use std::{
 
 use super::*;
 use crate::{
-    config::RemediationMode,
-    health::State,
-    remediate::{
+    act::remediate::RemediationMode,
+    act::remediate::{
         evict::EvictOutcome,
         model::{Action, Skip, Target},
         Actuator, NoCluster, Remediation, Settings, Workload,
     },
+    health::State,
     table::Tuple,
     testkit::{client_snapshot, snapshot, NETNS},
 };
@@ -85,9 +85,9 @@ fn facts_carry_the_workload_the_suspect_sockets_and_the_endpoint() {
     assert_eq!((got[1].client.pod.as_ref(), got[1].opted_in), (None, false));
     assert!(got[1].suspect.is_empty(), "a healthy verdict names no suspect");
     // Its endpoint unreachable: said.
-    snap.endpoints = vec![crate::reachability::EndpointStatus {
+    snap.endpoints = vec![crate::health::reachability::EndpointStatus {
         endpoint: crate::testkit::endpoint("10.0.0.1:6443"),
-        status: crate::reachability::Status::Unreachable {
+        status: crate::health::reachability::Status::Unreachable {
             since: t0,
             reason: "refused".into(),
         },
