@@ -1,5 +1,5 @@
 //! The judgement against the real kernel: real sockets in network namespaces, the real eBPF
-//! programs and `tcp_info`, short thresholds. Each test is one rule of the README's state table
+//! programs and `tcp_info`, short thresholds. Each test is one rule of docs/states-and-streams.md's state table
 //! that only the kernel can prove (the pure rules are unit-tested in `agent/src/health`):
 //! dual-stack sockets, a client's own idle close, peer closes across an agent restart, connects
 //! into a blackhole, drops on the client's own path, requests left unanswered, silence beyond a
@@ -861,7 +861,7 @@ const GO_MATRIX: &str = "/var/tmp/lifeline-go/clients";
 /// `streams`, its own Go release in the reason), and then, over a new connection, watches pods
 /// with `timeoutSeconds=3`: that watch is stuck within deadline + grace and named, and the
 /// token, the selector's value and the pods' data leave in no output. (A connection older
-/// than the probes whose reader waits in a read entered before them is not judged: README.)
+/// than the probes whose reader waits in a read entered before them is not judged: docs/states-and-streams.md.)
 #[test]
 fn every_go_release_s_hung_watch_is_stuck_and_named() {
     init!();
