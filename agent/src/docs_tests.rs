@@ -129,6 +129,9 @@ const OTHER_PROGRAMS: &[(&str, &str)] = &[
     // cargo, kubectl, capsh.
     ("--release", "cargo"),
     ("--check", "cargo"),
+    ("--lib", "cargo"),
+    ("--bins", "cargo"),
+    ("--include-ignored", "cargo"),
     ("--raw", "kubectl"),
     ("--drop", "capsh"),
     // The fake apiserver of the suites (tests/src/apiserver/).
