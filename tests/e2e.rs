@@ -1,5 +1,5 @@
-//! The shipping end-to-end test (README "Install on a cluster", docs/operations.md "In a cluster"): the image `cargo xtask image` built,
-//! installed with the shipped kustomize files on a real single node (Kubernetes 1.20 from
+//! The shipping end-to-end test (README "Install on a cluster", docs/operations.md "In a
+//! cluster"): the image `cargo xtask image` built, installed with the shipped kustomize files on a real single node (Kubernetes 1.20 from
 //! Debian's source package: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 //! kube-proxy, and a node of containerd + runc + CNI + kubelet; `tests/src/real_cluster/`).
 //!
@@ -1057,8 +1057,9 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
     findings.assert_none("end-to-end");
 }
 
-/// The monitoring path during and after the incident (docs/operations.md "In a cluster", docs/testing.md "End to end"): the rule alerts in
-/// Prometheus and Alertmanager, every dashboard panel, `LifelineAgentDown`.
+/// The monitoring path during and after the incident (docs/operations.md "In a cluster",
+/// docs/testing.md "End to end"): the rule alerts in Prometheus and Alertmanager, every dashboard
+/// panel, `LifelineAgentDown`.
 #[allow(clippy::too_many_arguments)]
 fn check_monitoring(
     cp: &mut ControlPlane,
