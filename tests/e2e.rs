@@ -1,6 +1,6 @@
 //! The shipping end-to-end test (README "Install on a cluster", docs/operations.md "In a
-//! cluster"): the image `cargo xtask image` built, installed with the shipped kustomize files on a real single node (Kubernetes 1.20 from
-//! Debian's source package: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+//! cluster"): the image `cargo xtask image` built, installed with the shipped kustomize files on
+//! a real single node (Kubernetes 1.20 from Debian's source package: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 //! kube-proxy, and a node of containerd + runc + CNI + kubelet; `tests/src/real_cluster/`).
 //!
 //! 1. The image is imported into the node's containerd and `kubectl apply -k deploy/local/` is
