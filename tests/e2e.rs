@@ -1,7 +1,8 @@
-//! The shipping end-to-end test (README "Install on a cluster", docs/operations.md "In a
-//! cluster"): the image `cargo xtask image` built, installed with the shipped kustomize files on
-//! a real single node (Kubernetes 1.20 from Debian's source package: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-//! kube-proxy, and a node of containerd + runc + CNI + kubelet; `tests/src/real_cluster/`).
+//! The shipping end-to-end test (README "Install on a cluster", docs/operations.md "In a cluster"):
+//! the image `cargo xtask image` built, installed with the shipped kustomize files on a real single
+//! node (Kubernetes 1.20 from Debian's source package: etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler, kube-proxy, and a node of containerd + runc + CNI +
+//! kubelet; `tests/src/real_cluster/`).
 //!
 //! 1. The image is imported into the node's containerd and `kubectl apply -k deploy/local/` is
 //!    run as the README says; then an overlay in a temporary directory adds
@@ -16,12 +17,13 @@
 //!    new one started at once: both `disconnected`, both get an Event; the opted-in pod is
 //!    evicted through the Eviction API (the apiserver's audit log says who and how) and its
 //!    replacement is healthy; the other is left alone (same UID, the skip counted).
-//! 4. The monitoring path (`e2e/monitoring.rs`, docs/testing.md "End to end"): a real Prometheus scraping
-//!    as the shipped PodMonitor says, with the shipped rules, sending to a real Alertmanager:
-//!    `LifelineClientDisconnected` fires, reaches Alertmanager and resolves; every dashboard
-//!    panel is queried; `LifelineAgentDown` goes pending for a stopped agent, and fires for
-//!    the node once its agent pod is deleted and the replacement cannot be scheduled, then
-//!    resolves; `kubectl lifeline`, with docs/operations.md's RBAC only, lists the never-redial pod.
+//! 4. The monitoring path (`e2e/monitoring.rs`, docs/testing.md "End to end"): a real Prometheus
+//!    scraping as the shipped PodMonitor says, with the shipped rules, sending to a real
+//!    Alertmanager: `LifelineClientDisconnected` fires, reaches Alertmanager and resolves; every
+//!    dashboard panel is queried; `LifelineAgentDown` goes pending for a stopped agent, and fires
+//!    for the node once its agent pod is deleted and the replacement cannot be scheduled, then
+//!    resolves; `kubectl lifeline`, with docs/operations.md's RBAC only, lists the never-redial
+//!    pod.
 //! 5. Teardown (the harness's guards) leaves no process, mount, cgroup, bridge, address or
 //!    iptables chain behind.
 //!
