@@ -1,7 +1,8 @@
-//! The shipping end-to-end test (README "In a cluster"): the image `cargo xtask image` built,
-//! installed with the shipped kustomize files on a real single node (Kubernetes 1.20 from
-//! Debian's source package: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-//! kube-proxy, and a node of containerd + runc + CNI + kubelet; `tests/src/real_cluster/`).
+//! The shipping end-to-end test (README "Install on a cluster", docs/operations.md "In a cluster"):
+//! the image `cargo xtask image` built, installed with the shipped kustomize files on a real single
+//! node (Kubernetes 1.20 from Debian's source package: etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler, kube-proxy, and a node of containerd + runc + CNI +
+//! kubelet; `tests/src/real_cluster/`).
 //!
 //! 1. The image is imported into the node's containerd and `kubectl apply -k deploy/local/` is
 //!    run as the README says; then an overlay in a temporary directory adds
@@ -16,12 +17,13 @@
 //!    new one started at once: both `disconnected`, both get an Event; the opted-in pod is
 //!    evicted through the Eviction API (the apiserver's audit log says who and how) and its
 //!    replacement is healthy; the other is left alone (same UID, the skip counted).
-//! 4. The monitoring path (`e2e/monitoring.rs`, README "End to end"): a real Prometheus scraping
-//!    as the shipped PodMonitor says, with the shipped rules, sending to a real Alertmanager:
-//!    `LifelineClientDisconnected` fires, reaches Alertmanager and resolves; every dashboard
-//!    panel is queried; `LifelineAgentDown` goes pending for a stopped agent, and fires for
-//!    the node once its agent pod is deleted and the replacement cannot be scheduled, then
-//!    resolves; `kubectl lifeline`, with the README's RBAC only, lists the never-redial pod.
+//! 4. The monitoring path (`e2e/monitoring.rs`, docs/testing.md "End to end"): a real Prometheus
+//!    scraping as the shipped PodMonitor says, with the shipped rules, sending to a real
+//!    Alertmanager: `LifelineClientDisconnected` fires, reaches Alertmanager and resolves; every
+//!    dashboard panel is queried; `LifelineAgentDown` goes pending for a stopped agent, and fires
+//!    for the node once its agent pod is deleted and the replacement cannot be scheduled, then
+//!    resolves; `kubectl lifeline`, with docs/operations.md's RBAC only, lists the never-redial
+//!    pod.
 //! 5. Teardown (the harness's guards) leaves no process, mount, cgroup, bridge, address or
 //!    iptables chain behind.
 //!
@@ -67,9 +69,9 @@ const STUCK_IMAGE: &str = "localhost/ll-stuck:e2e";
 const AGENT_PORT: u16 = 9477;
 /// The agent's service account, as the apiserver names it.
 const AGENT_USER: &str = "system:serviceaccount:lifeline:lifeline";
-/// `disconnect_grace`, the shipped default (README "Client states").
+/// `disconnect_grace`, the shipped default (docs/configuration.md "Thresholds").
 const GRACE: u64 = 15;
-/// The capabilities the base DaemonSet adds (README "Privileges"), and what
+/// The capabilities the base DaemonSet adds (docs/operations.md "Privileges"), and what
 /// components/restart adds to them.
 const BASE_CAPABILITIES: [&str; 5] = ["BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH"];
 const RESTART_CAPABILITIES: [&str; 2] = ["NET_ADMIN", "KILL"];
@@ -227,7 +229,7 @@ fn proc_status(pid: u32, name: &str) -> String {
 }
 
 /// Checks what the API says of the agent pod and what the kernel says of its process against
-/// the capabilities the README documents (`added`): host namespaces, no privileged mode, no
+/// the capabilities docs/operations.md documents (`added`): host namespaces, no privileged mode, no
 /// privilege escalation, a read-only root, every capability dropped but these.
 fn check_security(pod: &Value, pid: u32, added: &BTreeSet<String>, findings: &mut Findings) {
     let spec = &pod["spec"];
@@ -255,7 +257,7 @@ fn check_security(pod: &Value, pid: u32, added: &BTreeSet<String>, findings: &mu
     });
     let api = added_capabilities(pod);
     findings.check(&api == added, || {
-        format!("pod {name}: capabilities.add is {api:?}, the README documents {added:?}")
+        format!("pod {name}: capabilities.add is {api:?}, docs/operations.md documents {added:?}")
     });
     findings.check(sc["seccompProfile"]["type"] == "RuntimeDefault", || {
         format!("pod {name}: seccompProfile is {}", sc["seccompProfile"])
@@ -802,7 +804,7 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
     );
     monitoring::wait_series(&prom, &up, "Prometheus scraping the agent pod", secs(30));
     mark("Prometheus scrapes the agent", &mut timeline);
-    // `kubectl lifeline` as a service account with the README's RBAC only.
+    // `kubectl lifeline` as a service account with docs/operations.md's RBAC only.
     let plugin_dir = TempDir::new();
     let viewer = monitoring::plugin_viewer(&cp, &workspace(), AGENT_NS, plugin_dir.path(), &mut findings);
     mark("kubectl lifeline's service account", &mut timeline);
@@ -1057,8 +1059,9 @@ fn shipped_install_watches_and_remediates_on_a_real_node() {
     findings.assert_none("end-to-end");
 }
 
-/// The monitoring path during and after the incident (README "Monitoring"): the rule alerts in
-/// Prometheus and Alertmanager, every dashboard panel, `LifelineAgentDown`.
+/// The monitoring path during and after the incident (docs/operations.md "In a cluster",
+/// docs/testing.md "End to end"): the rule alerts in Prometheus and Alertmanager, every dashboard
+/// panel, `LifelineAgentDown`.
 #[allow(clippy::too_many_arguments)]
 fn check_monitoring(
     cp: &mut ControlPlane,

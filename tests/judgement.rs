@@ -1,10 +1,10 @@
 //! The judgement against the real kernel: real sockets in network namespaces, the real eBPF
-//! programs and `tcp_info`, short thresholds. Each test is one rule of the README's state table
-//! that only the kernel can prove (the pure rules are unit-tested in `agent/src/health`):
-//! dual-stack sockets, a client's own idle close, peer closes across an agent restart, connects
-//! into a blackhole, drops on the client's own path, requests left unanswered, silence beyond a
-//! learned rhythm, forked children, removed endpoints and the failure reasons; and an OpenSSL
-//! client's requests (python3-kubernetes): a hung watch named, no secret in any output.
+//! programs and `tcp_info`, short thresholds. Each test is one rule of docs/states-and-streams.md's
+//! state table that only the kernel can prove (the pure rules are unit-tested in
+//! `agent/src/health`): dual-stack sockets, a client's own idle close, peer closes across an agent
+//! restart, connects into a blackhole, drops on the client's own path, requests left unanswered,
+//! silence beyond a learned rhythm, forked children, removed endpoints and the failure reasons; and
+//! an OpenSSL client's requests (python3-kubernetes): a hung watch named, no secret in any output.
 use std::{
     net::SocketAddr,
     process::{Command, Stdio},
@@ -858,10 +858,10 @@ const GO_MATRIX: &str = "/var/tmp/lifeline-go/clients";
 /// client, built by each Go toolchain Debian ships, stripped, as an executable and as a PIE
 /// (the list is `xtask/src/gomatrix.rs`; adding a release is one line there). All run at once
 /// against one agent and an apiserver whose pod watches hang: each is followed (visibility
-/// `streams`, its own Go release in the reason), and then, over a new connection, watches pods
-/// with `timeoutSeconds=3`: that watch is stuck within deadline + grace and named, and the
-/// token, the selector's value and the pods' data leave in no output. (A connection older
-/// than the probes whose reader waits in a read entered before them is not judged: README.)
+/// `streams`, its own Go release in the reason), and then, over a new connection, watches pods with
+/// `timeoutSeconds=3`: that watch is stuck within deadline + grace and named, and the token, the
+/// selector's value and the pods' data leave in no output. (A connection older than the probes
+/// whose reader waits in a read entered before them is not judged: docs/states-and-streams.md.)
 #[test]
 fn every_go_release_s_hung_watch_is_stuck_and_named() {
     init!();

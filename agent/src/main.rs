@@ -15,6 +15,8 @@ mod table;
 // Beside it: what is read from the host and the cluster, what is served, and the program.
 mod app;
 mod cluster;
+#[cfg(test)]
+mod docs_tests;
 mod endpoint;
 mod error;
 mod host;

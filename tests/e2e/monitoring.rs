@@ -368,23 +368,24 @@ pub fn kubectl_lifeline(kubeconfig: &Path, dir: &Path) -> Result<Vec<Vec<String>
 /// The service account `kubectl lifeline` runs as in the e2e.
 const VIEWER: &str = "lifeline-viewer";
 
-/// The README's RBAC for `kubectl lifeline` (the yaml block after "The RBAC it needs"), bound
-/// to the service account [`VIEWER`] of `namespace` instead of the README's example group.
+/// docs/operations.md's RBAC for `kubectl lifeline` (the yaml block after "The RBAC it needs"),
+/// bound to the service account [`VIEWER`] of `namespace` instead of the page's example group.
 fn readme_rbac(workspace: &Path, namespace: &str) -> String {
-    let readme = std::fs::read_to_string(workspace.join("README.md")).expect("README.md");
-    let after = readme
+    let page = workspace.join("docs/operations.md");
+    let text = std::fs::read_to_string(&page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+    let after = text
         .split_once("The RBAC it needs")
-        .expect("README: `kubectl lifeline`'s RBAC")
+        .expect("docs/operations.md: `kubectl lifeline`'s RBAC")
         .1;
     let block = after
         .split_once("```yaml\n")
         .and_then(|(_, rest)| rest.split_once("```"))
-        .expect("README: the RBAC yaml block")
+        .expect("docs/operations.md: the RBAC yaml block")
         .0;
     let subjects = block
         .lines()
         .find(|l| l.starts_with("subjects:"))
-        .expect("README's RBAC has subjects");
+        .expect("docs/operations.md's RBAC has subjects");
     block.replace(
         subjects,
         &format!("subjects: [{{ kind: ServiceAccount, name: {VIEWER}, namespace: {namespace} }}]"),
@@ -440,7 +441,7 @@ fn viewer_kubeconfig(cp: &ControlPlane, namespace: &str, dir: &Path) -> std::pat
     path
 }
 
-/// A kubeconfig with which `kubectl lifeline` runs with exactly the README's RBAC: refused
+/// A kubeconfig with which `kubectl lifeline` runs with exactly docs/operations.md's RBAC: refused
 /// before the Role is bound, so the binding is what lets it in.
 pub fn plugin_viewer(
     cp: &ControlPlane,

@@ -15,8 +15,8 @@ use crate::{
     run, show, workspace, Failed, Result,
 };
 
-/// The capabilities of `remediation.mode: none` (README "Privileges"); the components add
-/// NET_ADMIN (reset) and NET_ADMIN + KILL (restart).
+/// The capabilities of `remediation.mode: none` (docs/operations.md "Privileges"); the components
+/// add NET_ADMIN (reset) and NET_ADMIN + KILL (restart).
 const BASE_CAPABILITIES: [&str; 5] = ["BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH"];
 
 pub fn check() -> Result {

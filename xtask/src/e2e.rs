@@ -2,7 +2,7 @@
 //! does, then runs `tests/e2e.rs` with it: a real single node (etcd, containerd, runc, the CNI
 //! plugins from Debian; the Kubernetes 1.20 components built from Debian's `kubernetes` source
 //! package by `cargo xtask setup`, cached under /var/tmp/lifeline-k8s), the image imported,
-//! `kubectl apply -k deploy/local/`, and the agent's checks (README "Tests").
+//! `kubectl apply -k deploy/local/`, and the agent's checks (docs/testing.md "End to end").
 use std::{path::Path, process::Command};
 
 use crate::{cargo, hoststate, image, run, Failed, Result};

@@ -1,7 +1,7 @@
 //! The host's packet handling before and after each suite, compared: a suite leaves the
 //! machine's iptables rules (both families), routes (every table, both families) and policy
-//! rules as it found them (README "Tests"). Normalized as the harness's own tests do it: the
-//! same file, `tests/src/network_state.rs`.
+//! rules as it found them (docs/testing.md "What the suites do to the host"). Normalized as the
+//! harness's own tests do it: the same file, `tests/src/network_state.rs`.
 use std::process::Command;
 
 use crate::{show, Failed, Result};
