@@ -11,8 +11,8 @@ use std::{
 use clap::{Args, CommandFactory, Parser};
 
 use crate::{
-    cli::{Cli, Command, ThresholdArgs},
-    config::{ConfigFile, DEFAULT_LISTEN},
+    app::cli::{Cli, Command, ThresholdArgs},
+    app::config::{ConfigFile, DEFAULT_LISTEN},
     health::Thresholds,
 };
 
