@@ -61,6 +61,30 @@ static WRITE_FRAMES: LruHashMap<u64, FrameCursor> = LruHashMap::with_max_entries
 #[map]
 static READERS: LruHashMap<GoroutineKey, u64> = LruHashMap::with_max_entries(16384, 0);
 
+/// The socket under each `*tls.Conn` found so far, by process and address: a read or write on
+/// a connection already known costs a lookup and one user read (the `net.Conn` data word,
+/// which must still be the one the socket was found under), not the walk through the file
+/// table. An entry is trusted only while the segment program keeps its socket (an established
+/// connection to an endpoint).
+#[map]
+static TLS_SOCKETS: LruHashMap<TlsConnKey, TlsConnSocket> = LruHashMap::with_max_entries(16384, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TlsConnKey {
+    conn: u64,
+    tgid: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TlsConnSocket {
+    /// The `net.Conn` interface's data word of the `tls.Conn` when its socket was found.
+    data: u64,
+    sk: u64,
+}
+
 /// When a DATA frame of each stream was last sent (see `FRAME_COALESCE_NS`).
 #[map]
 static STREAM_SEEN: LruHashMap<StreamKey, u64> = LruHashMap::with_max_entries(65536, 0);
@@ -127,6 +151,26 @@ fn tcp_conn_socket(tcp: u64) -> Option<u64> {
 #[inline(always)]
 fn tls_socket(conn: u64) -> Option<u64> {
     let data = user_u64(conn + 8)?;
+    let key = TlsConnKey {
+        conn,
+        tgid: tgid(),
+        _pad: 0,
+    };
+    // SAFETY: copied out at once.
+    if let Some(known) = unsafe { TLS_SOCKETS.get(key) }.copied() {
+        // SAFETY: as above.
+        if known.data == data && unsafe { SEGMENTS.get(segment_key(known.sk)) }.is_some() {
+            return Some(known.sk);
+        }
+    }
+    let sk = walk_to_socket(data)?;
+    let _ = TLS_SOCKETS.insert(key, TlsConnSocket { data, sk }, 0);
+    Some(sk)
+}
+
+/// The watched socket under a `tls.Conn`'s `net.Conn` data word `data` (see [`tls_socket`]).
+#[inline(always)]
+fn walk_to_socket(data: u64) -> Option<u64> {
     if let Some(sk) = tcp_conn_socket(data) {
         return Some(sk);
     }
