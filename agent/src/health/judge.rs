@@ -19,6 +19,7 @@ use crate::{
     health::{Attempt, ConnectionFacts, Failure, HealthEngine, Loss, Observation, Thresholds, MAX_WATCH},
     host::prober::Probe,
     host::prober::Targets,
+    kernel::probed::Visibility,
     table::{ConnectionTable, ProcessRecord},
 };
 
@@ -60,8 +61,18 @@ impl Judge {
         let mut by_owner: HashMap<u32, Vec<ConnectionSnapshot>> = HashMap::new();
         let mut facts: HashMap<u32, Vec<ConnectionFacts>> = HashMap::new();
         let mut attempts: HashMap<u32, Vec<Attempt>> = HashMap::new();
+        // Evidence before judgement: a process's streams are judged only once a response to
+        // a request it made was seen on one of its connections, proving the probes live both
+        // ways on the HTTP/2 code it uses (a binary with two copies of it, one probed on the
+        // write side only, would otherwise pair its requests with frames never read).
+        let proven: HashSet<u32> = table
+            .connections()
+            .filter(|c| c.streams.responded)
+            .filter_map(|c| c.owner)
+            .collect();
         for c in table.connections() {
             let Some(pid) = c.owner else { continue };
+            let judged = proven.contains(&pid);
             by_owner.entry(pid).or_default().push(ConnectionSnapshot {
                 tuple: c.tuple,
                 endpoint: c.endpoint,
@@ -70,7 +81,7 @@ impl Judge {
                 last_payload: c.last_payload,
                 bytes_received: c.bytes_received,
                 retransmits: c.retransmits,
-                streams: stream_snapshots(c, &t, now),
+                streams: stream_snapshots(c, &t, now, judged),
                 gap: c.gap.filter(|g| g.current(now)),
             });
             match c.tcp_state {
@@ -83,7 +94,11 @@ impl Judge {
                     // timeout=10s behind a dead gateway) leaves no single stream unanswered for
                     // stale_after, but its connection answers nothing for that long.
                     waiting_since: c.waiting(now),
-                    stuck: c.streams.stuck(now, t.stale_after, t.watch_grace, MAX_WATCH),
+                    stuck: if judged {
+                        c.streams.stuck(now, t.stale_after, t.watch_grace, MAX_WATCH)
+                    } else {
+                        Vec::new()
+                    },
                     stalled_since: c.stalled_since,
                     unreadable: !c.readable(now)
                         && now.saturating_duration_since(c.first_seen) > crate::table::SAMPLE_MAX_AGE,
@@ -128,7 +143,14 @@ impl Judge {
                 verdict,
                 connections,
                 selected,
-                visibility: visibility(key),
+                visibility: match visibility(key) {
+                    Visibility::Streams { client } if !proven.contains(&record.info.pid) => Visibility::Connection {
+                        why: format!(
+                            "{client}: its streams are judged once a response to one of its requests has been seen"
+                        ),
+                    },
+                    v => v,
+                },
             });
         }
         self.engine.retain(|k| seen.contains(k));
@@ -150,14 +172,22 @@ impl Judge {
     }
 }
 
-/// A connection's open streams for the snapshot, stuck ones marked.
-fn stream_snapshots(c: &crate::table::Connection, t: &Thresholds, now: Instant) -> Vec<StreamSnapshot> {
-    let stuck: HashSet<u32> = c
-        .streams
-        .stuck(now, t.stale_after, t.watch_grace, MAX_WATCH)
-        .iter()
-        .map(|s| s.stream)
-        .collect();
+/// A connection's open streams for the snapshot, stuck ones marked (none unless `judged`).
+fn stream_snapshots(
+    c: &crate::table::Connection,
+    t: &Thresholds,
+    now: Instant,
+    judged: bool,
+) -> Vec<StreamSnapshot> {
+    let stuck: HashSet<u32> = if judged {
+        c.streams
+            .stuck(now, t.stale_after, t.watch_grace, MAX_WATCH)
+            .iter()
+            .map(|s| s.stream)
+            .collect()
+    } else {
+        HashSet::new()
+    };
     c.streams
         .open()
         .map(|s| StreamSnapshot {
@@ -168,7 +198,7 @@ fn stream_snapshots(c: &crate::table::Connection, t: &Thresholds, now: Instant) 
             last_frame: s.last_frame,
             deadline: s.deadline(MAX_WATCH),
             stuck: stuck.contains(&s.id),
-            whole: s.whole,
+            whole: s.whole && judged,
         })
         .collect()
 }

@@ -108,6 +108,10 @@ pub struct Streams {
     /// body is chunked (the terminator), not when it has a `Content-Length`, so a response
     /// begun and unfinished is not evidence there.
     pub http1: bool,
+    /// A response to a request lifeline named was seen here: the probes on the HTTP/2 code
+    /// this connection uses are proven live both ways (see `health::judge`'s evidence before
+    /// judgement).
+    pub responded: bool,
 }
 
 impl Streams {
@@ -156,8 +160,9 @@ impl Streams {
             return;
         }
         if frame_type == frame::RST_STREAM || (!sent && flags & frame::END_STREAM != 0) {
-            if self.open.remove(&id).is_some() {
+            if let Some(s) = self.open.remove(&id) {
                 self.ended += 1;
+                self.responded |= !sent && frame_type != frame::RST_STREAM && s.request.is_some();
             }
             return;
         }
@@ -199,6 +204,7 @@ impl Streams {
             stream.last_received = at;
             if frame_type == frame::HEADERS && stream.response_at.is_none() {
                 stream.response_at = Some(at);
+                self.responded |= stream.request.is_some();
             }
         }
     }

@@ -218,3 +218,86 @@ fn globs_match_like_shell_stars() {
         assert_eq!(glob(p, v), want, "{p} ~ {v}");
     }
 }
+
+/// Evidence before judgement (issue 25): a process's streams are judged only once a response
+/// to one of its requests was seen; until then its client keeps the connection-level judgement
+/// and the API says why. Here a watch with a 3 s deadline hangs from its first frame (no
+/// response ever read: as if the probed copy of the HTTP/2 code were not the one it reads
+/// with), then a second request of the same process is answered.
+#[test]
+fn streams_are_judged_only_once_a_response_was_seen() {
+    use crate::kernel::events::{Frame, Header, HeaderField};
+    use crate::kernel::probed::Visibility;
+    use crate::table::streams::frame;
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let streams = |_: ClientKey| Visibility::Streams {
+        client: "Go HTTP/2 client (go1.24.4)".into(),
+    };
+    let t0 = lab.at(0);
+    let at = move |ms: u64| t0 + Duration::from_millis(ms);
+    let frame = |ms: u64, sent: bool, frame_type: u8, flags: u8, stream_id: u32| Frame {
+        at: at(ms),
+        sk: 0xa,
+        tgid: 7,
+        goroutine: 1,
+        stream_id,
+        frame_type,
+        flags,
+        length: 0,
+        sent,
+        http1: false,
+    };
+    let header = |ms: u64, field: HeaderField, value: &str| Header {
+        at: at(ms),
+        tgid: 7,
+        goroutine: 1,
+        field,
+        value: value.into(),
+        cut: false,
+    };
+    let reading = frame(10, false, frame::READING, 0, 0);
+    let method = header(20, HeaderField::Method, "GET");
+    let path = header(20, HeaderField::Path, "/api/v1/pods?watch=true&timeoutSeconds=3");
+    let request = frame(21, true, frame::HEADERS, frame::END_STREAM, 1);
+    lab.table.apply_frame(&reading);
+    lab.table.apply_header(&method);
+    lab.table.apply_header(&path);
+    lab.table.apply_frame(&request);
+    let mut j = Judge::new(
+        Thresholds {
+            watch_grace: Duration::from_secs(3),
+            stale_after: Duration::from_secs(5),
+            ..Thresholds::default()
+        },
+        Select::default(),
+    );
+    let snap = j.tick(&lab.table, &BTreeMap::new(), &no_pod, &streams, lab.at(20_000));
+    let c = &snap.clients[0];
+    assert!(
+        matches!(&c.visibility, Visibility::Connection { why } if why.contains("once a response")),
+        "{:?}",
+        c.visibility
+    );
+    let s = &c.connections[0].streams[0];
+    assert!(!s.stuck && !s.whole, "listed, not judged: {s:?}");
+
+    // A second request, answered: the probes are proven live both ways.
+    let method = header(20_100, HeaderField::Method, "GET");
+    let path = header(20_100, HeaderField::Path, "/api/v1/nodes");
+    let request = frame(20_101, true, frame::HEADERS, frame::END_STREAM, 3);
+    let response = frame(20_200, false, frame::HEADERS, 0, 3);
+    lab.table.apply_header(&method);
+    lab.table.apply_header(&path);
+    lab.table.apply_frame(&request);
+    lab.table.apply_frame(&response);
+    let snap = j.tick(&lab.table, &BTreeMap::new(), &no_pod, &streams, lab.at(21_000));
+    let c = &snap.clients[0];
+    assert_eq!(c.visibility.as_str(), "streams", "{:?}", c.visibility);
+    let watch = c.connections[0]
+        .streams
+        .iter()
+        .find(|s| s.id == 1)
+        .expect("the watch listed");
+    assert!(watch.stuck, "judged now: {watch:?}");
+}
