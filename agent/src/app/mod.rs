@@ -4,6 +4,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod logging;
+pub mod pump;
 pub mod run;
 pub mod unsupported;
 pub mod workers;
