@@ -21,15 +21,12 @@
 //! Inside a step, modules are free (each step keeps its own order; `kernel/` for instance:
 //! `programs.rs` → `go_probes.rs`, `ssl_probes.rs` → `uprobes.rs` → `object.rs`).
 //!
-//! Two placements are not their directory's:
-//!
-//! - `kernel/pump.rs` counts as `app`. It is the thread the program runs between the kernel
-//!   and the table: it writes the table, counts into the metrics, names pods and wakes the
-//!   judgement (`app::workers::Refresher`). So nothing below `app` may import it; what the
-//!   table reads of it (`KernelStats`) lives in `kernel::programs`.
-//! - `testkit.rs` (compiled for tests only) builds fixtures of every step for every step's
-//!   tests, and is outside the rule; so are this file (tests only, it imports nothing) and
-//!   `docs_tests.rs` (tests only: the docs against the whole program's flags and metrics).
+//! `testkit.rs` (compiled for tests only) builds fixtures of every step for every step's
+//! tests, and is outside the rule; so are this file (tests only, it imports nothing) and
+//! `docs_tests.rs` (tests only: the docs against the whole program's flags and metrics).
+//! Every other module counts as its directory's step: the event pump, which writes the table,
+//! counts into the metrics and wakes the judgement, is `app/pump.rs`, and what the table reads
+//! of the kernel's counters (`KernelStats`) lives in `kernel::programs`.
 //!
 //! `tests::the_tree_has_no_import_from_a_lower_step_to_a_higher_one_and_no_circle` reads every
 //! `.rs` file under `src/` (comments and string literals aside) and fails naming each import
@@ -58,17 +55,13 @@ pub const STEPS: [(&str, u8); 11] = [
 /// Outside the rule (see the module comment).
 const UNRULED: [&str; 3] = ["testkit", "layers", "docs_tests"];
 
-/// The unit a module path counts as: its top-level module, but `kernel::pump` (and what is
-/// inside it) and the crate root (`main.rs`) count as `app`. `None`: outside the rule, or not
-/// a module of the crate.
+/// The unit a module path counts as: its top-level module, but the crate root (`main.rs`)
+/// counts as `app`. `None`: outside the rule, or not a module of the crate.
 fn unit_of(path: &[String]) -> Option<&'static str> {
     let first = match path.first() {
         None => return Some("app"),
         Some(first) => first.as_str(),
     };
-    if first == "kernel" && path.get(1).is_some_and(|s| s == "pump") {
-        return Some("app");
-    }
     STEPS.iter().find(|(m, _)| *m == first).map(|(m, _)| *m)
 }
 
@@ -480,7 +473,7 @@ mod tests {
         let file = |m: &str, src: &str| (module(m), src.to_owned());
         let found = violations(&[
             file("host::privileges", "use crate::app::config::RemediationMode;"),
-            file("table::sampler", "use crate::kernel::pump::KernelStats;"),
+            file("table::sampler", "use crate::app::pump::KernelStats;"),
             file("times", "use crate::error::chain;"),
             file("error", "fn f() -> crate::times::Stamp { todo!() }"),
         ]);
@@ -490,16 +483,19 @@ mod tests {
             "{found:#?}"
         );
         assert!(
-            has("table::sampler imports crate::kernel::pump::KernelStats: step table (4) imports from step app (8)"),
+            has("table::sampler imports crate::app::pump::KernelStats: step table (4) imports from step app (8)"),
             "{found:#?}"
         );
         assert!(has("circle error → times → error"), "{found:#?}");
         assert_eq!(found.len(), 3, "{found:#?}");
-        // The pump counts as app: it may import the table and app's own modules.
+        // The pump is app's: it may import the kernel, the table and app's own modules.
         let pump = file(
-            "kernel::pump",
-            "use crate::{table::Applied, app::workers::Refresher};",
+            "app::pump",
+            "use crate::{kernel::events::Record, table::Applied, app::workers::Refresher};",
         );
         assert_eq!(violations(&[pump]), Vec::<String>::new());
+        // A kernel module reaching up to the table or the program is caught.
+        let up = file("kernel::events", "use crate::table::Applied;");
+        assert_eq!(violations(&[up]).len(), 1);
     }
 }

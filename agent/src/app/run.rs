@@ -1,6 +1,6 @@
 //! `lifeline run`: wires the parts together, in the order of the data flow:
 //!
-//! kernel events (`kernel`) → connection table (`table`, fed by `kernel::pump` and
+//! kernel events (`kernel`) → connection table (`table`, fed by `app::pump` and
 //! `sampler`) → client health (`judge`) → actions (logs, metrics, `alerts`, Kubernetes Events
 //! and `remediate`), with `cluster` (when there is one) naming pods and discovering endpoints.
 //!
@@ -29,6 +29,7 @@ use crate::{
     act::remediate::{self, Remediation},
     app::cli::RunArgs,
     app::config::{self, ConfigFile, ThresholdsFile},
+    app::pump::{Pump, PumpContext},
     app::unsupported::Unsupported,
     app::workers::{ClusterEvictor, Command, Refresher, SampleLoop},
     cluster::{self, Cluster},
@@ -44,7 +45,6 @@ use crate::{
         object, offsets,
         openssl::SslTracer,
         programs::{KernelStats, Probes},
-        pump::{Pump, PumpContext},
     },
     serve::api::{self, Access, ApiState},
     table::sampler::{Sampler, SharedTable},

@@ -1,6 +1,6 @@
 //! The agent's workers, in the order of the data flow:
 //!
-//! - `kernel::pump`: kernel events → connection table (a thread of its own, as they arrive);
+//! - `app::pump`: kernel events → connection table (a thread of its own, as they arrive);
 //! - [`SampleLoop`]: once per tick, sock_diag samples → connection table → client health →
 //!   actions (logs, metrics, alerts, Kubernetes Events, remediation). A thread of its own: the
 //!   sampling is blocking netlink I/O.

@@ -48,7 +48,7 @@
 //!
 //! // app/workers.rs
 //! // pod of a process: cluster::pod_of(cluster, info), by its container id (also used by
-//! // kernel::pump)
+//! // app::pump)
 //! // c.emit(EventTarget::Pod { .. }, reason, &message, EventType::Warning) (SampleLoop::event)
 //! // c.evict(namespace, name).await (ClusterEvictor); c.apiserver_reachable() for the
 //! // remediation guards (SampleLoop)

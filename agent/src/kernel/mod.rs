@@ -1,6 +1,6 @@
 //! Everything that touches the kernel's eBPF side: finding this kernel's structure offsets,
-//! loading and attaching the programs, the endpoint maps, decoding ring-buffer events, and the
-//! pump that applies them to the connection table.
+//! loading and attaching the programs, the endpoint maps, and decoding ring-buffer events
+//! (the pump that applies them to the connection table is `app::pump`).
 use std::os::fd::AsRawFd;
 
 use tokio::io::{unix::AsyncFd, Interest};
@@ -14,7 +14,6 @@ pub mod offsets;
 pub mod openssl;
 pub mod probed;
 pub mod programs;
-pub mod pump;
 pub mod ssl_probes;
 pub mod uprobes;
 

@@ -1,4 +1,7 @@
+use lifeline_common::tcp_state;
+
 use super::*;
+use crate::kernel::events::Change;
 use crate::testkit::{counters, endpoint, endpoints, process, state, Lab, APISERVER, NETNS};
 
 fn loss(lab: &Lab, pid: u32) -> Option<(LossCause, Instant)> {

@@ -28,15 +28,15 @@ use std::{
 use aya::maps::{MapData, PerCpuHashMap, RingBuf};
 use lifeline_common::{FailureKey, LossKey, AF_INET, AF_INET6};
 
-use super::{
-    events::{self, Change, KernelEvent, MonotonicClock, Record},
-    programs::{KernelFeed, KernelStats, Probes},
-};
 use crate::{
     act::metrics::Metrics,
     app::workers::Refresher,
     cluster::Cluster,
     host::process::{ProcessInfo, Procfs},
+    kernel::{
+        events::{self, Change, KernelEvent, MonotonicClock, Record},
+        programs::{KernelFeed, KernelStats, Probes},
+    },
     table::sampler::SharedTable,
     table::{
         gaps::{GapCause, GapScope},

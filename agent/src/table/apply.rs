@@ -1,0 +1,357 @@
+//! Kernel events applied to the connection table: a connect, a state change, a segment, a
+//! retransmit or a reset finds its connection (by the socket's kernel address, else its
+//! 4-tuple, else its addresses alone), adds or moves it, and ends it; the table's indexes
+//! (`insert`, `index_sk`, `unlink`) are kept here too. The agent's own sockets are skipped.
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant, SystemTime},
+};
+
+use lifeline_common::tcp_state;
+
+use super::{
+    facts::LossCause,
+    ordered::{Ordered, Segment},
+    process::{end_of, locally_closed, push_failure, End},
+    streams::Streams,
+    Applied, ConnId, ConnectFailure, Connection, ConnectionTable, FailureReason, Origin, ProcessRecord,
+    Tuple,
+};
+use crate::{
+    endpoint::Endpoint,
+    host::process::ProcessInfo,
+    kernel::events::{Change, KernelEvent},
+};
+
+/// The agent's own sockets remembered at most (its probes and API watches: a handful).
+const OWN_SOCKETS_MAX: usize = 1024;
+
+impl ConnectionTable {
+    /// The connection with these addresses in whatever namespace, if exactly one has them.
+    pub(super) fn by_addresses(&self, local: SocketAddr, remote: SocketAddr) -> Option<ConnId> {
+        let mut found = self
+            .by_tuple
+            .iter()
+            .filter(|(t, _)| t.local == local && t.remote == remote)
+            .map(|(_, id)| *id);
+        match (found.next(), found.next()) {
+            (Some(id), None) => Some(id),
+            _ => None,
+        }
+    }
+
+    /// Applies one kernel event. `owner` is the process the caller resolved from the event's
+    /// `owner_tgid` (None when the event ran in softirq or the process is already gone).
+    pub fn apply_event(&mut self, ev: &KernelEvent, owner: Option<ProcessInfo>) -> Option<Applied> {
+        // A segment changes one known connection: its due time is folded into the plan below
+        // (busy connections send many; discarding the plan for each walked the whole table
+        // every round). Anything else may add, move or end connections: walk again.
+        if !matches!(ev.change, Change::Segment { .. }) {
+            self.next_sample_due = None;
+        }
+        let connect = matches!(
+            ev.change,
+            Change::State {
+                old: tcp_state::CLOSE,
+                new: tcp_state::SYN_SENT
+            }
+        );
+        if owner.is_some() && owner.as_ref().map(|o| o.pid) == self.own_pid {
+            if connect {
+                if self.own_sockets.len() >= OWN_SOCKETS_MAX {
+                    self.own_sockets.clear();
+                }
+                self.own_sockets.insert(ev.sk);
+            }
+            return None;
+        }
+        if self.own_sockets.contains(&ev.sk) {
+            match ev.change {
+                // The address was freed and taken by a client's socket.
+                _ if connect => {
+                    self.own_sockets.remove(&ev.sk);
+                }
+                Change::State {
+                    new: tcp_state::CLOSE,
+                    ..
+                } => {
+                    self.own_sockets.remove(&ev.sk);
+                    return None;
+                }
+                _ => return None,
+            }
+        }
+        let tuple = Tuple {
+            netns: ev.netns,
+            local: ev.local,
+            remote: ev.remote,
+        };
+        let found = self
+            .by_sk
+            .get(&ev.sk)
+            .or_else(|| {
+                (ev.local.port() != 0)
+                    .then(|| self.by_tuple.get(&tuple))
+                    .flatten()
+            })
+            .copied()
+            // Defensive: an index entry never outlives its connection (see `index_sk`).
+            .filter(|id| self.conns.contains_key(id))
+            .or_else(|| {
+                // A segment from a kernel whose tcp_probe has no `skaddr` names neither the
+                // socket nor its namespace: the one connection with these addresses, if only
+                // one has them.
+                let segment = matches!(ev.change, Change::Segment { .. });
+                (segment && ev.sk == 0)
+                    .then(|| self.by_addresses(ev.local, ev.remote))
+                    .flatten()
+            });
+        match ev.change {
+            Change::Segment {
+                len,
+                snd_nxt,
+                snd_una,
+                srtt_us,
+            } => {
+                let id = found?;
+                if ev.sk != 0 {
+                    self.index_sk(id, ev.sk);
+                }
+                let conn = self.conns.get_mut(&id).expect("found");
+                let segment = Segment {
+                    at: ev.at,
+                    len,
+                    snd_nxt,
+                    snd_una,
+                    srtt: Duration::from_micros(u64::from(srtt_us)),
+                };
+                let request = conn.ordered.apply(segment);
+                if len > 0 {
+                    conn.last_receive = conn.last_receive.max(Some(ev.at));
+                }
+                conn.last_payload = conn.last_payload.max(conn.ordered.last_answer());
+                if conn.origin == Origin::Event && conn.first_answer.is_none() {
+                    conn.first_answer = conn.ordered.last_answer();
+                }
+                conn.last_request = conn.last_request.max(conn.ordered.last_request());
+                let due = conn.sample_due_at(ev.at);
+                self.next_sample_due = self.next_sample_due.map(|n| n.min(due));
+                if let (Some(at), Some(pid)) = (request, conn.owner) {
+                    if let Some(p) = self.processes.get_mut(&pid) {
+                        p.note_request(at);
+                    }
+                }
+                None
+            }
+            Change::Retransmit { .. } => {
+                let conn = found.and_then(|id| self.conns.get_mut(&id))?;
+                conn.retransmits += 1;
+                conn.stalled_since.get_or_insert(ev.at);
+                Some(Applied::Retransmit {
+                    pid: conn.owner,
+                    endpoint: conn.endpoint,
+                })
+            }
+            Change::State { old, new } if locally_closed(new) => {
+                if old == tcp_state::SYN_SENT {
+                    let failure = self.record_failure_event(found, owner, ev);
+                    if let Some(id) = found {
+                        self.unlink(id);
+                    }
+                    return failure;
+                }
+                let id = found?;
+                let reset = matches!(end_of(old, new, ev.sk_err), Some(End::Lost(LossCause::Reset)));
+                self.end_connection(id, end_of(old, new, ev.sk_err), ev.at);
+                // A connection accepted and reset before anything arrived is a failed connect.
+                let conn_failure = reset.then(|| self.reset_before_payload(id, ev)).flatten();
+                if let Some(conn) = self.unlink(id) {
+                    if let Some(pid) = conn.owner {
+                        self.update_connected(pid, ev.at);
+                    }
+                }
+                conn_failure
+            }
+            Change::State { old, new } => {
+                let endpoint = self.endpoints.matching(ev.remote)?;
+                let id = found.unwrap_or_else(|| self.insert(tuple, endpoint, Origin::Event, ev.at));
+                if let Some(info) = owner {
+                    self.attach_owner(id, info, ev.at);
+                }
+                self.index_sk(id, ev.sk);
+                let conn = self.conns.get_mut(&id).expect("found or inserted");
+                if ev.local.port() != 0 && conn.tuple != tuple {
+                    self.by_tuple.remove(&conn.tuple);
+                    conn.tuple = tuple;
+                    self.by_tuple.insert(tuple, id);
+                }
+                let conn = self.conns.get_mut(&id).expect("found or inserted");
+                conn.tcp_state = new;
+                conn.vanished_at = None;
+                if new == tcp_state::ESTABLISHED && conn.established_at.is_none() {
+                    conn.established_at = Some(SystemTime::now() - ev.at.elapsed());
+                    conn.stalled_since = None;
+                } else if new == tcp_state::SYN_SENT {
+                    if let Some(pid) = conn.owner {
+                        self.note_attempt(pid, ev.at);
+                    }
+                }
+                if let Some(end) = end_of(old, new, ev.sk_err) {
+                    self.end_connection(id, Some(end), ev.at);
+                }
+                if let Some(pid) = self.conns[&id].owner {
+                    self.update_connected(pid, ev.at);
+                }
+                None
+            }
+        }
+    }
+
+    /// A connect ended in CLOSE from SYN_SENT: record the failure for its owner.
+    pub(super) fn record_failure_event(
+        &mut self,
+        found: Option<ConnId>,
+        owner: Option<ProcessInfo>,
+        ev: &KernelEvent,
+    ) -> Option<Applied> {
+        let conn = found
+            .and_then(|id| self.conns.get(&id))
+            .map(|c| (c.owner, c.retransmits > 0, c.first_seen));
+        let endpoint = self.endpoints.matching(ev.remote)?;
+        let reason = FailureReason::from_errno(ev.sk_err, conn.is_some_and(|c| c.1));
+        if reason != FailureReason::Timeout || ev.sk_err != 0 {
+            self.disruptions.insert(endpoint, ev.at);
+            self.promote_local_closes(endpoint, ev.at);
+        }
+        let pid = conn.and_then(|c| c.0).or(owner.as_ref().map(|o| o.pid))?;
+        if Some(pid) == self.own_pid {
+            return None;
+        }
+        let p = match self.processes.entry(pid) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(ProcessRecord::new(owner?, ev.at)),
+        };
+        let start = conn.map_or(ev.at, |c| c.2);
+        p.trying_since.get_or_insert(start);
+        push_failure(
+            p,
+            ConnectFailure {
+                at: ev.at,
+                endpoint,
+                reason,
+            },
+        );
+        Some(Applied::ConnectFailed {
+            pid,
+            endpoint,
+            reason,
+        })
+    }
+
+    /// An established connection was reset before any payload arrived: the connect did not
+    /// really succeed (a proxy accepting and resetting), so it also counts as a failure.
+    pub(super) fn reset_before_payload(&mut self, id: ConnId, ev: &KernelEvent) -> Option<Applied> {
+        let conn = self.conns.get(&id)?;
+        if conn.last_payload.is_some() || conn.bytes_received > 0 || ev.bytes_received > 0 {
+            return None;
+        }
+        let (pid, endpoint) = (conn.owner?, conn.endpoint);
+        let p = self.processes.get_mut(&pid)?;
+        push_failure(
+            p,
+            ConnectFailure {
+                at: ev.at,
+                endpoint,
+                reason: FailureReason::Reset,
+            },
+        );
+        Some(Applied::ConnectFailed {
+            pid,
+            endpoint,
+            reason: FailureReason::Reset,
+        })
+    }
+
+    pub(super) fn insert(
+        &mut self,
+        tuple: Tuple,
+        endpoint: Endpoint,
+        origin: Origin,
+        now: Instant,
+    ) -> ConnId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.conns.insert(
+            id,
+            Connection {
+                tuple,
+                sk: None,
+                endpoint,
+                tcp_state: tcp_state::CLOSE,
+                owner: None,
+                inode: None,
+                origin,
+                first_seen: now,
+                established_at: None,
+                bytes_received: 0,
+                data_segs_in: 0,
+                bytes_sent: 0,
+                data_segs_out: 0,
+                bytes_acked: 0,
+                sampled_at: None,
+                last_receive: None,
+                last_payload: None,
+                last_request: None,
+                ordered: Ordered::default(),
+                streams: Streams::default(),
+                first_answer: None,
+                retransmits: 0,
+                stalled_since: None,
+                vanished_at: None,
+                last_change: None,
+                outstanding: false,
+                gap: None,
+            },
+        );
+        if tuple.local.port() != 0 {
+            self.by_tuple.insert(tuple, id);
+        }
+        id
+    }
+
+    /// Connection `id`'s socket is at kernel address `sk`: indexed there, and only there. A
+    /// socket address is reused once its socket is freed: a connection that held `sk` before
+    /// is gone in the kernel, and loses the index.
+    pub(super) fn index_sk(&mut self, id: ConnId, sk: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if conn.sk == Some(sk) {
+            return;
+        }
+        if let Some(old) = conn.sk.replace(sk) {
+            if self.by_sk.get(&old) == Some(&id) {
+                self.by_sk.remove(&old);
+            }
+        }
+        if let Some(before) = self.by_sk.insert(sk, id).filter(|&b| b != id) {
+            if let Some(c) = self.conns.get_mut(&before) {
+                c.sk = None;
+            }
+        }
+    }
+
+    /// Removes a connection from every index; returns it.
+    pub(super) fn unlink(&mut self, id: ConnId) -> Option<Connection> {
+        let conn = self.conns.remove(&id)?;
+        if let Some(sk) = conn.sk {
+            if self.by_sk.get(&sk) == Some(&id) {
+                self.by_sk.remove(&sk);
+            }
+        }
+        if self.by_tuple.get(&conn.tuple) == Some(&id) {
+            self.by_tuple.remove(&conn.tuple);
+        }
+        Some(conn)
+    }
+}

@@ -1,0 +1,85 @@
+//! The sampler's plan: which connections a round reads (`sample_targets`), when a quiet
+//! connection is due again (`Connection::sample_due_at`), and the earliest next due time the
+//! table keeps (`next_sample_due`) so that a round of quiet connections costs no walk.
+use std::time::{Duration, Instant};
+
+use lifeline_common::tcp_state;
+
+use super::{Connection, ConnectionTable, Sample, SampleTarget, Tuple, QUIET_AFTER, QUIET_EVERY};
+
+/// A sample is due this much before [`QUIET_EVERY`] is over (rounds are about a second apart,
+/// not exactly).
+const QUIET_SLACK: Duration = Duration::from_millis(500);
+
+impl Connection {
+    /// Whether it is quiet at `now` (see [`QUIET_AFTER`]): established, sampled, unchanged for
+    /// a while, nothing pending.
+    pub fn quiet(&self, now: Instant) -> bool {
+        self.sampled_at.is_some()
+            && self.tcp_state == tcp_state::ESTABLISHED
+            && self.vanished_at.is_none()
+            && !self.outstanding
+            && self.stalled_since.is_none()
+            && self.ordered.settled()
+            && self
+                .last_change
+                .is_some_and(|c| now.saturating_duration_since(c) >= QUIET_AFTER)
+    }
+
+    /// When a sample of it is due, seen at `now`: at once (every round, about a second apart),
+    /// or [`QUIET_EVERY`] after the last one while it is quiet. Only a change of the connection
+    /// (an event, a sample) makes a quiet connection due sooner.
+    pub fn sample_due_at(&self, now: Instant) -> Instant {
+        match self.sampled_at {
+            Some(at) if self.quiet(now) => at + QUIET_EVERY - QUIET_SLACK,
+            _ => now,
+        }
+    }
+}
+
+impl ConnectionTable {
+    /// Every tracked connection with a complete tuple, for the sampler, with whether a sample
+    /// of it is due at `now` (the others may be sampled too, when it costs nothing more);
+    /// `None` when none is due and none changed since the last call said when one would be.
+    pub fn sample_targets(&mut self, now: Instant) -> Option<Vec<SampleTarget>> {
+        if self.next_sample_due.is_some_and(|at| now < at) {
+            return None;
+        }
+        let mut next = None::<Instant>;
+        let targets = self
+            .conns
+            .values()
+            .filter(|c| c.tuple.local.port() != 0)
+            .map(|c| {
+                let at = c.sample_due_at(now);
+                if at > now {
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
+                SampleTarget {
+                    tuple: c.tuple,
+                    due: at <= now,
+                }
+            })
+            .collect::<Vec<_>>();
+        // The due ones' next samples are folded in as they are applied (`apply_sample`).
+        self.next_sample_due = Some(next.unwrap_or(now + QUIET_EVERY));
+        Some(targets)
+    }
+
+    /// Some due connections could not be read (their namespace could not be entered, the
+    /// kernel refused): the next round walks the table again instead of trusting the plan.
+    pub fn unread_due(&mut self) {
+        self.next_sample_due = None;
+    }
+
+    /// Applies one sampler result taken at `now`.
+    pub fn apply_sample(&mut self, tuple: &Tuple, sample: Sample, now: Instant) {
+        self.apply_sample_to(tuple, sample, now);
+        // The sampled connection's next sample (gone: none), folded into the plan of the
+        // walk that asked for it: no walk is needed to know it.
+        if let Some(c) = self.by_tuple.get(tuple).and_then(|id| self.conns.get(id)) {
+            let at = c.sample_due_at(now);
+            self.next_sample_due = self.next_sample_due.map(|n| n.min(at));
+        }
+    }
+}

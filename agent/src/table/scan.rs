@@ -1,0 +1,107 @@
+//! sock_diag scans merged into the connection table: a namespace's sockets reconciled with
+//! what the table holds (`reconcile_scan`), a socket found at start-up (`insert_scanned`), and
+//! the owners of scanned connections, found through their socket inodes (`ownerless`,
+//! `set_owner`).
+use std::time::Instant;
+
+use super::{process::end_of, ConnId, ConnectionTable, Origin, Scanned, Tuple};
+use crate::host::process::ProcessInfo;
+
+impl ConnectionTable {
+    /// Merges a scan of one network namespace: every socket to a watched endpoint that
+    /// exists there now, taken after `started`. Adds what is missing (connections older than
+    /// the agent, or whose events were lost), applies state changes whose events were lost
+    /// (a socket found in CLOSE_WAIT was closed by the peer), and removes entries the scan
+    /// proves gone (older than the scan, not found). Returns how many entries were added.
+    pub fn reconcile_scan(&mut self, netns: u64, found: &[Scanned], started: Instant) -> usize {
+        self.next_sample_due = None;
+        let mut added = 0;
+        let mut present = std::collections::HashSet::new();
+        for s in found.iter().filter(|s| s.tuple.netns == netns) {
+            let Some(endpoint) = self.endpoints.matching(s.tuple.remote) else {
+                continue;
+            };
+            present.insert(s.tuple);
+            match self.by_tuple.get(&s.tuple).copied() {
+                Some(id) => {
+                    let conn = self.conns.get_mut(&id).expect("indexed");
+                    conn.inode = Some(s.inode).filter(|i| *i != 0).or(conn.inode);
+                    conn.vanished_at = None;
+                    let old = conn.tcp_state;
+                    if old != s.tcp_state {
+                        conn.tcp_state = s.tcp_state;
+                        if let Some(end) = end_of(old, s.tcp_state, 0) {
+                            self.end_connection(id, Some(end), started);
+                        }
+                        if let Some(pid) = self.conns[&id].owner {
+                            self.update_connected(pid, started);
+                        }
+                    }
+                }
+                None => {
+                    let id = self.insert(s.tuple, endpoint, Origin::Scan, started);
+                    let conn = self.conns.get_mut(&id).expect("inserted");
+                    conn.inode = Some(s.inode).filter(|i| *i != 0);
+                    conn.tcp_state = s.tcp_state;
+                    added += 1;
+                }
+            }
+        }
+        // Entries of this namespace older than the scan that it did not find are gone; a
+        // connect whose port was never learned (its events were lost) too.
+        let gone: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.tuple.netns == netns && c.first_seen < started && !present.contains(&c.tuple))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            if let Some(conn) = self.unlink(id) {
+                if let Some(pid) = conn.owner {
+                    self.update_connected(pid, started);
+                }
+            }
+        }
+        added
+    }
+
+    /// Adds a connection found by a scan unless it is already known (the start-up scan of one
+    /// socket; [`Self::reconcile_scan`] merges a whole namespace).
+    pub fn insert_scanned(&mut self, tuple: Tuple, inode: u64, tcp_state: u32, now: Instant) -> bool {
+        self.next_sample_due = None;
+        if self.by_tuple.contains_key(&tuple) {
+            return false;
+        }
+        let Some(endpoint) = self.endpoints.matching(tuple.remote) else {
+            return false;
+        };
+        let id = self.insert(tuple, endpoint, Origin::Scan, now);
+        let conn = self.conns.get_mut(&id).expect("inserted");
+        conn.inode = Some(inode).filter(|i| *i != 0);
+        conn.tcp_state = tcp_state;
+        true
+    }
+
+    /// Connections whose owner is not known yet, with their socket inode when known.
+    pub fn ownerless(&self) -> Vec<(Tuple, Option<u64>)> {
+        self.conns
+            .values()
+            .filter(|c| c.owner.is_none())
+            .map(|c| (c.tuple, c.inode))
+            .collect()
+    }
+
+    /// Sets the owner of the connection with this tuple (found through its socket inode).
+    pub fn set_owner(&mut self, tuple: &Tuple, info: ProcessInfo, now: Instant) {
+        let Some(&id) = self.by_tuple.get(tuple) else {
+            return;
+        };
+        if Some(info.pid) == self.own_pid {
+            self.unlink(id);
+            return;
+        }
+        self.attach_owner(id, info, now);
+        let pid = self.conns[&id].owner.expect("attached");
+        self.update_connected(pid, now);
+    }
+}
