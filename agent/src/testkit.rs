@@ -244,6 +244,7 @@ pub fn client_snapshot(pid: u32, start_time_ticks: u64, state: State, since: Ins
         visibility: crate::kernel::probed::Visibility::Connection {
             why: "not a Go program".into(),
         },
+        streams_judged: false,
     }
 }
 

@@ -19,7 +19,6 @@ use crate::{
     health::{Attempt, ConnectionFacts, Failure, HealthEngine, Loss, Observation, Thresholds, MAX_WATCH},
     host::prober::Probe,
     host::prober::Targets,
-    kernel::probed::Visibility,
     table::{ConnectionTable, ProcessRecord},
 };
 
@@ -143,14 +142,8 @@ impl Judge {
                 verdict,
                 connections,
                 selected,
-                visibility: match visibility(key) {
-                    Visibility::Streams { client } if !proven.contains(&record.info.pid) => Visibility::Connection {
-                        why: format!(
-                            "{client}: its streams are judged once a response to one of its requests has been seen"
-                        ),
-                    },
-                    v => v,
-                },
+                visibility: visibility(key),
+                streams_judged: proven.contains(&record.info.pid),
             });
         }
         self.engine.retain(|k| seen.contains(k));

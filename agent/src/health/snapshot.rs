@@ -94,6 +94,10 @@ pub struct ClientSnapshot {
     pub selected: bool,
     /// Whether its streams are followed, or only its connections (and why).
     pub visibility: Visibility,
+    /// A response to one of its requests was seen: its streams are judged (evidence before
+    /// judgement, see `health::judge`). Until then a followed client keeps the
+    /// connection-level judgement.
+    pub streams_judged: bool,
 }
 
 impl ClientSnapshot {

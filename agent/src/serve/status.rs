@@ -351,6 +351,7 @@ mod tests {
             connect_failures: 0,
             visibility: "connection".into(),
             visibility_reason: String::new(),
+            streams_judged: false,
             streams: Vec::new(),
             evidence: "complete".into(),
             evidence_incomplete_since: None,

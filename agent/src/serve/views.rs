@@ -32,9 +32,14 @@ pub struct ClientView {
     /// `streams` (its requests are followed inside its connections) or `connection`.
     #[serde(default)]
     pub visibility: String,
-    /// The Go version whose streams are read, or why only connections are.
+    /// The Go version whose streams are read, or why only connections are; for a followed
+    /// client whose streams are not judged yet, also why not.
     #[serde(default)]
     pub visibility_reason: String,
+    /// Its streams are judged: a response to one of its requests was seen (evidence before
+    /// judgement). False for a client seen at connection level.
+    #[serde(default)]
+    pub streams_judged: bool,
     /// Its open streams (where `visibility` is `streams`), watches first.
     #[serde(default)]
     pub streams: Vec<StreamView>,
@@ -204,9 +209,15 @@ pub fn clients(snap: &Snapshot) -> Vec<ClientView> {
                 connect_failures: c.recent_failures,
                 visibility: c.visibility.as_str().to_owned(),
                 visibility_reason: match &c.visibility {
+                    Visibility::Streams { client } if !c.streams_judged => {
+                        format!(
+                            "{client}; its streams are judged once a response to one of its requests is seen"
+                        )
+                    }
                     Visibility::Streams { client } => client.clone(),
                     Visibility::Connection { why } => why.clone(),
                 },
+                streams_judged: c.streams_judged && matches!(c.visibility, Visibility::Streams { .. }),
                 streams: stream_views(c, snap),
                 evidence,
                 evidence_incomplete_since,
