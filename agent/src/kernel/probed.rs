@@ -12,7 +12,9 @@
 //! one kind keep probes (at the bound, the least recently used file with no live client loses
 //! its probes first; if every probed file has live clients, a new file is not probed), and new
 //! files are inspected at most [`INSPECTIONS_PER_SECOND`] a second after a burst of
-//! [`INSPECTION_BURST`]. A file refused by either is tried again on its next client sighting
+//! [`INSPECTION_BURST`]; one owner (the cgroup of the client: a container) gets at most
+//! [`OWNER_INSPECTIONS_PER_SECOND`] after [`OWNER_BURST`], so a pod execing fresh copies in a
+//! loop spends its own share, not its neighbours'. A file refused by any is tried again on its next client sighting
 //! (the next tick), never refused for good.
 use std::{
     collections::{HashMap, HashSet},
@@ -47,6 +49,15 @@ pub const INSPECTIONS_PER_SECOND: f64 = 2.0;
 /// has the rest wait ~12 s (they keep connection-level judgement meanwhile, then are probed).
 pub const INSPECTION_BURST: f64 = 16.0;
 
+/// New files inspected a second for one owner (a cgroup: a container), once its burst is
+/// spent: a pod's loop of fresh copies costs one inspection every 2 s, and leaves the node's
+/// rate to the other pods.
+pub const OWNER_INSPECTIONS_PER_SECOND: f64 = 0.5;
+
+/// New files inspected at once for one owner: a container runs one client binary, rarely a
+/// few (a script with kubectl, helm, a controller's sidecar): 4 are probed at once.
+pub const OWNER_BURST: f64 = 4.0;
+
 /// A token bucket: `rate` tokens a second, at most `burst` held; it starts full.
 #[derive(Clone, Debug)]
 pub struct Bucket {
@@ -68,17 +79,27 @@ impl Bucket {
 
     /// Takes one token at `now` if there is one.
     pub fn take(&mut self, now: Instant) -> bool {
+        let ready = self.ready(now);
+        if ready {
+            self.tokens -= 1.0;
+        }
+        ready
+    }
+
+    /// Whether a token is there at `now` (none taken).
+    pub fn ready(&mut self, now: Instant) -> bool {
         if let Some(last) = self.last {
             let refill = now.saturating_duration_since(last).as_secs_f64() * self.rate;
             self.tokens = (self.tokens + refill).min(self.burst);
         }
         self.last = Some(self.last.map_or(now, |last| last.max(now)));
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
+        self.tokens >= 1.0
+    }
+
+    /// Full at `now`: as if never used.
+    fn full(&mut self, now: Instant) -> bool {
+        self.ready(now);
+        self.tokens >= self.burst
     }
 }
 
@@ -140,6 +161,13 @@ pub trait Runtime {
     /// process went away meanwhile (nothing is concluded about the file).
     fn probe(kernel: &Mutex<Self::Kernel>, file: &Path, pid: u32) -> Option<Result<Self::Probed, String>>;
 
+    /// Who runs client `pid`, for the per-owner rate: its cgroup (a container); None when it
+    /// cannot be read (then only the node's rate applies).
+    fn owner_of(pid: u32) -> Option<String> {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        crate::host::process::select_cgroup_path(&cgroups).map(str::to_owned)
+    }
+
     /// Its attached uprobes (for logs and the bench).
     fn sites(probed: &Self::Probed) -> usize;
 
@@ -180,22 +208,32 @@ pub struct ProbedFiles<R: Runtime> {
     max_probed: usize,
     /// New inspections.
     rate: Bucket,
+    /// New inspections per owner (only owners whose bucket is not full).
+    owners: HashMap<String, Bucket>,
+    /// A new owner's bucket.
+    owner_rate: Bucket,
 }
 
 impl<R: Runtime> Default for ProbedFiles<R> {
     fn default() -> Self {
-        Self::with_bounds(MAX_PROBED, Bucket::new(INSPECTIONS_PER_SECOND, INSPECTION_BURST))
+        Self::with_bounds(
+            MAX_PROBED,
+            Bucket::new(INSPECTIONS_PER_SECOND, INSPECTION_BURST),
+            Bucket::new(OWNER_INSPECTIONS_PER_SECOND, OWNER_BURST),
+        )
     }
 }
 
 impl<R: Runtime> ProbedFiles<R> {
     /// With other bounds than [`MAX_PROBED`] and the inspection rate (for tests).
-    pub fn with_bounds(max_probed: usize, rate: Bucket) -> Self {
+    pub fn with_bounds(max_probed: usize, rate: Bucket, owner_rate: Bucket) -> Self {
         Self {
             files: HashMap::new(),
             clients: HashMap::new(),
             max_probed,
             rate,
+            owners: HashMap::new(),
+            owner_rate,
         }
     }
 
@@ -253,20 +291,41 @@ impl<R: Runtime> ProbedFiles<R> {
             let room = held < self.max_probed || self.least_recently_used().is_some();
             if !room {
                 let why = format!(
-                    "not probed: {held} {}s already probed on this node, all with live clients (bound)",
+                    "not probed: {held} files ({}) already probed on this node, all with live clients (bound)",
                     R::FILE
                 );
                 self.refuse(id, why, false, &mut done);
                 continue;
             }
+            let owner = R::owner_of(pid);
+            let owner_waits = owner.as_ref().is_some_and(|o| {
+                let template = &self.owner_rate;
+                !self
+                    .owners
+                    .entry(o.clone())
+                    .or_insert_with(|| template.clone())
+                    .ready(now)
+            });
+            if owner_waits {
+                let why = format!(
+                    "not probed yet: new files ({}) are inspected at most {OWNER_INSPECTIONS_PER_SECOND} a second \
+                     for one container (rate bound; tried again on the next tick)",
+                    R::FILE
+                );
+                self.refuse(id, why, true, &mut done);
+                continue;
+            }
             if !self.rate.take(now) {
                 let why = format!(
-                    "not probed yet: new {}s are inspected at most {INSPECTIONS_PER_SECOND} a second on this node \
+                    "not probed yet: new files ({}) are inspected at most {INSPECTIONS_PER_SECOND} a second on this node \
                      (rate bound; tried again on the next tick)",
                     R::FILE
                 );
                 self.refuse(id, why, true, &mut done);
                 continue;
+            }
+            if let Some(bucket) = owner.and_then(|o| self.owners.get_mut(&o)) {
+                bucket.take(now);
             }
             match R::probe(kernel, &file, pid) {
                 Some(Ok(p)) => {
@@ -310,6 +369,7 @@ impl<R: Runtime> ProbedFiles<R> {
             }
         }
         self.mark_used(now);
+        self.owners.retain(|_, bucket| !bucket.full(now));
         let mut gone = Vec::new();
         for (id, file) in &self.files {
             match file {
@@ -438,6 +498,8 @@ mod tests {
     thread_local! {
         /// The file each test pid "runs" (None: not this kind of client).
         static FILES: RefCell<HashMap<u32, Option<PathBuf>>> = RefCell::new(HashMap::new());
+        /// Each test pid's owner (none: no per-owner rate).
+        static OWNERS: RefCell<HashMap<u32, String>> = RefCell::new(HashMap::new());
     }
 
     struct Fake;
@@ -462,6 +524,10 @@ mod tests {
             }
             kernel.attached.push(name.clone());
             Some(Ok(name))
+        }
+
+        fn owner_of(pid: u32) -> Option<String> {
+            OWNERS.with(|o| o.borrow().get(&pid).cloned())
         }
 
         fn sites(_: &String) -> usize {
@@ -591,7 +657,8 @@ mod tests {
     fn at_the_bound_the_least_recently_used_file_without_clients_loses_its_probes_first() {
         let dir = files("lru", &["a", "b", "c", "d"]);
         let kernel = Mutex::new(Kernel::default());
-        let mut files = ProbedFiles::<Fake>::with_bounds(2, Bucket::new(100.0, 100.0));
+        let mut files =
+            ProbedFiles::<Fake>::with_bounds(2, Bucket::new(100.0, 100.0), Bucket::new(100.0, 100.0));
         let t0 = Instant::now();
         let s = Duration::from_secs;
         files.reconcile(&kernel, &clients(&[1, 2]), t0);
@@ -605,7 +672,7 @@ mod tests {
         let done = files.reconcile(&kernel, &clients(&[2, 3, 4]), t0 + s(4));
         assert_eq!((done.probed, done.refused_bound, done.refused_rate), (0, 1, 0));
         assert!(
-            matches!(files.seen((4, 4)), Seen::Unprobed(why) if why.starts_with("not probed: 2 test files already probed")),
+            matches!(files.seen((4, 4)), Seen::Unprobed(why) if why.starts_with("not probed: 2 files (test file) already probed")),
             "the reason is said"
         );
         assert_eq!(files.counts(), (2, 1));
@@ -624,7 +691,8 @@ mod tests {
     fn a_file_refused_by_the_rate_is_probed_on_a_later_sighting() {
         let dir = files("rate", &["a", "b", "c"]);
         let kernel = Mutex::new(Kernel::default());
-        let mut files = ProbedFiles::<Fake>::with_bounds(10, Bucket::new(1.0, 2.0));
+        let mut files =
+            ProbedFiles::<Fake>::with_bounds(10, Bucket::new(1.0, 2.0), Bucket::new(100.0, 100.0));
         let t0 = Instant::now();
         let done = files.reconcile(&kernel, &clients(&[1, 2, 3]), t0);
         assert_eq!(
@@ -653,7 +721,7 @@ mod tests {
         let names: Vec<String> = (0..100).map(|i| format!("copy-{i}")).collect();
         let dir = files("loop", &names.iter().map(String::as_str).collect::<Vec<_>>());
         let kernel = Mutex::new(Kernel::default());
-        let mut files = ProbedFiles::<Fake>::with_bounds(8, Bucket::new(0.5, 4.0));
+        let mut files = ProbedFiles::<Fake>::with_bounds(8, Bucket::new(0.5, 4.0), Bucket::new(100.0, 100.0));
         let t0 = Instant::now();
         let mut probed = 0;
         for tick in 0..100u32 {
@@ -669,6 +737,41 @@ mod tests {
             probed,
             "every inspection was paid by the rate"
         );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn one_owner_spends_its_own_rate_not_its_neighbours() {
+        let names: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+        let dir = files("owner", &names.iter().map(String::as_str).collect::<Vec<_>>());
+        // pids 1..=8 are one looping pod's, 9 and 10 two other pods'.
+        OWNERS.with(|o| {
+            let mut o = o.borrow_mut();
+            for pid in 1..=8 {
+                o.insert(pid, "/kubepods/loop".into());
+            }
+            o.insert(9, "/kubepods/a".into());
+            o.insert(10, "/kubepods/b".into());
+        });
+        let kernel = Mutex::new(Kernel::default());
+        let mut files = ProbedFiles::<Fake>::with_bounds(64, Bucket::new(1.0, 6.0), Bucket::new(0.5, 2.0));
+        let t0 = Instant::now();
+        let done = files.reconcile(&kernel, &clients(&[1, 2, 3, 4, 5, 6, 7, 8]), t0);
+        assert_eq!((done.probed, done.refused_rate), (2, 6), "the owner's burst");
+        let done = files.reconcile(&kernel, &clients(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), t0);
+        assert_eq!(done.probed, 2, "the node's rate left to the others");
+        assert!(matches!(files.seen((9, 9)), Seen::Probed(_)));
+        assert!(matches!(files.seen((10, 10)), Seen::Probed(_)));
+        assert!(
+            matches!(files.seen((3, 3)), Seen::Unprobed(why) if why.contains("for one container")),
+            "the reason is said"
+        );
+        let done = files.reconcile(
+            &kernel,
+            &clients(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]),
+            t0 + Duration::from_secs(2),
+        );
+        assert_eq!(done.probed, 1, "one every 2 s for the looping owner");
         let _ = fs::remove_dir_all(&dir);
     }
 }
