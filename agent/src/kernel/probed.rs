@@ -430,7 +430,8 @@ impl<R: Runtime> ProbedFiles<R> {
             } else {
                 done.refused_bound += 1;
             }
-            tracing::info!(file = ?id, "{why}");
+            // One line per refused file would let an exec loop flood the log: the metric counts them.
+            tracing::debug!(file = ?id, "{why}");
         }
         self.files.insert(id, File::Refused { why, rate });
     }
