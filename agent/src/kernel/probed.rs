@@ -38,6 +38,12 @@ pub const RETRY_UNPROBED: Duration = Duration::from_secs(600);
 /// fresh copies of a binary in a loop.
 pub const MAX_PROBED: usize = 64;
 
+/// Files of one kind one owner (a cgroup: a container) keeps probed at once. At it, the
+/// owner's own least recently used file with no live client loses its probes first, so a pod's
+/// exec loop recycles its own share and never evicts a neighbour's lingering files (a CronJob's
+/// kubectl). A container runs one client binary, rarely a few: 16 is far above a healthy one.
+pub const MAX_PROBED_PER_OWNER: usize = 16;
+
 /// New files inspected a second, per kind, once the burst is spent. An inspection costs
 /// 26–125 ms of CPU and ~6 MB transient for a Go binary (`.gopclntab` scan): 2 a second is at
 /// worst a quarter of one core, inside the agent's CPU budget, where a loop of fresh copies
@@ -179,6 +185,8 @@ enum File<P> {
     Probed {
         probed: P,
         unused_since: Option<Instant>,
+        /// The owner of the client it was probed for (None: unknown).
+        owner: Option<String>,
     },
     Unprobed {
         why: String,
@@ -206,6 +214,8 @@ pub struct ProbedFiles<R: Runtime> {
     clients: HashMap<Client, Option<FileId>>,
     /// Files that may keep probes at once.
     max_probed: usize,
+    /// Files one owner may keep probed at once.
+    max_per_owner: usize,
     /// New inspections.
     rate: Bucket,
     /// New inspections per owner (only owners whose bucket is not full).
@@ -231,10 +241,18 @@ impl<R: Runtime> ProbedFiles<R> {
             files: HashMap::new(),
             clients: HashMap::new(),
             max_probed,
+            max_per_owner: MAX_PROBED_PER_OWNER,
             rate,
             owners: HashMap::new(),
             owner_rate,
         }
+    }
+
+    /// With another bound of files per owner than [`MAX_PROBED_PER_OWNER`] (for tests).
+    #[cfg(test)]
+    pub fn with_owner_bound(mut self, max_per_owner: usize) -> Self {
+        self.max_per_owner = max_per_owner;
+        self
     }
 
     /// Makes the probes follow `clients`: probes files new among them (within the bounds),
@@ -286,9 +304,21 @@ impl<R: Runtime> ProbedFiles<R> {
             if !retry {
                 continue;
             }
-            // The bound first: a file refused for it does not spend the rate.
+            // The bounds first: a file refused for one does not spend the rate.
+            let owner = R::owner_of(pid);
+            let owned = owner.as_ref().map_or(0, |o| self.owned_by(o));
+            let owner_full = owner.is_some() && owned >= self.max_per_owner;
+            if owner_full && self.least_recently_used(owner.as_deref()).is_none() {
+                let why = format!(
+                    "not probed: {owned} files ({}) already probed for this container, all with live clients \
+                     (bound)",
+                    R::FILE
+                );
+                self.refuse(id, why, false, &mut done);
+                continue;
+            }
             let held = self.probed().count();
-            let room = held < self.max_probed || self.least_recently_used().is_some();
+            let room = held < self.max_probed || self.least_recently_used(None).is_some();
             if !room {
                 let why = format!(
                     "not probed: {held} files ({}) already probed on this node, all with live clients (bound)",
@@ -297,7 +327,6 @@ impl<R: Runtime> ProbedFiles<R> {
                 self.refuse(id, why, false, &mut done);
                 continue;
             }
-            let owner = R::owner_of(pid);
             let owner_waits = owner.as_ref().is_some_and(|o| {
                 let template = &self.owner_rate;
                 !self
@@ -324,14 +353,19 @@ impl<R: Runtime> ProbedFiles<R> {
                 self.refuse(id, why, true, &mut done);
                 continue;
             }
-            if let Some(bucket) = owner.and_then(|o| self.owners.get_mut(&o)) {
+            if let Some(bucket) = owner.as_ref().and_then(|o| self.owners.get_mut(o)) {
                 bucket.take(now);
             }
             match R::probe(kernel, &file, pid) {
                 Some(Ok(p)) => {
                     done.probed += 1;
-                    if self.probed().count() >= self.max_probed {
-                        if let Some(lru) = self.least_recently_used() {
+                    let full = if owner_full {
+                        Some(owner.as_deref())
+                    } else {
+                        (self.probed().count() >= self.max_probed).then_some(None)
+                    };
+                    if let Some(within) = full {
+                        if let Some(lru) = self.least_recently_used(within) {
                             self.detach(
                                 kernel,
                                 lru,
@@ -345,6 +379,7 @@ impl<R: Runtime> ProbedFiles<R> {
                         File::Probed {
                             probed: p,
                             unused_since: None,
+                            owner,
                         },
                     );
                     tracing::info!(
@@ -406,15 +441,24 @@ impl<R: Runtime> ProbedFiles<R> {
         }
     }
 
-    /// The probed file with no live client unused the longest.
-    fn least_recently_used(&self) -> Option<FileId> {
+    /// The probed files probed for `owner`.
+    fn owned_by(&self, owner: &str) -> usize {
+        self.files
+            .values()
+            .filter(|f| matches!(f, File::Probed { owner: Some(o), .. } if o == owner))
+            .count()
+    }
+
+    /// The probed file with no live client unused the longest: of `owner`'s, or of all.
+    fn least_recently_used(&self, owner: Option<&str>) -> Option<FileId> {
         self.files
             .iter()
             .filter_map(|(id, f)| match f {
                 File::Probed {
                     unused_since: Some(since),
+                    owner: of,
                     ..
-                } => Some((*since, *id)),
+                } if owner.is_none() || of.as_deref() == owner => Some((*since, *id)),
                 _ => None,
             })
             .min()
@@ -773,6 +817,42 @@ mod tests {
             t0 + Duration::from_secs(2),
         );
         assert_eq!(done.probed, 1, "one every 2 s for the looping owner");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn at_its_own_bound_an_owner_recycles_its_own_files_not_its_neighbours() {
+        let dir = files("owned", &["a", "b", "c", "d", "e"]);
+        // pids 1, 2, 4, 5 one pod's (a, b, d, e), 3 another's (c).
+        OWNERS.with(|o| {
+            let mut o = o.borrow_mut();
+            for pid in [1, 2, 4, 5] {
+                o.insert(pid, "/kubepods/loop".into());
+            }
+            o.insert(3, "/kubepods/cron".into());
+        });
+        let kernel = Mutex::new(Kernel::default());
+        let mut files =
+            ProbedFiles::<Fake>::with_bounds(10, Bucket::new(100.0, 100.0), Bucket::new(100.0, 100.0))
+                .with_owner_bound(2);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        files.reconcile(&kernel, &clients(&[3]), t0);
+        // The neighbour's c is unused the longest, then a, then b.
+        files.reconcile(&kernel, &clients(&[1, 2]), t0 + s(1));
+        files.reconcile(&kernel, &clients(&[2]), t0 + s(2));
+        files.reconcile(&kernel, &clients(&[]), t0 + s(3));
+        let done = files.reconcile(&kernel, &clients(&[4]), t0 + s(4));
+        assert_eq!((done.probed, done.evicted), (1, 1));
+        assert_eq!(
+            kernel.lock().unwrap().attached,
+            ["c", "b", "d"],
+            "a, the owner's own, went"
+        );
+        // b and d both live: e is refused for the owner's bound, though the node has room.
+        let done = files.reconcile(&kernel, &clients(&[2, 4, 5]), t0 + s(5));
+        assert_eq!((done.probed, done.refused_bound), (0, 1));
+        assert!(matches!(files.seen((5, 5)), Seen::Unprobed(why) if why.contains("for this container")));
         let _ = fs::remove_dir_all(&dir);
     }
 }
