@@ -9,7 +9,12 @@
 //!   (its evidence `incomplete`, `rate_limited`), and to nobody else;
 //! - a connect/close storm to an endpoint (`ll-load churn` against `ll-load serve --close`,
 //!   an endpoint of its own beside the apiserver): muted in the kernel beyond its budget,
-//!   charged to it, the ring never full.
+//!   charged to it, the ring never full;
+//! - a loop that runs fresh copies of a Go client (each copy a new inode, each connecting to
+//!   the apiserver, killed after 1.5 s): the agent inspects new files at most at its rate
+//!   (`kernel::probed`: 2 a second after a burst of 16 per node; one container, here the
+//!   test's own, 0.5 a second after 4), never more than its bound of probed files, and the
+//!   rest wait.
 //!
 //! Each must leave the stuck client `stale` within `stale_after` + 2 s of its LIST (judged at
 //! the next tick, ≤ 1 s more), the healthy one `healthy` with complete evidence, the agent under
@@ -357,4 +362,121 @@ fn a_connect_storm_costs_nobody_their_judgement() {
     );
     drop(storm);
     drop(closer);
+}
+
+/// Fresh copies of a Go client, four a second for 20 s, each run once and killed after 1.5 s:
+/// every copy is a new file (inode) to inspect. The copies all run in one cgroup (this test's),
+/// so the agent's inspections stay within the per-owner rate (`OWNER_BURST` +
+/// `OWNER_INSPECTIONS_PER_SECOND` × the loop's length), below the node's; the rest are refused
+/// and counted, and the stuck and the healthy client are judged as without the loop.
+#[test]
+fn a_loop_of_fresh_go_binaries_costs_a_bounded_number_of_inspections() {
+    /// kernel::probed's bounds.
+    const BURST: f64 = 16.0;
+    const RATE: f64 = 2.0;
+    const OWNER_BURST: f64 = 4.0;
+    const OWNER_RATE: f64 = 0.5;
+    const MAX_PROBED: f64 = 64.0;
+    const MAX_PROBED_PER_OWNER: f64 = 16.0;
+    const COPIES: usize = 80;
+    const EVERY: Duration = Duration::from_millis(250);
+    const LIVES: Duration = Duration::from_millis(1500);
+    init!();
+    let _alone = alone();
+    assert!(
+        std::path::Path::new(FLOODER).exists(),
+        "{FLOODER} is missing: run `cargo xtask setup`"
+    );
+    let node = Node::start(&[], &[]);
+    let go = |result: &str| {
+        node.metric(
+            "lifeline_probe_inspections_total",
+            &format!("kind=\"go\",result=\"{result}\""),
+        )
+    };
+    let inspected = || go("probed") + go("failed");
+    let before = inspected();
+    // The copies are written before the loop: a copy written while another thread forks could
+    // not be run (ETXTBSY). Each is a new inode all the same, and removed once killed.
+    let copies = TempDir::new();
+    let paths: Vec<std::path::PathBuf> = (0..COPIES)
+        .map(|i| {
+            let path = copies.path().join(format!("go-watch-{i}"));
+            std::fs::copy(FLOODER, &path).expect("copy the Go client");
+            path
+        })
+        .collect();
+    let trigger = node.dir.path().join("never");
+    let (endpoint, started) = (node.endpoint.clone(), Instant::now());
+    let looping = std::thread::spawn(move || {
+        let mut running: std::collections::VecDeque<(Watched, std::path::PathBuf, Instant)> =
+            std::collections::VecDeque::new();
+        for (i, path) in paths.into_iter().enumerate() {
+            let at = started + EVERY * i as u32;
+            while let Some((_, _, until)) = running.front() {
+                if *until > at {
+                    break;
+                }
+                std::thread::sleep(until.saturating_duration_since(Instant::now()));
+                let (copy, path, _): (Watched, std::path::PathBuf, Instant) = running.pop_front().unwrap();
+                drop(copy);
+                let _ = std::fs::remove_file(path);
+            }
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+            let mut cmd = Command::new(&path);
+            cmd.arg(format!("https://{endpoint}"))
+                .arg(&trigger)
+                .env("GO_WATCH_TOKEN", "secret-token-xyz");
+            running.push_back((Watched::spawn("go-watch copy", cmd), path, Instant::now() + LIVES));
+        }
+        for (copy, path, until) in running {
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+            drop(copy);
+            let _ = std::fs::remove_file(path);
+        }
+    });
+    // Under way: the burst spent.
+    let deadline = Instant::now() + secs(15.0);
+    while go("refused_rate") < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the loop's copies refused by the rate: {} inspected",
+            inspected() - before
+        );
+        std::thread::sleep(secs(0.2));
+    }
+    node.stuck_client_is_judged_in_time("a loop of fresh Go binaries");
+    agent_cost(&node.agent, "a loop of fresh Go binaries", secs(3.0));
+    looping.join().expect("the loop");
+    let took = started.elapsed().as_secs_f64();
+    // The last copies' sighting: a tick.
+    std::thread::sleep(secs(1.5));
+    let inspections = inspected() - before;
+    let (refused, bound) = (go("refused_rate"), go("refused_bound"));
+    let probed_now = node.metric("lifeline_probed_files", "kind=\"go\",state=\"probed\"");
+    let (owner_bound, node_bound) = (
+        OWNER_BURST + OWNER_RATE * (took + 1.5) + 1.0,
+        BURST + RATE * (took + 1.5) + 1.0,
+    );
+    eprintln!(
+        "a loop of fresh Go binaries: {COPIES} copies in {took:.1} s, {inspections} inspected \
+         (bound {owner_bound:.0} for one container, {node_bound:.0} for the node), {refused} \
+         refused by the rate, {bound} by the bound, {probed_now} files probed at the end"
+    );
+    assert!(
+        inspections <= owner_bound.min(node_bound),
+        "{inspections} inspections in {took:.1} s: over the rate"
+    );
+    assert!(
+        inspections >= OWNER_BURST - 1.0,
+        "the copies were seen: {inspections}"
+    );
+    assert!(
+        probed_now <= MAX_PROBED.min(MAX_PROBED_PER_OWNER),
+        "{probed_now} files probed"
+    );
+    let clients = node.agent.clients();
+    let healthy = find_pid(&clients, node.healthy.pid()).expect("the healthy watch listed");
+    assert_eq!(healthy["state"], "healthy", "{healthy}");
+    drop(copies);
 }

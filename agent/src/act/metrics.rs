@@ -12,7 +12,9 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::{health::reachability::Status, health::snapshot::Snapshot, health::State};
+use crate::{
+    health::reachability::Status, health::snapshot::Snapshot, health::State, kernel::probed::Inspections,
+};
 
 const CLIENT_LABELS: [&str; 4] = ["namespace", "pod", "container", "comm"];
 
@@ -45,6 +47,11 @@ pub struct Metrics {
     /// Kernel records not sent, by cause and by the scope the kernel could charge them to.
     pub ebpf_records_dropped: IntCounterVec,
     pub detection: Histogram,
+    /// New files (Go binaries, libssl) the agent met, by kind and what it did:
+    /// probed, failed, refused_rate, refused_bound; evicted counts probes taken off at the bound.
+    pub probe_inspections: IntCounterVec,
+    /// Files by kind and state: probed, refused (not inspected for a bound).
+    pub probed_files: IntGaugeVec,
     /// 1 while an endpoint is reachable from the node, 0 while it is unreachable (no series
     /// before there is evidence either way).
     pub endpoint_reachable: IntGaugeVec,
@@ -216,6 +223,30 @@ impl Metrics {
                     .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0]),
                 ),
             )?,
+            probe_inspections: register(
+                &r,
+                "lifeline_probe_inspections_total",
+                IntCounterVec::new(
+                    Opts::new(
+                        "lifeline_probe_inspections_total",
+                        "New probed files (Go binaries, libssl) by kind and result: probed, failed, \
+                         refused_rate, refused_bound, evicted",
+                    ),
+                    &["kind", "result"],
+                ),
+            )?,
+            probed_files: register(
+                &r,
+                "lifeline_probed_files",
+                IntGaugeVec::new(
+                    Opts::new(
+                        "lifeline_probed_files",
+                        "Files holding probes (state probed) and files not inspected for a bound \
+                         (state refused), by kind",
+                    ),
+                    &["kind", "state"],
+                ),
+            )?,
             endpoint_reachable: register(
                 &r,
                 "lifeline_endpoint_reachable",
@@ -230,6 +261,27 @@ impl Metrics {
             registry: r,
             counter_labels: Default::default(),
         })
+    }
+
+    /// Counts what one reconcile of `kind`'s probed files did, and sets their gauges.
+    pub fn count_probed_files(&self, kind: &str, done: Inspections, (probed, refused): (usize, usize)) {
+        for (result, n) in [
+            ("probed", done.probed),
+            ("failed", done.failed),
+            ("refused_rate", done.refused_rate),
+            ("refused_bound", done.refused_bound),
+            ("evicted", done.evicted),
+        ] {
+            self.probe_inspections
+                .with_label_values(&[kind, result])
+                .inc_by(n as u64);
+        }
+        self.probed_files
+            .with_label_values(&[kind, "probed"])
+            .set(probed as i64);
+        self.probed_files
+            .with_label_values(&[kind, "refused"])
+            .set(refused as i64);
     }
 
     pub fn render(&self) -> Result<String> {
@@ -440,6 +492,7 @@ mod tests {
             .with_label_values(&["rate_limited", "process"])
             .inc();
         metrics.endpoint_reachable.with_label_values(&["e"]).set(1);
+        metrics.count_probed_files("go", Default::default(), (0, 0));
         metrics
             .client_watches
             .with_label_values(&["", "", "", "x", "pods"])

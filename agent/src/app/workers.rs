@@ -188,8 +188,10 @@ impl SampleLoop {
                 .collect()
         };
         if self.go_probes {
-            self.go.reconcile(&self.kernel, &holding, now);
-            self.ssl.reconcile(&self.kernel, &holding, now);
+            let go = self.go.reconcile(&self.kernel, &holding, now);
+            let ssl = self.ssl.reconcile(&self.kernel, &holding, now);
+            self.metrics.count_probed_files("go", go, self.go.counts());
+            self.metrics.count_probed_files("openssl", ssl, self.ssl.counts());
         }
         let cluster = self.cluster.clone();
         let pods = |info: &ProcessInfo| cluster::pod_of(cluster.as_ref(), info);

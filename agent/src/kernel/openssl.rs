@@ -10,7 +10,7 @@ use std::{
 };
 
 use super::{
-    probed::{Client, ProbedFiles, Runtime, Seen, Visibility},
+    probed::{Client, Inspections, ProbedFiles, Runtime, Seen, Visibility},
     programs::Probes,
     ssl_probes::SyscallLinks,
     uprobes::Links,
@@ -99,13 +99,25 @@ pub struct SslTracer {
 
 impl SslTracer {
     /// Makes the probes follow `clients`: probes libssl files new among them, detaches from
-    /// files none of them maps any more.
-    pub fn reconcile(&mut self, probes: &Mutex<Probes>, clients: &HashSet<Client>, now: Instant) {
-        if self.libraries.reconcile(probes, clients, now) > 0 {
+    /// files none of them maps any more. Returns what it did with new libraries.
+    pub fn reconcile(
+        &mut self,
+        probes: &Mutex<Probes>,
+        clients: &HashSet<Client>,
+        now: Instant,
+    ) -> Inspections {
+        let done = self.libraries.reconcile(probes, clients, now);
+        if done.probed > 0 {
             // Its clients' connections are older than the probes: bind them.
             self.bind_until = Some(now + BIND_WINDOW);
         }
         self.bind_when_needed(probes, now);
+        done
+    }
+
+    /// Probed libraries, and libraries refused for a bound.
+    pub fn counts(&self) -> (usize, usize) {
+        self.libraries.counts()
     }
 
     /// The system-call tracepoints cost every read and write on the node: they are attached

@@ -7,6 +7,15 @@
 //! under the same inode is the same file only if it was rewritten in place). A process that
 //! is not a client pays nothing, and every client whose file is not probed keeps the
 //! connection-level judgement, with the reason in the API.
+//!
+//! What one node pays for inspections is bounded (issue 25): at most [`MAX_PROBED`] files of
+//! one kind keep probes (at the bound, the least recently used file with no live client loses
+//! its probes first; if every probed file has live clients, a new file is not probed), and new
+//! files are inspected at most [`INSPECTIONS_PER_SECOND`] a second after a burst of
+//! [`INSPECTION_BURST`]; one owner (the cgroup of the client: a container) gets at most
+//! [`OWNER_INSPECTIONS_PER_SECOND`] after [`OWNER_BURST`], so a pod execing fresh copies in a
+//! loop spends its own share, not its neighbours'. A file refused by any is tried again on its next client sighting
+//! (the next tick), never refused for good.
 use std::{
     collections::{HashMap, HashSet},
     os::unix::fs::MetadataExt,
@@ -20,6 +29,100 @@ pub const LINGER: Duration = Duration::from_secs(300);
 
 /// A file that could not be probed is looked at again after this long.
 pub const RETRY_UNPROBED: Duration = Duration::from_secs(600);
+
+/// Files of one kind (Go binaries; libssl) that keep probes at once on a node. A node runs at
+/// most ~110 pods; the distinct Go binaries holding apiserver connections on a busy node
+/// (kubelet's neighbours: CNI, CSI, kube-proxy, a few dozen controllers and operators) stay
+/// well under this. Each probed file keeps its uprobe links and its parsed offsets (tens of
+/// KiB), so the bound keeps the agent's memory and attached uprobes flat when a pod execs
+/// fresh copies of a binary in a loop.
+pub const MAX_PROBED: usize = 64;
+
+/// Files of one kind one owner (a cgroup: a container) keeps probed at once. At it, the
+/// owner's own least recently used file with no live client loses its probes first, so a pod's
+/// exec loop recycles its own share and never evicts a neighbour's lingering files (a CronJob's
+/// kubectl). A container runs one client binary, rarely a few: 16 is far above a healthy one.
+pub const MAX_PROBED_PER_OWNER: usize = 16;
+
+/// New files inspected a second, per kind, once the burst is spent. An inspection costs
+/// 26–125 ms of CPU and ~6 MB transient for a Go binary (`.gopclntab` scan): 2 a second is at
+/// worst a quarter of one core, inside the agent's CPU budget, where a loop of fresh copies
+/// would otherwise cost a whole core.
+pub const INSPECTIONS_PER_SECOND: f64 = 2.0;
+
+/// New files inspected at once before the rate applies: a node where 16 distinct Go
+/// controllers start together has them all probed on the first tick; a 40-controller start
+/// has the rest wait ~12 s (they keep connection-level judgement meanwhile, then are probed).
+pub const INSPECTION_BURST: f64 = 16.0;
+
+/// New files inspected a second for one owner (a cgroup: a container), once its burst is
+/// spent: a pod's loop of fresh copies costs one inspection every 2 s, and leaves the node's
+/// rate to the other pods.
+pub const OWNER_INSPECTIONS_PER_SECOND: f64 = 0.5;
+
+/// New files inspected at once for one owner: a container runs one client binary, rarely a
+/// few (a script with kubectl, helm, a controller's sidecar): 4 are probed at once.
+pub const OWNER_BURST: f64 = 4.0;
+
+/// A token bucket: `rate` tokens a second, at most `burst` held; it starts full.
+#[derive(Clone, Debug)]
+pub struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Option<Instant>,
+}
+
+impl Bucket {
+    pub fn new(rate: f64, burst: f64) -> Self {
+        Self {
+            rate,
+            burst,
+            tokens: burst,
+            last: None,
+        }
+    }
+
+    /// Takes one token at `now` if there is one.
+    pub fn take(&mut self, now: Instant) -> bool {
+        let ready = self.ready(now);
+        if ready {
+            self.tokens -= 1.0;
+        }
+        ready
+    }
+
+    /// Whether a token is there at `now` (none taken).
+    pub fn ready(&mut self, now: Instant) -> bool {
+        if let Some(last) = self.last {
+            let refill = now.saturating_duration_since(last).as_secs_f64() * self.rate;
+            self.tokens = (self.tokens + refill).min(self.burst);
+        }
+        self.last = Some(self.last.map_or(now, |last| last.max(now)));
+        self.tokens >= 1.0
+    }
+
+    /// Full at `now`: as if never used.
+    fn full(&mut self, now: Instant) -> bool {
+        self.ready(now);
+        self.tokens >= self.burst
+    }
+}
+
+/// What one [`ProbedFiles::reconcile`] did with new files (`lifeline_probe_inspections_total`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inspections {
+    /// Inspected and probed.
+    pub probed: usize,
+    /// Inspected, could not be probed.
+    pub failed: usize,
+    /// Not inspected: the rate of new inspections was spent (counted once per file refused).
+    pub refused_rate: usize,
+    /// Not inspected: [`MAX_PROBED`] files with live clients hold probes (once per file).
+    pub refused_bound: usize,
+    /// Probed files that lost their probes to make room (least recently used, no live client).
+    pub evicted: usize,
+}
 
 /// A client process: pid and start time (pids are reused).
 pub type Client = (u32, u64);
@@ -64,6 +167,13 @@ pub trait Runtime {
     /// process went away meanwhile (nothing is concluded about the file).
     fn probe(kernel: &Mutex<Self::Kernel>, file: &Path, pid: u32) -> Option<Result<Self::Probed, String>>;
 
+    /// Who runs client `pid`, for the per-owner rate: its cgroup (a container); None when it
+    /// cannot be read (then only the node's rate applies).
+    fn owner_of(pid: u32) -> Option<String> {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        crate::host::process::select_cgroup_path(&cgroups).map(str::to_owned)
+    }
+
     /// Its attached uprobes (for logs and the bench).
     fn sites(probed: &Self::Probed) -> usize;
 
@@ -75,10 +185,17 @@ enum File<P> {
     Probed {
         probed: P,
         unused_since: Option<Instant>,
+        /// The owner of the client it was probed for (None: unknown).
+        owner: Option<String>,
     },
     Unprobed {
         why: String,
         since: Instant,
+    },
+    /// Not inspected for a bound (rate or count): tried again on its next client sighting.
+    Refused {
+        why: String,
+        rate: bool,
     },
 }
 
@@ -95,25 +212,70 @@ pub struct ProbedFiles<R: Runtime> {
     files: HashMap<FileId, File<R::Probed>>,
     /// Each client's file; None: it has none of this kind.
     clients: HashMap<Client, Option<FileId>>,
+    /// Files that may keep probes at once.
+    max_probed: usize,
+    /// Files one owner may keep probed at once.
+    max_per_owner: usize,
+    /// New inspections.
+    rate: Bucket,
+    /// New inspections per owner (only owners whose bucket is not full).
+    owners: HashMap<String, Bucket>,
+    /// A new owner's bucket.
+    owner_rate: Bucket,
 }
 
 impl<R: Runtime> Default for ProbedFiles<R> {
     fn default() -> Self {
-        Self {
-            files: HashMap::new(),
-            clients: HashMap::new(),
-        }
+        Self::with_bounds(
+            MAX_PROBED,
+            Bucket::new(INSPECTIONS_PER_SECOND, INSPECTION_BURST),
+            Bucket::new(OWNER_INSPECTIONS_PER_SECOND, OWNER_BURST),
+        )
     }
 }
 
 impl<R: Runtime> ProbedFiles<R> {
-    /// Makes the probes follow `clients`: probes files new among them, takes the probes off
-    /// files none of them has used for [`LINGER`]. Returns how many files it probed.
-    pub fn reconcile(&mut self, kernel: &Mutex<R::Kernel>, clients: &HashSet<Client>, now: Instant) -> usize {
+    /// With other bounds than [`MAX_PROBED`] and the inspection rate (for tests).
+    pub fn with_bounds(max_probed: usize, rate: Bucket, owner_rate: Bucket) -> Self {
+        Self {
+            files: HashMap::new(),
+            clients: HashMap::new(),
+            max_probed,
+            max_per_owner: MAX_PROBED_PER_OWNER,
+            rate,
+            owners: HashMap::new(),
+            owner_rate,
+        }
+    }
+
+    /// With another bound of files per owner than [`MAX_PROBED_PER_OWNER`] (for tests).
+    #[cfg(test)]
+    pub fn with_owner_bound(mut self, max_per_owner: usize) -> Self {
+        self.max_per_owner = max_per_owner;
+        self
+    }
+
+    /// Makes the probes follow `clients`: probes files new among them (within the bounds),
+    /// takes the probes off files none of them has used for [`LINGER`]. Returns what it did
+    /// with new files.
+    pub fn reconcile(
+        &mut self,
+        kernel: &Mutex<R::Kernel>,
+        clients: &HashSet<Client>,
+        now: Instant,
+    ) -> Inspections {
         self.clients.retain(|key, _| clients.contains(key));
-        let mut probed = 0;
-        for &key in clients {
-            if self.clients.contains_key(&key) {
+        self.mark_used(now);
+        let mut done = Inspections::default();
+        let mut keys: Vec<Client> = clients.iter().copied().collect();
+        // Oldest processes first: a steady client is not starved by a loop of new ones.
+        keys.sort_unstable_by_key(|&(pid, start)| (start, pid));
+        for key in keys {
+            let refused = match self.clients.get(&key) {
+                None => false,
+                Some(id) => matches!(id.and_then(|id| self.files.get(&id)), Some(File::Refused { .. })),
+            };
+            if self.clients.contains_key(&key) && !refused {
                 continue;
             }
             let pid = key.0;
@@ -130,18 +292,94 @@ impl<R: Runtime> ProbedFiles<R> {
             };
             let id = (meta.dev(), meta.ino());
             self.clients.insert(key, Some(id));
-            let retry = matches!(self.files.get(&id), Some(File::Unprobed { since, .. }) if now.saturating_duration_since(*since) >= RETRY_UNPROBED);
-            if self.files.contains_key(&id) && !retry {
+            if let Some(File::Probed { unused_since, .. }) = self.files.get_mut(&id) {
+                // In use again: not to be taken for the least recently used this tick.
+                *unused_since = None;
+            }
+            let retry = match self.files.get(&id) {
+                None | Some(File::Refused { .. }) => true,
+                Some(File::Unprobed { since, .. }) => now.saturating_duration_since(*since) >= RETRY_UNPROBED,
+                Some(File::Probed { .. }) => false,
+            };
+            if !retry {
                 continue;
+            }
+            // The bounds first: a file refused for one does not spend the rate.
+            let owner = R::owner_of(pid);
+            let owned = owner.as_ref().map_or(0, |o| self.owned_by(o));
+            let owner_full = owner.is_some() && owned >= self.max_per_owner;
+            if owner_full && self.least_recently_used(owner.as_deref()).is_none() {
+                let why = format!(
+                    "not probed: {owned} files ({}) already probed for this container, all with live clients \
+                     (bound)",
+                    R::FILE
+                );
+                self.refuse(id, why, false, &mut done);
+                continue;
+            }
+            let held = self.probed().count();
+            let room = held < self.max_probed || self.least_recently_used(None).is_some();
+            if !room {
+                let why = format!(
+                    "not probed: {held} files ({}) already probed on this node, all with live clients (bound)",
+                    R::FILE
+                );
+                self.refuse(id, why, false, &mut done);
+                continue;
+            }
+            let owner_waits = owner.as_ref().is_some_and(|o| {
+                let template = &self.owner_rate;
+                !self
+                    .owners
+                    .entry(o.clone())
+                    .or_insert_with(|| template.clone())
+                    .ready(now)
+            });
+            if owner_waits {
+                let why = format!(
+                    "not probed yet: new files ({}) are inspected at most {OWNER_INSPECTIONS_PER_SECOND} a second \
+                     for one container (rate bound; tried again on the next tick)",
+                    R::FILE
+                );
+                self.refuse(id, why, true, &mut done);
+                continue;
+            }
+            if !self.rate.take(now) {
+                let why = format!(
+                    "not probed yet: new files ({}) are inspected at most {INSPECTIONS_PER_SECOND} a second on this node \
+                     (rate bound; tried again on the next tick)",
+                    R::FILE
+                );
+                self.refuse(id, why, true, &mut done);
+                continue;
+            }
+            if let Some(bucket) = owner.as_ref().and_then(|o| self.owners.get_mut(o)) {
+                bucket.take(now);
             }
             match R::probe(kernel, &file, pid) {
                 Some(Ok(p)) => {
-                    probed += 1;
+                    done.probed += 1;
+                    let full = if owner_full {
+                        Some(owner.as_deref())
+                    } else {
+                        (self.probed().count() >= self.max_probed).then_some(None)
+                    };
+                    if let Some(within) = full {
+                        if let Some(lru) = self.least_recently_used(within) {
+                            self.detach(
+                                kernel,
+                                lru,
+                                "it was the least recently used with no live client, at the bound",
+                            );
+                            done.evicted += 1;
+                        }
+                    }
                     self.files.insert(
                         id,
                         File::Probed {
                             probed: p,
                             unused_since: None,
+                            owner,
                         },
                     );
                     tracing::info!(
@@ -152,37 +390,101 @@ impl<R: Runtime> ProbedFiles<R> {
                     );
                 }
                 Some(Err(why)) => {
+                    done.failed += 1;
                     tracing::info!(pid, "streams not followed for this client: {why}");
                     self.files.insert(id, File::Unprobed { why, since: now });
                 }
                 // The next client that uses the file brings it back.
                 None => {
                     self.clients.remove(&key);
+                    if matches!(self.files.get(&id), Some(File::Refused { .. })) {
+                        self.files.remove(&id);
+                    }
                 }
             }
         }
-        let used: HashSet<FileId> = self.clients.values().flatten().copied().collect();
+        self.mark_used(now);
+        self.owners.retain(|_, bucket| !bucket.full(now));
         let mut gone = Vec::new();
-        for (id, file) in &mut self.files {
+        for (id, file) in &self.files {
             match file {
-                File::Probed { unused_since, .. } => {
-                    if used.contains(id) {
-                        *unused_since = None;
-                    } else if now.saturating_duration_since(*unused_since.get_or_insert(now)) >= LINGER {
-                        gone.push(*id);
-                    }
-                }
-                File::Unprobed { .. } if !used.contains(id) => gone.push(*id),
-                File::Unprobed { .. } => {}
+                File::Probed {
+                    unused_since: Some(since),
+                    ..
+                } if now.saturating_duration_since(*since) >= LINGER => gone.push(*id),
+                File::Probed { .. } => {}
+                File::Unprobed { .. } | File::Refused { .. } if !self.is_used(id) => gone.push(*id),
+                File::Unprobed { .. } | File::Refused { .. } => {}
             }
         }
         for id in gone {
-            if let Some(File::Probed { probed, .. }) = self.files.remove(&id) {
-                R::unprobe(&mut kernel.lock().unwrap_or_else(PoisonError::into_inner), probed);
-                tracing::info!(file = ?id, "no client has used this {} for {}s: its probes are detached", R::FILE, LINGER.as_secs());
+            self.detach(kernel, id, "no client has used it for LINGER");
+        }
+        done
+    }
+
+    fn is_used(&self, id: &FileId) -> bool {
+        self.clients.values().any(|f| f.as_ref() == Some(id))
+    }
+
+    /// Marks when each probed file lost its last client (None while it has one).
+    fn mark_used(&mut self, now: Instant) {
+        let used: HashSet<FileId> = self.clients.values().flatten().copied().collect();
+        for (id, file) in &mut self.files {
+            if let File::Probed { unused_since, .. } = file {
+                if used.contains(id) {
+                    *unused_since = None;
+                } else {
+                    unused_since.get_or_insert(now);
+                }
             }
         }
-        probed
+    }
+
+    /// The probed files probed for `owner`.
+    fn owned_by(&self, owner: &str) -> usize {
+        self.files
+            .values()
+            .filter(|f| matches!(f, File::Probed { owner: Some(o), .. } if o == owner))
+            .count()
+    }
+
+    /// The probed file with no live client unused the longest: of `owner`'s, or of all.
+    fn least_recently_used(&self, owner: Option<&str>) -> Option<FileId> {
+        self.files
+            .iter()
+            .filter_map(|(id, f)| match f {
+                File::Probed {
+                    unused_since: Some(since),
+                    owner: of,
+                    ..
+                } if owner.is_none() || of.as_deref() == owner => Some((*since, *id)),
+                _ => None,
+            })
+            .min()
+            .map(|(_, id)| id)
+    }
+
+    /// Records that file `id` was not inspected for a bound; counted once per file and bound.
+    fn refuse(&mut self, id: FileId, why: String, rate: bool, done: &mut Inspections) {
+        let already = matches!(self.files.get(&id), Some(File::Refused { rate: r, .. }) if *r == rate);
+        if !already {
+            if rate {
+                done.refused_rate += 1;
+            } else {
+                done.refused_bound += 1;
+            }
+            // One line per refused file would let an exec loop flood the log: the metric counts them.
+            tracing::debug!(file = ?id, "{why}");
+        }
+        self.files.insert(id, File::Refused { why, rate });
+    }
+
+    fn detach(&mut self, kernel: &Mutex<R::Kernel>, id: FileId, why: &str) {
+        if let Some(File::Probed { probed, .. }) = self.files.remove(&id) {
+            R::unprobe(&mut kernel.lock().unwrap_or_else(PoisonError::into_inner), probed);
+            tracing::info!(file = ?id, "this {}'s probes are detached: {why}", R::FILE);
+        }
     }
 
     /// What is known of client `key`'s file.
@@ -195,7 +497,7 @@ impl<R: Runtime> ProbedFiles<R> {
             .and_then(|id| self.files.get(&id))
         {
             Some(File::Probed { probed, .. }) => Seen::Probed(probed),
-            Some(File::Unprobed { why, .. }) => Seen::Unprobed(why),
+            Some(File::Unprobed { why, .. } | File::Refused { why, .. }) => Seen::Unprobed(why),
             None => Seen::Nothing,
         }
     }
@@ -204,8 +506,19 @@ impl<R: Runtime> ProbedFiles<R> {
     pub fn probed(&self) -> impl Iterator<Item = &R::Probed> {
         self.files.values().filter_map(|f| match f {
             File::Probed { probed, .. } => Some(probed),
-            File::Unprobed { .. } => None,
+            File::Unprobed { .. } | File::Refused { .. } => None,
         })
+    }
+
+    /// Probed files, and files refused for a bound (`lifeline_probed_files{state}`).
+    pub fn counts(&self) -> (usize, usize) {
+        let probed = self.probed().count();
+        let refused = self
+            .files
+            .values()
+            .filter(|f| matches!(f, File::Refused { .. }))
+            .count();
+        (probed, refused)
     }
 
     /// Attached uprobes in all.
@@ -230,6 +543,8 @@ mod tests {
     thread_local! {
         /// The file each test pid "runs" (None: not this kind of client).
         static FILES: RefCell<HashMap<u32, Option<PathBuf>>> = RefCell::new(HashMap::new());
+        /// Each test pid's owner (none: no per-owner rate).
+        static OWNERS: RefCell<HashMap<u32, String>> = RefCell::new(HashMap::new());
     }
 
     struct Fake;
@@ -254,6 +569,10 @@ mod tests {
             }
             kernel.attached.push(name.clone());
             Some(Ok(name))
+        }
+
+        fn owner_of(pid: u32) -> Option<String> {
+            OWNERS.with(|o| o.borrow().get(&pid).cloned())
         }
 
         fn sites(_: &String) -> usize {
@@ -285,7 +604,7 @@ mod tests {
         let t0 = Instant::now();
         let clients = |keys: &[u32]| keys.iter().map(|&pid| (pid, 7)).collect::<HashSet<Client>>();
 
-        assert_eq!(files.reconcile(&kernel, &clients(&[1, 2, 3, 4]), t0), 1);
+        assert_eq!(files.reconcile(&kernel, &clients(&[1, 2, 3, 4]), t0).probed, 1);
         assert_eq!(kernel.lock().unwrap().attached, ["a"]);
         assert_eq!(
             kernel.lock().unwrap().probes,
@@ -337,6 +656,203 @@ mod tests {
             t1 + RETRY_UNPROBED + Duration::from_secs(1),
         );
         assert_eq!(kernel.lock().unwrap().probes, probes + 1, "retried");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_bucket_gives_its_burst_then_its_rate() {
+        let t0 = Instant::now();
+        let mut bucket = Bucket::new(2.0, 3.0);
+        assert!((0..3).all(|_| bucket.take(t0)), "the burst at once");
+        assert!(!bucket.take(t0), "then nothing");
+        assert!(!bucket.take(t0 + Duration::from_millis(400)), "0.8 of a token");
+        assert!(
+            bucket.take(t0 + Duration::from_millis(500)),
+            "one token a half second"
+        );
+        assert!(!bucket.take(t0 + Duration::from_millis(500)));
+        let later = t0 + Duration::from_secs(60);
+        assert!(
+            (0..3).all(|_| bucket.take(later)),
+            "refilled up to the burst only"
+        );
+        assert!(!bucket.take(later));
+    }
+
+    /// Files named by `names` in a fresh directory, each the file of pid = index + 1.
+    fn files(test: &str, names: &[&str]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("lifeline-probed-{test}-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        FILES.with(|f| {
+            let mut f = f.borrow_mut();
+            for (i, name) in names.iter().enumerate() {
+                let path = dir.join(name);
+                fs::write(&path, "").unwrap();
+                f.insert(i as u32 + 1, Some(path));
+            }
+        });
+        dir
+    }
+
+    fn clients(pids: &[u32]) -> HashSet<Client> {
+        pids.iter().map(|&pid| (pid, u64::from(pid))).collect()
+    }
+
+    #[test]
+    fn at_the_bound_the_least_recently_used_file_without_clients_loses_its_probes_first() {
+        let dir = files("lru", &["a", "b", "c", "d"]);
+        let kernel = Mutex::new(Kernel::default());
+        let mut files =
+            ProbedFiles::<Fake>::with_bounds(2, Bucket::new(100.0, 100.0), Bucket::new(100.0, 100.0));
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        files.reconcile(&kernel, &clients(&[1, 2]), t0);
+        // a's client goes first, then b's: a is the least recently used.
+        files.reconcile(&kernel, &clients(&[2]), t0 + s(1));
+        files.reconcile(&kernel, &clients(&[]), t0 + s(2));
+        let done = files.reconcile(&kernel, &clients(&[3]), t0 + s(3));
+        assert_eq!((done.probed, done.evicted), (1, 1));
+        assert_eq!(kernel.lock().unwrap().attached, ["b", "c"]);
+        // b back in use: with b and c live, d is refused for the bound, once.
+        let done = files.reconcile(&kernel, &clients(&[2, 3, 4]), t0 + s(4));
+        assert_eq!((done.probed, done.refused_bound, done.refused_rate), (0, 1, 0));
+        assert!(
+            matches!(files.seen((4, 4)), Seen::Unprobed(why) if why.starts_with("not probed: 2 files (test file) already probed")),
+            "the reason is said"
+        );
+        assert_eq!(files.counts(), (2, 1));
+        let done = files.reconcile(&kernel, &clients(&[2, 3, 4]), t0 + s(5));
+        assert_eq!(done, Inspections::default(), "a refusal is counted once per file");
+        // c's client gone: d takes c's place on its next sighting.
+        let done = files.reconcile(&kernel, &clients(&[2, 4]), t0 + s(6));
+        assert_eq!((done.probed, done.evicted), (1, 1));
+        assert_eq!(kernel.lock().unwrap().attached, ["b", "d"]);
+        assert!(matches!(files.seen((4, 4)), Seen::Probed(n) if n == "d"));
+        assert_eq!(files.counts(), (2, 0));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_refused_by_the_rate_is_probed_on_a_later_sighting() {
+        let dir = files("rate", &["a", "b", "c"]);
+        let kernel = Mutex::new(Kernel::default());
+        let mut files =
+            ProbedFiles::<Fake>::with_bounds(10, Bucket::new(1.0, 2.0), Bucket::new(100.0, 100.0));
+        let t0 = Instant::now();
+        let done = files.reconcile(&kernel, &clients(&[1, 2, 3]), t0);
+        assert_eq!(
+            (done.probed, done.refused_rate),
+            (2, 1),
+            "the burst, then the rate"
+        );
+        assert_eq!(
+            kernel.lock().unwrap().probes,
+            2,
+            "the refused file is not inspected"
+        );
+        assert!(matches!(files.seen((3, 3)), Seen::Unprobed(why) if why.starts_with("not probed yet")));
+        let done = files.reconcile(&kernel, &clients(&[1, 2, 3]), t0 + Duration::from_millis(500));
+        assert_eq!(done, Inspections::default(), "still waiting, counted once");
+        let done = files.reconcile(&kernel, &clients(&[1, 2, 3]), t0 + Duration::from_secs(1));
+        assert_eq!(done.probed, 1);
+        assert!(matches!(files.seen((3, 3)), Seen::Probed(n) if n == "c"));
+        assert_eq!(files.counts(), (3, 0));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_loop_of_fresh_files_costs_the_rate_and_holds_the_bound() {
+        // 100 fresh copies, one a tick, each with one live client for 3 ticks.
+        let names: Vec<String> = (0..100).map(|i| format!("copy-{i}")).collect();
+        let dir = files("loop", &names.iter().map(String::as_str).collect::<Vec<_>>());
+        let kernel = Mutex::new(Kernel::default());
+        let mut files = ProbedFiles::<Fake>::with_bounds(8, Bucket::new(0.5, 4.0), Bucket::new(100.0, 100.0));
+        let t0 = Instant::now();
+        let mut probed = 0;
+        for tick in 0..100u32 {
+            let live: Vec<u32> = (tick.saturating_sub(2)..=tick).map(|i| i + 1).collect();
+            probed += files
+                .reconcile(&kernel, &clients(&live), t0 + Duration::from_secs(tick.into()))
+                .probed;
+            assert!(files.counts().0 <= 8, "never more than the bound");
+        }
+        assert!(probed <= 4 + 50, "burst + rate × 100 s: {probed}");
+        assert_eq!(
+            kernel.lock().unwrap().probes,
+            probed,
+            "every inspection was paid by the rate"
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn one_owner_spends_its_own_rate_not_its_neighbours() {
+        let names: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+        let dir = files("owner", &names.iter().map(String::as_str).collect::<Vec<_>>());
+        // pids 1..=8 are one looping pod's, 9 and 10 two other pods'.
+        OWNERS.with(|o| {
+            let mut o = o.borrow_mut();
+            for pid in 1..=8 {
+                o.insert(pid, "/kubepods/loop".into());
+            }
+            o.insert(9, "/kubepods/a".into());
+            o.insert(10, "/kubepods/b".into());
+        });
+        let kernel = Mutex::new(Kernel::default());
+        let mut files = ProbedFiles::<Fake>::with_bounds(64, Bucket::new(1.0, 6.0), Bucket::new(0.5, 2.0));
+        let t0 = Instant::now();
+        let done = files.reconcile(&kernel, &clients(&[1, 2, 3, 4, 5, 6, 7, 8]), t0);
+        assert_eq!((done.probed, done.refused_rate), (2, 6), "the owner's burst");
+        let done = files.reconcile(&kernel, &clients(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), t0);
+        assert_eq!(done.probed, 2, "the node's rate left to the others");
+        assert!(matches!(files.seen((9, 9)), Seen::Probed(_)));
+        assert!(matches!(files.seen((10, 10)), Seen::Probed(_)));
+        assert!(
+            matches!(files.seen((3, 3)), Seen::Unprobed(why) if why.contains("for one container")),
+            "the reason is said"
+        );
+        let done = files.reconcile(
+            &kernel,
+            &clients(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]),
+            t0 + Duration::from_secs(2),
+        );
+        assert_eq!(done.probed, 1, "one every 2 s for the looping owner");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn at_its_own_bound_an_owner_recycles_its_own_files_not_its_neighbours() {
+        let dir = files("owned", &["a", "b", "c", "d", "e"]);
+        // pids 1, 2, 4, 5 one pod's (a, b, d, e), 3 another's (c).
+        OWNERS.with(|o| {
+            let mut o = o.borrow_mut();
+            for pid in [1, 2, 4, 5] {
+                o.insert(pid, "/kubepods/loop".into());
+            }
+            o.insert(3, "/kubepods/cron".into());
+        });
+        let kernel = Mutex::new(Kernel::default());
+        let mut files =
+            ProbedFiles::<Fake>::with_bounds(10, Bucket::new(100.0, 100.0), Bucket::new(100.0, 100.0))
+                .with_owner_bound(2);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        files.reconcile(&kernel, &clients(&[3]), t0);
+        // The neighbour's c is unused the longest, then a, then b.
+        files.reconcile(&kernel, &clients(&[1, 2]), t0 + s(1));
+        files.reconcile(&kernel, &clients(&[2]), t0 + s(2));
+        files.reconcile(&kernel, &clients(&[]), t0 + s(3));
+        let done = files.reconcile(&kernel, &clients(&[4]), t0 + s(4));
+        assert_eq!((done.probed, done.evicted), (1, 1));
+        assert_eq!(
+            kernel.lock().unwrap().attached,
+            ["c", "b", "d"],
+            "a, the owner's own, went"
+        );
+        // b and d both live: e is refused for the owner's bound, though the node has room.
+        let done = files.reconcile(&kernel, &clients(&[2, 4, 5]), t0 + s(5));
+        assert_eq!((done.probed, done.refused_bound), (0, 1));
+        assert!(matches!(files.seen((5, 5)), Seen::Unprobed(why) if why.contains("for this container")));
         let _ = fs::remove_dir_all(&dir);
     }
 }
