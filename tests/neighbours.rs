@@ -4,7 +4,7 @@
 //! nothing) and a healthy watch (kubectl 1.20 watching nodes), each test runs one neighbour:
 //!
 //! - a header flood through a probed Go client (`go-watch` of the Go release matrix with
-//!   `GO_WATCH_FLOOD`: thousands of requests a second over one HTTP/2 connection), over the
+//!   `GO_WATCH_FLOOD=8`: thousands of requests a second over one HTTP/2 connection), over the
 //!   agent's stream record budget: its records are dropped in the kernel and charged to it
 //!   (its evidence `incomplete`, `rate_limited`), and to nobody else;
 //! - a connect/close storm to an endpoint (`ll-load churn` against `ll-load serve --close`,
@@ -251,7 +251,7 @@ fn a_header_flood_costs_the_flooder_its_own_visibility_only() {
     cmd.arg(format!("https://{}", node.endpoint))
         .arg(&trigger)
         .env("GO_WATCH_TOKEN", "secret-token-xyz")
-        .env("GO_WATCH_FLOOD", "32");
+        .env("GO_WATCH_FLOOD", "8");
     let flooder = Watched::spawn("go-watch flood", cmd);
     let fpid = flooder.pid();
     let c = node
