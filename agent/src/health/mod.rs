@@ -46,7 +46,8 @@ use crate::table::{
 /// answer from the endpoint.
 pub const SYN_RETRANSMITTED_AFTER: Duration = Duration::from_secs(1);
 
-/// The thresholds of SPEC.md, with their defaults (README "Client states" says why each).
+/// The thresholds of SPEC.md, with their defaults (docs/configuration.md says why each, and
+/// which healthy client is nearest).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Thresholds {
     pub disconnect_grace: Duration,

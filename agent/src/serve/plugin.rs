@@ -9,7 +9,8 @@
 //! apiserver proxies from its own address and strips the caller's `Authorization` header, so
 //! no caller could pass. `/metrics` holds no command line and answers anyone who reaches it.
 //!
-//! RBAC: `list` on `pods` and `get` on `pods/proxy` in the agent's namespace (README).
+//! RBAC: `list` on `pods` and `get` on `pods/proxy` in the agent's namespace
+//! (docs/operations.md, "`kubectl lifeline`").
 use std::{collections::BTreeMap, fmt::Write as _, path::PathBuf};
 
 use clap::Args;
