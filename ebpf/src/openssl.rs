@@ -382,7 +382,10 @@ fn send_header(field: u32, from: *const u8, copy: u32, len: u32) {
         (*event).tgid = tgid;
         (*event).field = field;
         (*event).value_len = len;
-        let mut copy = copy & 0x3ff;
+        // Bounded here, where it is used: the compiler may otherwise drop a bound it can
+        // prove from the callers and reload the value from the stack, where the verifier (6.1)
+        // no longer knows it ("R2 unbounded memory access").
+        let mut copy = core::hint::black_box(copy) & 0x3ff;
         if copy > HEADER_VALUE_MAX as u32 {
             copy = HEADER_VALUE_MAX as u32;
         }
