@@ -69,15 +69,6 @@ fn open_fds(pid: u32) -> usize {
     fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS")
-}
-
 /// Raises this test process's own soft open-file limit to its hard limit (for floods).
 fn raise_own_fd_limit() {
     let mut l = libc::rlimit {

@@ -187,29 +187,6 @@ fn kubectl(endpoint: &str, args: &[&str]) -> Watched {
     Watched::spawn("kubectl", cmd)
 }
 
-/// CPU seconds the process has used (user + system).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .expect("comm")
-        .1
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS")
-}
-
 /// The agent's CPU share over `window` and its RSS at the end, printed, and held to the bounds.
 fn agent_cost(agent: &Agent, neighbour: &str, window: Duration) {
     let (cpu0, t0) = (cpu_seconds(agent.pid()), Instant::now());

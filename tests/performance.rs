@@ -117,16 +117,6 @@ fn listed(clients: &[Value], pid: u32) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-/// Resident set size of `pid` in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS")
-}
-
 /// 1. Ten thousand connects at once: the kernel loses no event (`lifeline_ebpf_events_lost_total`
 ///    stays 0) and every connection is listed, with the right owner. Before the ring was sized
 ///    for bursts and the pump batched, ~20,000 events overran a 256 KiB ring.

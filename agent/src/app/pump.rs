@@ -438,11 +438,7 @@ fn read_failures(
     map: &PerCpuHashMap<MapData, FailureKey, u64>,
     seen: &mut HashMap<FailureKey, u64>,
 ) -> Result<Vec<(FailureKey, u64)>, aya::maps::MapError> {
-    let mut current = HashMap::with_capacity(seen.len());
-    for entry in map.iter() {
-        let (key, per_cpu) = entry?;
-        current.insert(key, per_cpu.iter().sum());
-    }
+    let current = per_cpu_sums(map, seen.len())?;
     let fresh = growth(seen, &current);
     *seen = current;
     Ok(fresh)
@@ -468,11 +464,7 @@ fn read_losses(
     map: &mut PerCpuHashMap<MapData, LossKey, u64>,
     seen: &mut HashMap<LossKey, u64>,
 ) -> Result<Vec<(LossKey, u64)>, aya::maps::MapError> {
-    let mut current = HashMap::with_capacity(seen.len());
-    for entry in map.iter() {
-        let (key, per_cpu) = entry?;
-        current.insert(key, per_cpu.iter().sum());
-    }
+    let mut current = per_cpu_sums(map, seen.len())?;
     let fresh = growth(seen, &current);
     for (key, count) in &current {
         if seen.get(key) == Some(count) {
@@ -502,6 +494,19 @@ fn loss_scope(key: &LossKey) -> GapScope {
     } else {
         GapScope::Node
     }
+}
+
+/// Every entry of a per-CPU count map, summed over CPUs.
+fn per_cpu_sums<K: aya::Pod + Eq + std::hash::Hash>(
+    map: &PerCpuHashMap<MapData, K, u64>,
+    capacity: usize,
+) -> Result<HashMap<K, u64>, aya::maps::MapError> {
+    let mut sums = HashMap::with_capacity(capacity);
+    for entry in map.iter() {
+        let (key, per_cpu) = entry?;
+        sums.insert(key, per_cpu.iter().sum());
+    }
+    Ok(sums)
 }
 
 /// What each count grew by from `before` to `after`. A count below its old value was evicted
