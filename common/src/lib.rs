@@ -280,9 +280,8 @@ pub mod loss_cause {
 /// value is a count per CPU that only grows; userspace reads differences and removes keys
 /// that stopped growing.
 ///
-/// The most precise scope the program had: `sk` (the socket's kernel address) when known;
-/// else `sport`/`dport` of the segment (kernels whose `tcp_probe` has no `skaddr`); else
-/// `tgid` (a header record, which knows its process and goroutine only).
+/// The most precise scope the program had: `sk` (the socket's kernel address) when known,
+/// with its ports; else `tgid` (a header record, which knows its process and goroutine only).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LossKey {
@@ -441,8 +440,8 @@ pub struct KernelOffsets {
     pub set_state: SetStateOffsets,
     /// Fields of `tcp/tcp_retransmit_skb`.
     pub retransmit: RetransmitOffsets,
-    /// Fields of `tcp/tcp_probe`.
-    pub probe: ProbeOffsets,
+    /// What the segment program reads from the socket and the segment.
+    pub segment: SegmentOffsets,
     /// From a task's descriptor to its socket, for the uprobes on Go clients.
     pub files: FileOffsets,
 }
@@ -460,30 +459,30 @@ pub struct FileOffsets {
     pub socket_sk: u32,
 }
 
-/// Fields of `tcp/tcp_probe`. `saddr`/`daddr` are `struct sockaddr_in` or `sockaddr_in6`
-/// (the address at +4 or +8).
+/// Where the segment program (the raw tracepoint `tcp_probe`, whose arguments are the
+/// `struct sock *` and the `struct sk_buff *`) reads what it needs, from the kernel's BTF: the
+/// socket's addresses and ports, how far the client had sent, and the segment's length. A raw
+/// tracepoint builds no record, so a segment of an unrelated socket costs one read of its
+/// destination port and a bitmap test; and every kernel gives the socket's address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProbeOffsets {
-    /// 0 when the record has no `skaddr` (older kernels: 6.1 has none, 6.18 has it): the
-    /// socket is then known by `sock_cookie`, its network namespace is not read (0), and
-    /// userspace finds its connection by its addresses.
-    pub skaddr: u32,
-    pub saddr: u32,
-    pub daddr: u32,
-    pub sport: u32,
-    pub dport: u32,
-    pub family: u32,
-    pub data_len: u32,
-    pub snd_nxt: u32,
-    pub snd_una: u32,
-    pub srtt: u32,
-    /// The record's `sock_cookie`; set only when `skaddr` is 0.
-    pub sock_cookie: u32,
-    /// `struct sock_common.skc_cookie` (set by the kernel once tcp_probe asked for the
-    /// cookie): read at close to forget a socket's segment state kept by cookie; set only
-    /// when `skaddr` is 0.
-    pub sock_common_skc_cookie: u32,
+pub struct SegmentOffsets {
+    /// `struct sock_common`: `skc_daddr`, `skc_rcv_saddr` (IPv4), `skc_v6_daddr`,
+    /// `skc_v6_rcv_saddr`, `skc_dport` (network order), `skc_num` (host order), `skc_family`.
+    pub skc_daddr: u32,
+    pub skc_rcv_saddr: u32,
+    pub skc_v6_daddr: u32,
+    pub skc_v6_rcv_saddr: u32,
+    pub skc_dport: u32,
+    pub skc_num: u32,
+    pub skc_family: u32,
+    /// `struct tcp_sock`: `snd_nxt`, `snd_una`, `srtt_us` (×8).
+    pub tcp_snd_nxt: u32,
+    pub tcp_snd_una: u32,
+    pub tcp_srtt_us: u32,
+    /// `struct sk_buff`: `len` and `data` (the TCP header, where `tcp_probe` fires).
+    pub skb_len: u32,
+    pub skb_data: u32,
 }
 
 #[repr(C)]

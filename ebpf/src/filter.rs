@@ -12,7 +12,7 @@
 //! Placeholders the agent replaces (an unpatched object fails verification: the offsets lie
 //! beyond any tracepoint record):
 //! - the record offset of `dport`: 0x7ff0 (`sock/inet_sock_set_state`), 0x7ff2
-//!   (`tcp/tcp_retransmit_skb`), 0x7ff4 (`tcp/tcp_probe`), in `ldxh` instructions;
+//!   (`tcp/tcp_retransmit_skb`), in `ldxh` instructions;
 //! - the ports: `0x4c4c0000 + slot` for slots 0..8, in `jeq` immediates.
 #![no_std]
 #![no_main]
@@ -25,10 +25,10 @@ use aya_ebpf::{
     EbpfContext,
 };
 
-/// The full programs, by the agent: 0 `inet_sock_set_state`, 1 `tcp_retransmit_skb`,
-/// 2 `tcp_probe`.
+/// The full programs, by the agent: 0 `inet_sock_set_state`, 1 `tcp_retransmit_skb`. (The
+/// segment program is a raw tracepoint with its own first test: it has no record to read.)
 #[map]
-static TARGETS: ProgramArray = ProgramArray::with_max_entries(3, 0);
+static TARGETS: ProgramArray = ProgramArray::with_max_entries(2, 0);
 
 /// Tail-calls `TARGETS[$index]` when the `u16` at the placeholder offset `$offset` of the
 /// record in `r1` is one of the 8 port slots; otherwise does nothing. Written out in assembly
@@ -97,12 +97,6 @@ pub fn set_state_filter(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn retransmit_filter(ctx: TracePointContext) -> u32 {
     tail_call_on_port!(ctx.as_ptr(), "0x7ff2", "1");
-    0
-}
-
-#[tracepoint]
-pub fn probe_filter(ctx: TracePointContext) -> u32 {
-    tail_call_on_port!(ctx.as_ptr(), "0x7ff4", "2");
     0
 }
 

@@ -31,7 +31,7 @@ use lifeline_common::{
     HeaderEvent, StreamKey, FRAME_COALESCE_NS, HEADER_VALUE_MAX,
 };
 
-use crate::{bump, counter, lost, segment_key, stream_budget, EVENTS, OFFSETS, SEGMENTS};
+use crate::{bump, counter, lost, stream_budget, EVENTS, OFFSETS, SEGMENTS};
 
 /// HTTP/2 frame types (RFC 9113 §6).
 const DATA: u8 = 0;
@@ -129,7 +129,7 @@ pub(crate) fn watched_socket(fd: u64) -> Option<u64> {
     let socket = kernel_u64(file + u64::from(file_offset!(file_private_data)))?;
     let sk = kernel_u64(socket + u64::from(file_offset!(socket_sk)))?;
     // SAFETY: copied out at once.
-    unsafe { SEGMENTS.get(segment_key(sk)) }.map(|_| sk)
+    unsafe { SEGMENTS.get(sk) }.map(|_| sk)
 }
 
 /// The watched socket of a `*net.TCPConn` at `tcp`: its first word is the `*netFD`, whose
@@ -159,7 +159,7 @@ fn tls_socket(conn: u64) -> Option<u64> {
     // SAFETY: copied out at once.
     if let Some(known) = unsafe { TLS_SOCKETS.get(key) }.copied() {
         // SAFETY: as above.
-        if known.data == data && unsafe { SEGMENTS.get(segment_key(known.sk)) }.is_some() {
+        if known.data == data && unsafe { SEGMENTS.get(known.sk) }.is_some() {
             return Some(known.sk);
         }
     }

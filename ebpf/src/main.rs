@@ -1,12 +1,12 @@
-//! lifeline's kernel programs. Plain tracepoints only (no kprobes, no fentry), so they load on
-//! any kernel that has the two tracepoints:
+//! lifeline's kernel programs. Tracepoints only (no kprobes, no fentry), so they load on any
+//! kernel that has the three tracepoints:
 //!
 //! - `sock/inet_sock_set_state`: every TCP state change whose destination matches `ENDPOINTS`
 //!   (connects, establishment, failures, closes), in any network namespace.
 //! - `tcp/tcp_retransmit_skb`: retransmits on sockets whose destination matches `ENDPOINTS`.
-//! - `tcp/tcp_probe`: every segment that arrives on an established socket whose destination
-//!   matches `ENDPOINTS`, with how far the client had sent by then: requests and answers in
-//!   their order (see `SegmentEvent`).
+//! - `tcp/tcp_probe` (typed raw tracepoint: no record is built): every segment that arrives on an established
+//!   socket whose destination matches `ENDPOINTS`, with how far the client had sent by then:
+//!   requests and answers in their order (see `SegmentEvent`).
 //!
 //! Cost for the node's unrelated traffic: the first test reads one field of the tracepoint
 //! record (the destination port) with a direct load and looks it up in a port bitmap
@@ -24,12 +24,12 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{map, raw_tracepoint, tracepoint},
+    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
     maps::{
         lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap,
         RingBuf,
     },
-    programs::{RawTracePointContext, TracePointContext},
+    programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::warn;
@@ -81,19 +81,19 @@ static OFFSETS: KernelOffsets = KernelOffsets {
         daddr_v6: 0,
         sock_common_skc_family: 0,
     },
-    probe: lifeline_common::ProbeOffsets {
-        skaddr: 0,
-        saddr: 0,
-        daddr: 0,
-        sport: 0,
-        dport: 0,
-        family: 0,
-        data_len: 0,
-        snd_nxt: 0,
-        snd_una: 0,
-        srtt: 0,
-        sock_cookie: 0,
-        sock_common_skc_cookie: 0,
+    segment: lifeline_common::SegmentOffsets {
+        skc_daddr: 0,
+        skc_rcv_saddr: 0,
+        skc_v6_daddr: 0,
+        skc_v6_rcv_saddr: 0,
+        skc_dport: 0,
+        skc_num: 0,
+        skc_family: 0,
+        tcp_snd_nxt: 0,
+        tcp_snd_una: 0,
+        tcp_srtt_us: 0,
+        skb_len: 0,
+        skb_data: 0,
     },
     files: lifeline_common::FileOffsets {
         task_struct_files: 0,
@@ -336,21 +336,9 @@ fn is_endpoint(dest: &Destination) -> bool {
     ENDPOINTS.get(&key).is_some()
 }
 
-/// The `SEGMENTS` key of socket `sk`: its address, or, where `tcp/tcp_probe` has no `skaddr`,
-/// its cookie (`sk->__sk_common.skc_cookie`, 0 if never asked for: then nothing was kept).
-#[inline(always)]
-fn segment_key(sk: u64) -> u64 {
-    if offset!(probe.skaddr) != 0 {
-        return sk;
-    }
-    let at = sk + u64::from(offset!(probe.sock_common_skc_cookie));
-    // SAFETY: bpf_probe_read_kernel tolerates any address; the offset comes from the BTF.
-    unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0)
-}
-
 /// Inode of the socket's network namespace: `sk->__sk_common.skc_net.net->ns.inum`.
 #[inline(always)]
-fn netns_inum(ctx: &TracePointContext, sk: u64) -> u32 {
+fn netns_inum<C: EbpfContext>(ctx: &C, sk: u64) -> u32 {
     let skc_net = offset!(sock_common_skc_net);
     let inum = offset!(net_ns_inum);
     // SAFETY: bpf_probe_read_kernel tolerates any address; offsets come from the kernel's BTF.
@@ -524,7 +512,7 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
             // A muted connection's change: its process's loss, and nothing else.
             lost(0, tgid, 0, 0, loss_cause::RATE_LIMITED);
             if new != tcp_state::ESTABLISHED {
-                let _ = SEGMENTS.remove(segment_key(sk));
+                let _ = SEGMENTS.remove(sk);
                 gotls::forget(sk);
             }
             return Ok(());
@@ -595,7 +583,7 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
         }
     }
     if new != tcp_state::ESTABLISHED {
-        let _ = SEGMENTS.remove(segment_key(sk));
+        let _ = SEGMENTS.remove(sk);
         // A socket later allocated at the same address starts with its own preface.
         gotls::forget(sk);
     }
@@ -728,49 +716,72 @@ fn retransmit_family(ctx: &TracePointContext, sk: u64) -> Result<u16, i32> {
     unsafe { bpf_probe_read_kernel(at as *const u16) }
 }
 
-#[tracepoint]
-pub fn tcp_probe(ctx: TracePointContext) -> u32 {
+/// `tcp/tcp_probe` as a typed raw tracepoint (`tcp_rcv_established`: a segment arrived on an
+/// established socket). Its arguments are the socket and the segment; the kernel builds no
+/// record, and the socket is typed (BTF), so an unrelated socket costs one direct load of its
+/// destination port and a bitmap test.
+#[btf_tracepoint(function = "tcp_probe")]
+pub fn tcp_probe(ctx: BtfTracePointContext) -> i32 {
     let _ = try_tcp_probe(&ctx);
     0
 }
 
-/// The address of a `struct sockaddr_in` / `sockaddr_in6` field of the record.
+/// Reads a `T` at `at` in kernel memory.
 #[inline(always)]
-fn sockaddr(ctx: &TracePointContext, field: u32, family: u16) -> Result<[u8; 16], i32> {
+fn kernel<T>(at: u64) -> Result<T, i32> {
+    // SAFETY: bpf_probe_read_kernel tolerates any address.
+    unsafe { bpf_probe_read_kernel(at as *const T) }
+}
+
+/// The socket's local (`local`) or remote address, IPv4 in the first 4 bytes.
+#[inline(always)]
+fn socket_addr(sk: u64, family: u16, local: bool) -> Result<[u8; 16], i32> {
     let mut addr = [0u8; 16];
-    // SAFETY (both reads): offsets come from this kernel's tracepoint format file.
+    let (v4, v6) = if local {
+        (offset!(segment.skc_rcv_saddr), offset!(segment.skc_v6_rcv_saddr))
+    } else {
+        (offset!(segment.skc_daddr), offset!(segment.skc_v6_daddr))
+    };
     if family == AF_INET {
-        let a: [u8; 4] = unsafe { ctx.read_at(field as usize + 4)? };
+        let a: [u8; 4] = kernel(sk + u64::from(v4))?;
         addr[..4].copy_from_slice(&a);
     } else {
-        addr = unsafe { ctx.read_at(field as usize + 8)? };
+        addr = kernel(sk + u64::from(v6))?;
     }
     Ok(addr)
 }
 
-fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
-    let dport = record_u16(ctx, offset!(probe.dport))?;
+/// TCP payload of the segment: its length less the TCP header's (`doff`, the high nibble of
+/// byte 12 of the header at `skb->data`).
+#[inline(always)]
+fn payload_len(skb: u64) -> Result<u16, i32> {
+    let len: u32 = kernel(skb + u64::from(offset!(segment.skb_len)))?;
+    let data: u64 = kernel(skb + u64::from(offset!(segment.skb_data)))?;
+    let doff: u8 = kernel(data + 12)?;
+    Ok(len.saturating_sub(u32::from(doff >> 4) * 4) as u16)
+}
+
+fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
+    let sk_ptr: *const u8 = ctx.arg(0);
+    // SAFETY: a typed argument: the verifier checks this load against `struct sock` in the
+    // kernel's BTF and makes it fault-safe; the offset comes from the same BTF.
+    let dport = u16::from_be(unsafe {
+        core::ptr::read_volatile(sk_ptr.add(offset!(segment.skc_dport) as usize).cast::<u16>())
+    });
+    let sk = sk_ptr as u64;
     if !port_watched(dport) {
         return Ok(());
     }
-    // SAFETY (all reads): offsets come from this kernel's tracepoint format file.
-    // A record without `skaddr` (older kernels): the socket is known by its cookie, and its
-    // network namespace is not read (userspace matches the segment by its addresses).
-    let (sk, key) = if offset!(probe.skaddr) != 0 {
-        let sk: u64 = unsafe { ctx.read_at(offset!(probe.skaddr) as usize)? };
-        (sk, sk)
-    } else {
-        let cookie: u64 = unsafe { ctx.read_at(offset!(probe.sock_cookie) as usize)? };
-        (0, cookie)
-    };
-    let data_len: u16 = unsafe { ctx.read_at(offset!(probe.data_len) as usize)? };
-    let snd_nxt: u32 = unsafe { ctx.read_at(offset!(probe.snd_nxt) as usize)? };
+    let skb: *const u8 = ctx.arg(1);
+    let data_len = payload_len(skb as u64)?;
+    let snd_nxt: u32 = kernel(sk + u64::from(offset!(segment.tcp_snd_nxt)))?;
     // SAFETY: helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let payload = u32::from(data_len) > KEEPALIVE_RECORD_BYTES;
-    let netns = match unsafe { SEGMENTS.get(key) } {
+    let family: u16 = kernel(sk + u64::from(offset!(segment.skc_family)))?;
+    let netns = match unsafe { SEGMENTS.get(sk) } {
         Some(last) if last.muted_tgid != 0 => {
-            lost(0, last.muted_tgid, 0, 0, loss_cause::RATE_LIMITED);
+            lost(sk, last.muted_tgid, 0, dport, loss_cause::RATE_LIMITED);
             return Ok(());
         }
         Some(last) => {
@@ -789,7 +800,6 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
         }
         None => {
             // First segment of this socket: is it one of the endpoints'?
-            let family: u16 = unsafe { ctx.read_at(offset!(probe.family) as usize)? };
             if family != AF_INET && family != AF_INET6 {
                 return Ok(());
             }
@@ -797,13 +807,13 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
                 family,
                 dport,
                 saddr: [0; 16],
-                daddr: sockaddr(ctx, offset!(probe.daddr), family)?,
+                daddr: socket_addr(sk, family, false)?,
             };
             if !is_endpoint(&dest) {
                 return Ok(());
             }
             // SAFETY: copied out at once.
-            if let Some(tgid) = unsafe { MUTED.get(sk) }.copied().filter(|_| sk != 0) {
+            if let Some(tgid) = unsafe { MUTED.get(sk) }.copied() {
                 let muted = SegmentState {
                     last_sent_ns: now,
                     snd_nxt,
@@ -811,15 +821,11 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
                     payload: 0,
                     muted_tgid: tgid,
                 };
-                let _ = SEGMENTS.insert(key, muted, 0);
-                lost(0, tgid, 0, 0, loss_cause::RATE_LIMITED);
+                let _ = SEGMENTS.insert(sk, muted, 0);
+                lost(sk, tgid, 0, dport, loss_cause::RATE_LIMITED);
                 return Ok(());
             }
-            if sk != 0 {
-                netns_inum(ctx, sk)
-            } else {
-                0
-            }
+            netns_inum(ctx, sk)
         }
     };
     let state = SegmentState {
@@ -830,18 +836,17 @@ fn try_tcp_probe(ctx: &TracePointContext) -> Result<(), i32> {
         muted_tgid: 0,
     };
     // Full map: the segment is still reported, only not coalesced.
-    let _ = SEGMENTS.insert(key, state, 0);
-    let family: u16 = unsafe { ctx.read_at(offset!(probe.family) as usize)? };
-    let sport: u16 = unsafe { ctx.read_at(offset!(probe.sport) as usize) }.unwrap_or(0);
+    let _ = SEGMENTS.insert(sk, state, 0);
+    let sport: u16 = kernel(sk + u64::from(offset!(segment.skc_num))).unwrap_or(0);
     let Some(mut entry) = EVENTS.reserve::<SegmentEvent>(0) else {
-        // Softirq: no process to name; the socket, or where it has no address here its ports.
+        // Softirq: no process to name; the socket.
         lost(sk, 0, sport, dport, loss_cause::RING_FULL);
         return Ok(());
     };
-    let srtt: u32 = unsafe { ctx.read_at(offset!(probe.srtt) as usize) }.unwrap_or(0);
-    let snd_una: u32 = unsafe { ctx.read_at(offset!(probe.snd_una) as usize) }.unwrap_or(snd_nxt);
-    let saddr = sockaddr(ctx, offset!(probe.saddr), family).unwrap_or([0; 16]);
-    let daddr = sockaddr(ctx, offset!(probe.daddr), family).unwrap_or([0; 16]);
+    let srtt: u32 = kernel::<u32>(sk + u64::from(offset!(segment.tcp_srtt_us))).unwrap_or(0) >> 3;
+    let snd_una: u32 = kernel(sk + u64::from(offset!(segment.tcp_snd_una))).unwrap_or(snd_nxt);
+    let saddr = socket_addr(sk, family, true).unwrap_or([0; 16]);
+    let daddr = socket_addr(sk, family, false).unwrap_or([0; 16]);
     entry.write(SegmentEvent {
         timestamp_ns: now,
         sk,

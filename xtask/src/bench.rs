@@ -10,6 +10,8 @@
 //!    each program (`kernel.bpf_stats_enabled`), also with lifeline and bpftrace attached side
 //!    by side on the same events (both attach orders: the first program on a tracepoint pays
 //!    a little more).
+//!    **Unrelated segments** (`bench/segments.rs`): the same for a loopback ping-pong, whose
+//!    segments each fire `tcp_probe`, against bpftrace's filter on two tracepoints.
 //! 2. **Tracked connections.** The agent's CPU per second and RSS with 100, 1,000 and 10,000
 //!    idle connections to a watched endpoint (quiet once unchanged for 10 s: then sampled
 //!    every 5 s).
@@ -42,6 +44,7 @@ use std::{
 use crate::{cargo, run, workspace, Failed, Result};
 
 mod busy;
+mod segments;
 mod streams;
 
 /// Seconds of churn per observer and round.
@@ -319,7 +322,12 @@ impl Lab {
 
     /// bpftrace with the one-comparison filter; returns once its program is attached.
     fn bpftrace(&mut self) -> Result<u32> {
-        let pid = self.spawn(Command::new("bpftrace").args(["-e", BPFTRACE_PROGRAM]))?;
+        self.bpftrace_running(BPFTRACE_PROGRAM)
+    }
+
+    /// bpftrace running `program`; returns once its program is attached.
+    fn bpftrace_running(&mut self, program: &str) -> Result<u32> {
+        let pid = self.spawn(Command::new("bpftrace").args(["-e", program]))?;
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if !prog_stats(pid).is_empty() {
@@ -496,8 +504,9 @@ fn machine() -> String {
 
 pub fn bench(only: &[String]) -> Result {
     crate::require_root("the benchmark")?;
-    const SECTIONS: [&str; 7] = [
+    const SECTIONS: [&str; 8] = [
         "churn",
+        "segments",
         "tracked",
         "busy",
         "streams",
@@ -536,6 +545,9 @@ pub fn bench(only: &[String]) -> Result {
     report.line("");
     if chosen("churn") {
         churn_section(&bins, &mut report)?;
+    }
+    if chosen("segments") {
+        segments::segments_section(&bins, &mut report)?;
     }
     if chosen("tracked") {
         tracked_section(&bins, &mut report)?;
@@ -609,6 +621,8 @@ fn churn_section(bins: &Bins, report: &mut Report) -> Result {
     let mut ratios: BTreeMap<Observer, Vec<f64>> = BTreeMap::new();
     let mut cpu: BTreeMap<Observer, Vec<f64>> = BTreeMap::new();
     let mut calls: BTreeMap<Observer, Vec<(String, u64, f64)>> = BTreeMap::new();
+    // The observer's programs' time per connection (bpf_stats, all its programs).
+    let mut per_connection: BTreeMap<Observer, Vec<f64>> = BTreeMap::new();
     for round in 0..ROUNDS {
         let mut baseline = f64::NAN;
         for observer in order {
@@ -625,6 +639,11 @@ fn churn_section(bins: &Bins, report: &mut Report) -> Result {
                     .or_default()
                     .push((cpu_seconds(p) - cpu0) / CHURN_SECONDS as f64);
                 let rows = per_call(&stats0, &prog_stats(p));
+                let total: f64 = rows.iter().map(|(_, c, ns)| *c as f64 * ns).sum();
+                per_connection
+                    .entry(observer)
+                    .or_default()
+                    .push(total / (rate * CHURN_SECONDS as f64));
                 if round == ROUNDS - 1 || calls.get(&observer).is_none_or(Vec::is_empty) {
                     calls.insert(observer, rows);
                 }
@@ -698,6 +717,15 @@ fn churn_section(bins: &Bins, report: &mut Report) -> Result {
             },
         ));
     }
+    report.line("");
+    let programs = |o: Observer| median(per_connection[&o].clone());
+    report.line(format!(
+        "Programs' time per unrelated connection (bpf_stats, every program of the observer): \
+         lifeline {:.1} ns, bpftrace {:.1} ns: {:.2}× (goal ≤ 1.1×).",
+        programs(Observer::Lifeline),
+        programs(Observer::Bpftrace),
+        programs(Observer::Lifeline) / programs(Observer::Bpftrace)
+    ));
     report.line("");
     report.line("Side by side (both attached to the same events; the first program on a tracepoint pays a little more):");
     report.line("");

@@ -56,9 +56,9 @@ enum Task {
         /// Skip the fmt and clippy checks.
         #[arg(long)]
         no_lint: bool,
-        /// Only run suites whose name contains this (`e2e` for the end-to-end test,
-        /// `vm-debian-5.10`, `vm-debian-6.1`, `vm-debian-6.12` for the guest runs, `vm-` for
-        /// all three).
+        /// Only run the suite of this name (`e2e` for the end-to-end test, `vm-debian-5.10`,
+        /// `vm-debian-6.1`, `vm-debian-6.12` for the guest runs), or, ending with `-`, those
+        /// whose name starts with it (`vm-` for all three guests).
         #[arg(long)]
         suite: Option<String>,
     },
@@ -240,7 +240,7 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "--",
         "--include-ignored",
     ]))?;
-    let chosen = |name: &str| suite.is_none_or(|s| name.contains(s));
+    let chosen = |name: &str| suite.is_none_or(|s| chosen_by(s, name));
     // The agent on the oldest and newest kernels users' nodes boot, and the one between, each
     // in a qemu guest (kernel packages extracted once into /var/tmp/lifeline-vm): `lifeline
     // check` and detection there, not only on this machine's kernel. The static binary they
@@ -277,6 +277,12 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
     Ok(())
 }
 
+/// Whether `--suite wanted` picks the suite or guest `name`: the same name, or a prefix of it
+/// that ends with `-` (`vm-debian-6.1` is not `vm-debian-6.12`).
+fn chosen_by(wanted: &str, name: &str) -> bool {
+    name == wanted || (wanted.ends_with('-') && name.starts_with(wanted))
+}
+
 /// The first error of `first` and `second`; both shown when both failed.
 pub fn both(first: Result, second: Result) -> Result {
     if let (Err(_), Err(Failed(why))) = (&first, &second) {
@@ -288,7 +294,7 @@ pub fn both(first: Result, second: Result) -> Result {
 /// The guest runs ([`vm::vm_test`]), in order: (name for `--suite`, kernel, whether the root
 /// suites' chosen tests run too or `xtask/vm/test.sh` alone). The oldest and the newest kernel
 /// run everything; 6.1 between them only `test.sh`: its verifier and its tracepoints' records,
-/// which differ from both neighbours' (no `skaddr` in tcp_probe, a family in the others).
+/// which differ from both neighbours'.
 const GUESTS: [(&str, &str, bool); 3] = [
     ("vm-debian-5.10", "debian-5.10", true),
     ("vm-debian-6.12", "debian-6.12", true),
@@ -341,5 +347,24 @@ fn main() -> ExitCode {
             eprintln!("xtask: {what}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_suite_is_picked_by_its_name_or_a_prefix_ending_in_a_dash() {
+        assert!(chosen_by("vm-debian-6.1", "vm-debian-6.1"));
+        assert!(!chosen_by("vm-debian-6.1", "vm-debian-6.12"));
+        let guests: Vec<&str> = GUESTS
+            .iter()
+            .map(|g| g.0)
+            .filter(|n| chosen_by("vm-", n))
+            .collect();
+        assert_eq!(guests.len(), GUESTS.len());
+        assert!(!chosen_by("judge", "judgement"));
+        assert!(SUITES.iter().filter(|n| chosen_by("neighbours", n)).count() == 1);
     }
 }

@@ -367,10 +367,7 @@ mod tests {
 
     #[test]
     fn what_a_kernel_lacks_is_listed_with_its_cost_and_never_fails() {
-        let mut offsets = lifeline_common::KernelOffsets::default();
-        offsets.probe.saddr = 8;
-        offsets.probe.family = 8;
-        offsets.probe.skaddr = 0;
+        let offsets = lifeline_common::KernelOffsets::default();
         let lines = evidence(
             &offsets,
             vec!["inet_sk_error_report not available (ENOENT): counted as timeout".into()],
@@ -382,16 +379,14 @@ mod tests {
                 other => panic!("not info: {other:?}"),
             })
             .collect();
-        assert_eq!(text.len(), 4, "{text:?}");
+        assert_eq!(text.len(), 2, "{text:?}");
         assert!(
             text[0].starts_with("evidence: tcp/tcp_retransmit_skb has no family field"),
             "{text:?}"
         );
-        assert!(text[1].contains("saddr's sa_family"), "{text:?}");
-        assert!(text[2].contains("keyed by sock_cookie"), "{text:?}");
-        assert!(text[3].contains("counted as timeout"), "{text:?}");
+        assert!(text[1].contains("counted as timeout"), "{text:?}");
         let mut full = lifeline_common::KernelOffsets::default();
-        (full.retransmit.family, full.probe.family, full.probe.skaddr) = (72, 112, 120);
+        full.retransmit.family = 72;
         assert_eq!(
             evidence(&full, Vec::new()),
             [(

@@ -484,11 +484,6 @@ fn loss_scope(key: &LossKey) -> GapScope {
             sk: key.sk,
             tgid: key.tgid,
         }
-    } else if key.sport != 0 && key.dport != 0 {
-        GapScope::Ports {
-            local: key.sport,
-            remote: key.dport,
-        }
     } else if key.tgid != 0 {
         GapScope::Process(key.tgid)
     } else {
@@ -618,13 +613,7 @@ mod tests {
             loss_scope(&loss(0xa, 7, 40000, 443)),
             GapScope::Socket { sk: 0xa, tgid: 7 }
         );
-        assert_eq!(
-            loss_scope(&loss(0, 0, 40000, 443)),
-            GapScope::Ports {
-                local: 40000,
-                remote: 443
-            }
-        );
+        assert_eq!(loss_scope(&loss(0, 0, 40000, 443)), GapScope::Node);
         assert_eq!(loss_scope(&loss(0, 7, 0, 0)), GapScope::Process(7));
         assert_eq!(loss_scope(&loss(0, 0, 0, 0)), GapScope::Node);
     }

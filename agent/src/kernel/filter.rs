@@ -1,6 +1,7 @@
 //! The first test in front of the full programs (`ebpf/src/filter.rs`): the destination port
-//! of every TCP state change, retransmit and received segment on the node, compared with the endpoints' ports
-//! as instruction immediates.
+//! of every TCP state change and retransmit on the node, compared with the endpoints' ports
+//! as instruction immediates. (Segments go to a raw tracepoint, which has no record to patch
+//! an offset into: its own first test is the port bitmap.)
 //!
 //! aya's Rust eBPF has no CO-RE relocations, and a value read from a map costs a memory access
 //! (on this VM ~12 ns per map page, more than bpftrace's whole one-comparison filter). So this
@@ -27,14 +28,12 @@ pub const PORT_SLOTS: usize = 8;
 /// Placeholder record offsets of `dport` in the filter's `ldxh` instructions.
 const SET_STATE_DPORT_PLACEHOLDER: i16 = 0x7ff0;
 const RETRANSMIT_DPORT_PLACEHOLDER: i16 = 0x7ff2;
-const PROBE_DPORT_PLACEHOLDER: i16 = 0x7ff4;
 /// Placeholder port of slot `n` in the filter's `jeq` immediates: this plus `n`.
 const PORT_PLACEHOLDER: i32 = 0x4c4c_0000;
 /// The filter programs, the tracepoints they attach to, and their `TARGETS` index.
-pub const FILTERS: [(&str, &str, &str); 3] = [
+pub const FILTERS: [(&str, &str, &str); 2] = [
     ("set_state_filter", "sock", "inet_sock_set_state"),
     ("retransmit_filter", "tcp", "tcp_retransmit_skb"),
-    ("probe_filter", "tcp", "tcp_probe"),
 ];
 /// Highest offset a tracepoint program may read (`PERF_MAX_TRACE_SIZE`).
 const MAX_RECORD_OFFSET: u32 = 8192;
@@ -80,12 +79,12 @@ pub struct Filter {
 
 impl Filter {
     /// Patches, loads and attaches the filter for `ports`, tail-calling `targets` (the full
-    /// `inet_sock_set_state`, `tcp_retransmit_skb` and `tcp_probe`, loaded).
+    /// `inet_sock_set_state` and `tcp_retransmit_skb`, loaded).
     pub fn attach(
         object: &[u8],
-        dport_offsets: [u32; 3],
+        dport_offsets: [u32; 2],
         ports: &BTreeSet<u16>,
-        targets: [&ProgramFd; 3],
+        targets: [&ProgramFd; 2],
     ) -> Result<Self> {
         let patched = patch(object, dport_offsets, ports)?;
         let mut ebpf = EbpfLoader::new().btf(None).load(&patched).map_err(Error::Load)?;
@@ -120,12 +119,11 @@ impl Filter {
     }
 }
 
-/// The filter object with `dport_offsets` (`inet_sock_set_state`, `tcp_retransmit_skb`,
-/// `tcp_probe`) and
+/// The filter object with `dport_offsets` (`inet_sock_set_state`, `tcp_retransmit_skb`) and
 /// `ports` written into its placeholders. Unused port slots keep their placeholder: it lies
 /// beyond any `u16`, so the verifier proves those comparisons never match and removes them
 /// before JIT compilation (one watched port costs one comparison, not eight).
-pub fn patch(object: &[u8], dport_offsets: [u32; 3], ports: &BTreeSet<u16>) -> Result<Vec<u8>> {
+pub fn patch(object: &[u8], dport_offsets: [u32; 2], ports: &BTreeSet<u16>) -> Result<Vec<u8>> {
     if ports.len() > PORT_SLOTS {
         return Err(Error::TooManyPorts { count: ports.len() });
     }
@@ -138,19 +136,11 @@ pub fn patch(object: &[u8], dport_offsets: [u32; 3], ports: &BTreeSet<u16>) -> R
             .then_some(o as i16)
             .ok_or(Error::Offset(o))
     };
-    let new_offsets = [
-        offset(dport_offsets[0])?,
-        offset(dport_offsets[1])?,
-        offset(dport_offsets[2])?,
-    ];
-    let placeholders = [
-        SET_STATE_DPORT_PLACEHOLDER,
-        RETRANSMIT_DPORT_PLACEHOLDER,
-        PROBE_DPORT_PLACEHOLDER,
-    ];
+    let new_offsets = [offset(dport_offsets[0])?, offset(dport_offsets[1])?];
+    let placeholders = [SET_STATE_DPORT_PLACEHOLDER, RETRANSMIT_DPORT_PLACEHOLDER];
 
     let mut out = object.to_vec();
-    let mut offsets_found = [0usize; 3];
+    let mut offsets_found = [0usize; 2];
     let mut ports_found = [0usize; PORT_SLOTS];
     for (start, len) in code_sections(object)? {
         for at in (start..start + len).step_by(8) {
@@ -173,10 +163,10 @@ pub fn patch(object: &[u8], dport_offsets: [u32; 3], ports: &BTreeSet<u16>) -> R
             }
         }
     }
-    if offsets_found != [1, 1, 1] {
+    if offsets_found != [1, 1] {
         return Err(Error::Sites {
             what: "dport loads",
-            expected: 3,
+            expected: 2,
             found: offsets_found.iter().sum(),
         });
     }
@@ -249,17 +239,14 @@ mod tests {
             return; // AYA_BUILD_SKIP
         }
         let ports = BTreeSet::from([443, 6443]);
-        let patched = patch(object(), [26, 30, 66], &ports).expect("patch");
+        let patched = patch(object(), [26, 30], &ports).expect("patch");
         let all = insns(&patched);
         let loads: Vec<i16> = all
             .iter()
             .filter(|i| i[0] == LDXH)
             .map(|i| i16::from_le_bytes([i[2], i[3]]))
             .collect();
-        assert!(
-            loads.contains(&26) && loads.contains(&30) && loads.contains(&66),
-            "{loads:?}"
-        );
+        assert!(loads.contains(&26) && loads.contains(&30), "{loads:?}");
         let compared: Vec<i32> = all
             .iter()
             .filter(|i| i[0] == JEQ_K)
@@ -267,19 +254,19 @@ mod tests {
             .collect();
         assert_eq!(
             compared.iter().filter(|p| **p == 443).count(),
-            3,
-            "slot 0 of the three filters"
+            2,
+            "slot 0 of the two filters"
         );
-        assert_eq!(compared.iter().filter(|p| **p == 6443).count(), 3, "slot 1");
+        assert_eq!(compared.iter().filter(|p| **p == 6443).count(), 2, "slot 1");
         let unused = (PORT_PLACEHOLDER + 2..PORT_PLACEHOLDER + 8).collect::<Vec<_>>();
         assert_eq!(
             compared.iter().filter(|p| unused.contains(p)).count(),
-            3 * 6,
+            2 * 6,
             "spare slots keep a placeholder that matches no port"
         );
         // Patching only touches instruction fields: the rest of the file is unchanged.
         let differing = object().iter().zip(&patched).filter(|(a, b)| a != b).count();
-        assert!(differing <= 3 * 2 + 16 * 6, "{differing} bytes changed");
+        assert!(differing <= 2 * 2 + 2 * 2 * 4, "{differing} bytes changed");
     }
 
     #[test]
@@ -287,25 +274,19 @@ mod tests {
         let one = BTreeSet::from([443]);
         let nine: BTreeSet<u16> = (1..=9).collect();
         assert!(matches!(
-            patch(object(), [26, 30, 66], &nine),
+            patch(object(), [26, 30], &nine),
             Err(Error::TooManyPorts { count: 9 })
         ));
         assert!(matches!(
-            patch(object(), [26, 30, 66], &BTreeSet::new()),
+            patch(object(), [26, 30], &BTreeSet::new()),
             Err(Error::NoPorts)
         ));
+        assert!(matches!(patch(object(), [27, 30], &one), Err(Error::Offset(27))));
         assert!(matches!(
-            patch(object(), [27, 30, 66], &one),
-            Err(Error::Offset(27))
-        ));
-        assert!(matches!(
-            patch(object(), [26, 9000, 66], &one),
+            patch(object(), [26, 9000], &one),
             Err(Error::Offset(9000))
         ));
-        assert!(matches!(
-            patch(b"not an elf", [26, 30, 66], &one),
-            Err(Error::Elf(_))
-        ));
+        assert!(matches!(patch(b"not an elf", [26, 30], &one), Err(Error::Elf(_))));
     }
 
     #[test]
@@ -313,8 +294,8 @@ mod tests {
         if object().is_empty() {
             return;
         }
-        let once = patch(object(), [26, 30, 66], &BTreeSet::from([443])).expect("patch");
-        let err = patch(&once, [26, 30, 66], &BTreeSet::from([443])).expect_err("nothing left to patch");
+        let once = patch(object(), [26, 30], &BTreeSet::from([443])).expect("patch");
+        let err = patch(&once, [26, 30], &BTreeSet::from([443])).expect_err("nothing left to patch");
         assert!(matches!(err, Error::Sites { found: 0, .. }), "{err}");
     }
 }

@@ -24,6 +24,11 @@ pub enum Error {
     },
     #[error("map {name}: {source}")]
     Map { name: &'static str, source: MapError },
+    #[error("kernel BTF for the typed tracepoint {name}: {source}")]
+    Btf {
+        name: &'static str,
+        source: aya::BtfError,
+    },
     #[error("the Go-client programs did not load: {0}")]
     GoUnavailable(String),
     #[error("the OpenSSL-client programs did not load: {0}")]

@@ -5,15 +5,15 @@
 //! (`/sys/kernel/btf/vmlinux`), tracepoint field offsets from the tracepoints' `format` files.
 //! Nothing is hard-coded: a kernel whose layout differs gets its own numbers. A field that a
 //! kernel's record lacks and that is found elsewhere exactly is read there ([`Fallback`]: the
-//! address family on 5.10, the socket's cookie on 6.1); one that cannot be replaced fails here
-//! with a message naming it.
+//! address family on 5.10); one that cannot be replaced fails here with a message naming it.
+//! The segment program is a raw tracepoint (no record): everything it reads is a BTF member.
 use std::{
     collections::HashMap,
     fs,
     path::{Path, PathBuf},
 };
 
-use lifeline_common::{FileOffsets, KernelOffsets, ProbeOffsets, RetransmitOffsets, SetStateOffsets};
+use lifeline_common::{FileOffsets, KernelOffsets, RetransmitOffsets, SegmentOffsets, SetStateOffsets};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 const TRACEFS_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
@@ -42,12 +42,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub fn discover() -> Result<KernelOffsets> {
     let btf = Btf::from_file(VMLINUX_BTF)?;
     let member = |strukt: &str, name: &str| member_offset(&btf, strukt, name);
-    let (set_state, retransmit, probe) = tracepoint_offsets(
+    let (set_state, retransmit) = tracepoint_offsets(
         &TracepointFormat::read("sock", "inet_sock_set_state")?,
         &TracepointFormat::read("tcp", "tcp_retransmit_skb")?,
-        &TracepointFormat::read("tcp", "tcp_probe")?,
         &member,
     )?;
+    let segment = segment_offsets(&member)?;
     // Only for the optional error-report program: a kernel without them still runs the rest
     // (all zero: the program is then not attached, see `programs::Probes::load`).
     let error_report = error_report_offsets(&btf)
@@ -65,7 +65,7 @@ pub fn discover() -> Result<KernelOffsets> {
         tcp_sock_bytes_received: member("tcp_sock", "bytes_received")?,
         set_state,
         retransmit,
-        probe,
+        segment,
         files: FileOffsets {
             task_struct_files: member("task_struct", "files")?,
             files_struct_fdt: member("files_struct", "fdt")?,
@@ -86,11 +86,6 @@ pub fn discover() -> Result<KernelOffsets> {
 pub enum Fallback {
     /// `tcp/tcp_retransmit_skb` has no `family` (5.10): the socket's `skc_family` is read.
     RetransmitFamilyFromSocket,
-    /// `tcp/tcp_probe` has no `family` (5.10): its `saddr` is a `struct sockaddr`, whose first
-    /// field is the family.
-    ProbeFamilyFromSockaddr,
-    /// `tcp/tcp_probe` has no `skaddr` (6.1, 5.10): segments are keyed by `sock_cookie`.
-    ProbeKeyedByCookie,
 }
 
 impl std::fmt::Display for Fallback {
@@ -99,15 +94,6 @@ impl std::fmt::Display for Fallback {
             Fallback::RetransmitFamilyFromSocket => {
                 "tcp/tcp_retransmit_skb has no family field: the address family is read from the \
                  socket (sock_common.skc_family); nothing lost"
-            }
-            Fallback::ProbeFamilyFromSockaddr => {
-                "tcp/tcp_probe has no family field: the address family is its saddr's sa_family; \
-                 nothing lost"
-            }
-            Fallback::ProbeKeyedByCookie => {
-                "tcp/tcp_probe has no skaddr field: its segments are keyed by sock_cookie and \
-                 matched to connections by their addresses (a segment of two connections with \
-                 the same addresses in two namespaces is dropped; both are still sampled)"
             }
         })
     }
@@ -119,23 +105,16 @@ pub fn fallbacks(offsets: &KernelOffsets) -> Vec<Fallback> {
     if offsets.retransmit.family == 0 {
         out.push(Fallback::RetransmitFamilyFromSocket);
     }
-    if offsets.probe.family == offsets.probe.saddr {
-        out.push(Fallback::ProbeFamilyFromSockaddr);
-    }
-    if offsets.probe.skaddr == 0 {
-        out.push(Fallback::ProbeKeyedByCookie);
-    }
     out
 }
 
-/// The three tracepoints' field offsets from their format files; `member` gives a struct
+/// The two tracepoints' field offsets from their format files; `member` gives a struct
 /// member's offset from the BTF, for the fields a record lacks and the socket has.
 pub fn tracepoint_offsets(
     set_state: &TracepointFormat,
     retransmit: &TracepointFormat,
-    probe: &TracepointFormat,
     member: &dyn Fn(&str, &str) -> Result<u32>,
-) -> Result<(SetStateOffsets, RetransmitOffsets, ProbeOffsets)> {
+) -> Result<(SetStateOffsets, RetransmitOffsets)> {
     let set_state = SetStateOffsets {
         skaddr: set_state.offset("skaddr")?,
         oldstate: set_state.offset("oldstate")?,
@@ -167,31 +146,27 @@ pub fn tracepoint_offsets(
         daddr_v6: retransmit.offset("daddr_v6")?,
         sock_common_skc_family: skc_family,
     };
-    // Older kernels (6.1, 5.10) have no `skaddr` in tcp_probe's record: the program keys
-    // sockets by the record's `sock_cookie` instead, and forgets them at close by `skc_cookie`.
-    let skaddr = probe.offset("skaddr").ok();
-    let (sock_cookie, skc_cookie) = match skaddr {
-        Some(_) => (0, 0),
-        None => (probe.offset("sock_cookie")?, member("sock_common", "skc_cookie")?),
-    };
-    let saddr = probe.offset("saddr")?;
-    let probe = ProbeOffsets {
-        skaddr: skaddr.unwrap_or(0),
-        saddr,
-        daddr: probe.offset("daddr")?,
-        sport: probe.offset("sport")?,
-        dport: probe.offset("dport")?,
-        // 5.10 has no `family`: `saddr` is a `struct sockaddr_in` / `sockaddr_in6`, whose
-        // first field is the family, set for both.
-        family: probe.offset("family").unwrap_or(saddr),
-        data_len: probe.offset("data_len")?,
-        snd_nxt: probe.offset("snd_nxt")?,
-        snd_una: probe.offset("snd_una")?,
-        srtt: probe.offset("srtt")?,
-        sock_cookie,
-        sock_common_skc_cookie: skc_cookie,
-    };
-    Ok((set_state, retransmit, probe))
+    Ok((set_state, retransmit))
+}
+
+/// What the segment program reads from `struct sock` and `struct sk_buff` (every kernel since
+/// 4.16 passes both to `tcp_probe`, whatever its record holds).
+pub fn segment_offsets(member: &dyn Fn(&str, &str) -> Result<u32>) -> Result<SegmentOffsets> {
+    let common = |name: &str| member("sock_common", name);
+    Ok(SegmentOffsets {
+        skc_daddr: common("skc_daddr")?,
+        skc_rcv_saddr: common("skc_rcv_saddr")?,
+        skc_v6_daddr: common("skc_v6_daddr")?,
+        skc_v6_rcv_saddr: common("skc_v6_rcv_saddr")?,
+        skc_dport: common("skc_dport")?,
+        skc_num: common("skc_num")?,
+        skc_family: common("skc_family")?,
+        tcp_snd_nxt: member("tcp_sock", "snd_nxt")?,
+        tcp_snd_una: member("tcp_sock", "snd_una")?,
+        tcp_srtt_us: member("tcp_sock", "srtt_us")?,
+        skb_len: member("sk_buff", "len")?,
+        skb_data: member("sk_buff", "data")?,
+    })
 }
 
 /// `skc_state`, `sk_error_queue`, `sk_buff_head.prev`, `sk_buff.cb`, `sock_exterr_skb.ee`.
@@ -539,31 +514,10 @@ mod tests {
 \tfield:__u8 daddr[4];\toffset:36;\tsize:4;\tsigned:0;\n\
 \tfield:__u8 saddr_v6[16];\toffset:40;\tsize:16;\tsigned:0;\n\
 \tfield:__u8 daddr_v6[16];\toffset:56;\tsize:16;\tsigned:0;\n";
-    const PROBE_5_10: &str = "name: tcp_probe\nID: 1300\nformat:\n\
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
-\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\
-\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\
-\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
-\tfield:__u8 saddr[sizeof(struct sockaddr_in6)];\toffset:8;\tsize:28;\tsigned:0;\n\
-\tfield:__u8 daddr[sizeof(struct sockaddr_in6)];\toffset:36;\tsize:28;\tsigned:0;\n\
-\tfield:__u16 sport;\toffset:64;\tsize:2;\tsigned:0;\n\
-\tfield:__u16 dport;\toffset:66;\tsize:2;\tsigned:0;\n\
-\tfield:__u32 mark;\toffset:68;\tsize:4;\tsigned:0;\n\
-\tfield:__u16 data_len;\toffset:72;\tsize:2;\tsigned:0;\n\
-\tfield:__u32 snd_nxt;\toffset:76;\tsize:4;\tsigned:0;\n\
-\tfield:__u32 snd_una;\toffset:80;\tsize:4;\tsigned:0;\n\
-\tfield:__u32 snd_cwnd;\toffset:84;\tsize:4;\tsigned:0;\n\
-\tfield:__u32 ssthresh;\toffset:88;\tsize:4;\tsigned:0;\n\
-\tfield:__u32 snd_wnd;\toffset:92;\tsize:4;\tsigned:0;\n\
-\tfield:__u32 srtt;\toffset:96;\tsize:4;\tsigned:0;\n\
-\tfield:__u32 rcv_wnd;\toffset:100;\tsize:4;\tsigned:0;\n\
-\tfield:__u64 sock_cookie;\toffset:104;\tsize:8;\tsigned:0;\n";
-
-    /// BTF members as a fake kernel's: `skc_family` at 16, `skc_cookie` at 88.
+    /// BTF members as a fake kernel's: `skc_family` at 16.
     fn members(strukt: &str, member: &str) -> Result<u32> {
         match (strukt, member) {
             ("sock_common", "skc_family") => Ok(16),
-            ("sock_common", "skc_cookie") => Ok(88),
             _ => Err(Error::NoMember {
                 strukt: strukt.into(),
                 member: member.into(),
@@ -571,18 +525,17 @@ mod tests {
         }
     }
 
-    fn formats(set_state: &str, retransmit: &str, probe: &str) -> [TracepointFormat; 3] {
+    fn formats(set_state: &str, retransmit: &str) -> [TracepointFormat; 2] {
         [
             TracepointFormat::parse("sock/inet_sock_set_state".into(), set_state),
             TracepointFormat::parse("tcp/tcp_retransmit_skb".into(), retransmit),
-            TracepointFormat::parse("tcp/tcp_probe".into(), probe),
         ]
     }
 
     #[test]
-    fn on_5_10_the_family_comes_from_the_socket_and_the_sockaddr() {
-        let [s, r, p] = formats(SET_STATE_5_10, RETRANSMIT_5_10, PROBE_5_10);
-        let (set_state, retransmit, probe) = tracepoint_offsets(&s, &r, &p, &members).expect("5.10 runs");
+    fn on_5_10_the_family_comes_from_the_socket() {
+        let [s, r] = formats(SET_STATE_5_10, RETRANSMIT_5_10);
+        let (set_state, retransmit) = tracepoint_offsets(&s, &r, &members).expect("5.10 runs");
         assert_eq!((set_state.family, set_state.daddr_v6), (28, 56));
         assert_eq!(
             retransmit.family, 0,
@@ -593,48 +546,28 @@ mod tests {
             (retransmit.skaddr, retransmit.dport, retransmit.daddr_v6),
             (16, 30, 56)
         );
-        assert_eq!(
-            probe.family, probe.saddr,
-            "sa_family is the sockaddr's first field"
-        );
-        assert_eq!((probe.saddr, probe.skaddr, probe.sock_cookie), (8, 0, 104));
-        assert_eq!(probe.sock_common_skc_cookie, 88);
         let offsets = KernelOffsets {
             retransmit,
-            probe,
             ..KernelOffsets::default()
         };
-        assert_eq!(
-            fallbacks(&offsets),
-            [
-                Fallback::RetransmitFamilyFromSocket,
-                Fallback::ProbeFamilyFromSockaddr,
-                Fallback::ProbeKeyedByCookie
-            ]
-        );
+        assert_eq!(fallbacks(&offsets), [Fallback::RetransmitFamilyFromSocket]);
     }
 
     #[test]
     fn a_record_with_the_fields_reads_them_and_falls_back_on_nothing() {
-        // 6.18's records: `family` in both, `skaddr` in tcp_probe (appended here to 5.10's).
+        // 6.18's record: a `family` (appended here to 5.10's).
         let retransmit = format!("{RETRANSMIT_5_10}\tfield:__u16 family;\toffset:72;\tsize:2;\tsigned:0;\n");
-        let probe = format!(
-            "{PROBE_5_10}\tfield:__u16 family;\toffset:112;\tsize:2;\tsigned:0;\n\
-             \tfield:const void * skaddr;\toffset:120;\tsize:8;\tsigned:0;\n"
-        );
-        let [s, r, p] = formats(SET_STATE_5_10, &retransmit, &probe);
+        let [s, r] = formats(SET_STATE_5_10, &retransmit);
         let none = |strukt: &str, member: &str| -> Result<u32> {
             Err(Error::NoMember {
                 strukt: strukt.into(),
                 member: member.into(),
             })
         };
-        let (_, retransmit, probe) = tracepoint_offsets(&s, &r, &p, &none).expect("no BTF member needed");
+        let (_, retransmit) = tracepoint_offsets(&s, &r, &none).expect("no BTF member needed");
         assert_eq!((retransmit.family, retransmit.sock_common_skc_family), (72, 0));
-        assert_eq!((probe.family, probe.skaddr, probe.sock_cookie), (112, 120, 0));
         let offsets = KernelOffsets {
             retransmit,
-            probe,
             ..KernelOffsets::default()
         };
         assert!(fallbacks(&offsets).is_empty());
@@ -642,16 +575,19 @@ mod tests {
 
     #[test]
     fn a_field_with_no_replacement_is_named() {
-        // No `sock_cookie` and no `skaddr` in tcp_probe: segments could not be keyed.
-        let probe = PROBE_5_10.replace("sock_cookie", "other");
-        let [s, r, p] = formats(SET_STATE_5_10, RETRANSMIT_5_10, &probe);
-        let err = tracepoint_offsets(&s, &r, &p, &members).unwrap_err().to_string();
+        // A record field the programs cannot do without.
+        let set_state = SET_STATE_5_10.replace("newstate", "other");
+        let [s, r] = formats(&set_state, RETRANSMIT_5_10);
+        let err = tracepoint_offsets(&s, &r, &members).unwrap_err().to_string();
         assert_eq!(
             err,
-            "tracepoint tcp/tcp_probe: no field sock_cookie in its format file"
+            "tracepoint sock/inet_sock_set_state: no field newstate in its format file"
         );
+        // A socket member the segment program reads.
+        let err = segment_offsets(&members).unwrap_err().to_string();
+        assert_eq!(err, "kernel BTF: struct sock_common has no member skc_daddr");
         // No family in tcp_retransmit_skb and none in the socket's BTF either.
-        let [s, r, p] = formats(SET_STATE_5_10, RETRANSMIT_5_10, PROBE_5_10);
+        let [s, r] = formats(SET_STATE_5_10, RETRANSMIT_5_10);
         let no_family = |strukt: &str, member: &str| match member {
             "skc_family" => Err(Error::NoMember {
                 strukt: strukt.into(),
@@ -659,9 +595,7 @@ mod tests {
             }),
             _ => members(strukt, member),
         };
-        let err = tracepoint_offsets(&s, &r, &p, &no_family)
-            .unwrap_err()
-            .to_string();
+        let err = tracepoint_offsets(&s, &r, &no_family).unwrap_err().to_string();
         assert_eq!(err, "kernel BTF: struct sock_common has no member skc_family");
     }
 
@@ -677,8 +611,16 @@ mod tests {
         assert!(skc_net > 0 && skc_net < 136, "{skc_net}");
         // skc_daddr is the first member of an anonymous union at offset 0.
         assert_eq!(member_offset(&btf, "sock_common", "skc_daddr").unwrap(), 0);
-        // skc_dport sits inside an anonymous struct inside an anonymous union.
-        assert!(member_offset(&btf, "sock_common", "skc_dport").unwrap() > 0);
+        // skc_dport sits inside an anonymous struct inside an anonymous union, with skc_num
+        // after it (the 32-bit `skc_portpair`).
+        let member = |strukt: &str, name: &str| member_offset(&btf, strukt, name);
+        let segment = segment_offsets(&member).expect("the segment program's members");
+        assert_eq!(segment.skc_num, segment.skc_dport + 2, "{segment:?}");
+        assert!(segment.skc_v6_daddr > segment.skc_family, "{segment:?}");
+        assert!(
+            segment.tcp_snd_una > 1000 && segment.skb_data > segment.skb_len,
+            "{segment:?}"
+        );
         let err = member_offset(&btf, "sock_common", "no_such_field")
             .unwrap_err()
             .to_string();

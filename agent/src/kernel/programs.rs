@@ -18,7 +18,10 @@ use std::{
 
 use aya::{
     maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{trace_point::TracePointLinkId, ProgramFd, RawTracePoint, TracePoint},
+    programs::{
+        tp_btf::BtfTracePointLinkId, trace_point::TracePointLinkId, BtfTracePoint, ProgramFd, RawTracePoint,
+        TracePoint,
+    },
     Ebpf, EbpfLoader,
 };
 use lifeline_common::{counter, EndpointKey, FailureKey, KernelOffsets, LossKey, MAX_ENDPOINTS, PORT_WORDS};
@@ -37,11 +40,16 @@ use crate::endpoint::{Endpoint, EndpointSet};
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lifeline"));
 
 /// The tracepoints lifeline attaches to: (program name, category, tracepoint).
-pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
+pub const TRACEPOINTS: [(&str, &str, &str); 2] = [
     ("inet_sock_set_state", "sock", "inet_sock_set_state"),
     ("tcp_retransmit_skb", "tcp", "tcp_retransmit_skb"),
-    ("tcp_probe", "tcp", "tcp_probe"),
 ];
+
+/// The segment program: a typed (BTF) raw tracepoint on `tcp_probe` (program and tracepoint
+/// share the name), attached while an endpoint is watched. Raw, so that the kernel builds no
+/// record for the node's other segments; typed, so that its first test loads the socket's
+/// destination port directly, without a helper call.
+pub const SEGMENTS: &str = "tcp_probe";
 
 /// The raw tracepoint that remembers errors reported on connecting sockets (program and
 /// tracepoint share the name): optional, see [`Probes::load`].
@@ -123,6 +131,19 @@ fn attach_error_report(ebpf: &mut Ebpf, offsets: &KernelOffsets) -> Result<()> {
     Ok(())
 }
 
+/// Loads [`SEGMENTS`] as a typed (BTF) tracepoint. Its load needs the id of the tracepoint's
+/// type in the kernel's BTF, which aya finds by parsing the whole of it: ~16 ms and ~20 MiB of
+/// heap once at start (released after; the rest of the agent reads BTF with its own small
+/// reader, `offsets.rs`).
+fn load_segments(ebpf: &mut Ebpf) -> Result<()> {
+    let name = SEGMENTS;
+    let btf = aya::Btf::from_sys_fs().map_err(|source| Error::Btf { name, source })?;
+    let program: &mut BtfTracePoint = program_of(ebpf, name)?;
+    program
+        .load(name, &btf)
+        .map_err(|source| Error::Program { name, source })
+}
+
 /// How the full programs are reached.
 enum Attachment {
     /// Nothing watched (no endpoint): nothing attached.
@@ -151,6 +172,8 @@ pub struct Probes {
     counters: PerCpuArray<MapData, u64>,
     installed: BTreeSet<Endpoint>,
     attachment: Attachment,
+    /// The segment program's link while an endpoint is watched.
+    segments: Option<BtfTracePointLinkId>,
     offsets: KernelOffsets,
     _logger_task: Option<tokio::task::JoinHandle<()>>,
     /// Whether [`ERROR_REPORT`] is attached; why not, else.
@@ -185,6 +208,7 @@ impl Probes {
             let program: &mut TracePoint = program_of(&mut ebpf, name)?;
             program.load().map_err(|source| Error::Program { name, source })?;
         }
+        load_segments(&mut ebpf)?;
         // Rare events (socket errors) that only tell the reason of a failed connect: without it
         // an ICMP unreachable that the process read before closing is reported as a timeout.
         let error_report = attach_error_report(&mut ebpf, offsets).map_err(|err| {
@@ -216,6 +240,7 @@ impl Probes {
             counters,
             installed: BTreeSet::new(),
             attachment: Attachment::None,
+            segments: None,
             offsets: *offsets,
             _logger_task: logger_task,
             error_report,
@@ -268,6 +293,7 @@ impl Probes {
     /// them, else the full programs directly; nothing when there is no port. A new attachment
     /// goes in before the old one comes out, so no event is missed in between.
     fn attach_for(&mut self, ports: &BTreeSet<u16>) -> Result<()> {
+        self.attach_segments(!ports.is_empty())?;
         let current = match &self.attachment {
             Attachment::Filter(f) => Some(f.ports()),
             _ => None,
@@ -312,21 +338,32 @@ impl Probes {
                 .fd()
                 .map_err(|source| filter::Error::Program { name, source })
         };
-        let offsets = [
-            self.offsets.set_state.dport,
-            self.offsets.retransmit.dport,
-            self.offsets.probe.dport,
-        ];
+        let offsets = [self.offsets.set_state.dport, self.offsets.retransmit.dport];
         Filter::attach(
             filter::FILTER_OBJECT,
             offsets,
             ports,
-            [
-                fd(TRACEPOINTS[0].0)?,
-                fd(TRACEPOINTS[1].0)?,
-                fd(TRACEPOINTS[2].0)?,
-            ],
+            [fd(TRACEPOINTS[0].0)?, fd(TRACEPOINTS[1].0)?],
         )
+    }
+
+    /// Attaches the segment program (`on`) or detaches it; nothing when it already is so.
+    fn attach_segments(&mut self, on: bool) -> Result<()> {
+        let name = SEGMENTS;
+        let program: &mut BtfTracePoint = program_of(&mut self.ebpf, name)?;
+        match (on, self.segments.take()) {
+            (true, None) => {
+                let link = program
+                    .attach()
+                    .map_err(|source| Error::Program { name, source })?;
+                self.segments = Some(link);
+            }
+            (false, Some(link)) => program
+                .detach(link)
+                .map_err(|source| Error::Program { name, source })?,
+            (_, link) => self.segments = link,
+        }
+        Ok(())
     }
 
     fn tracepoint(&mut self, name: &'static str) -> Result<&mut TracePoint> {

@@ -1,11 +1,8 @@
 //! Kernel events applied to the connection table: a connect, a state change, a segment, a
 //! retransmit or a reset finds its connection (by the socket's kernel address, else its
-//! 4-tuple, else its addresses alone), adds or moves it, and ends it; the table's indexes
+//! namespace and 4-tuple), adds or moves it, and ends it; the table's indexes
 //! (`insert`, `index_sk`, `unlink`) are kept here too. The agent's own sockets are skipped.
-use std::{
-    net::SocketAddr,
-    time::{Duration, Instant, SystemTime},
-};
+use std::time::{Duration, Instant, SystemTime};
 
 use lifeline_common::tcp_state;
 
@@ -27,19 +24,6 @@ use crate::{
 const OWN_SOCKETS_MAX: usize = 1024;
 
 impl ConnectionTable {
-    /// The connection with these addresses in whatever namespace, if exactly one has them.
-    pub(super) fn by_addresses(&self, local: SocketAddr, remote: SocketAddr) -> Option<ConnId> {
-        let mut found = self
-            .by_tuple
-            .iter()
-            .filter(|(t, _)| t.local == local && t.remote == remote)
-            .map(|(_, id)| *id);
-        match (found.next(), found.next()) {
-            (Some(id), None) => Some(id),
-            _ => None,
-        }
-    }
-
     /// Applies one kernel event. `owner` is the process the caller resolved from the event's
     /// `owner_tgid` (None when the event ran in softirq or the process is already gone).
     pub fn apply_event(&mut self, ev: &KernelEvent, owner: Option<ProcessInfo>) -> Option<Applied> {
@@ -96,16 +80,7 @@ impl ConnectionTable {
             })
             .copied()
             // Defensive: an index entry never outlives its connection (see `index_sk`).
-            .filter(|id| self.conns.contains_key(id))
-            .or_else(|| {
-                // A segment from a kernel whose tcp_probe has no `skaddr` names neither the
-                // socket nor its namespace: the one connection with these addresses, if only
-                // one has them.
-                let segment = matches!(ev.change, Change::Segment { .. });
-                (segment && ev.sk == 0)
-                    .then(|| self.by_addresses(ev.local, ev.remote))
-                    .flatten()
-            });
+            .filter(|id| self.conns.contains_key(id));
         match ev.change {
             Change::Segment {
                 len,

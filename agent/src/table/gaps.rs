@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use lifeline_common::loss_cause;
 
-use super::{ConnectionTable, Tuple};
+use super::ConnectionTable;
 
 /// How long after its last lost record a connection's gap is still reported: as long as a
 /// wait hidden by it could have taken to turn stale at the default `stale_after`.
@@ -59,9 +59,6 @@ pub enum GapScope {
     /// One socket, by kernel address; `tgid` is its process where the kernel knew it (a lost
     /// connect), for a socket the table has not met.
     Socket { sk: u64, tgid: u32 },
-    /// Segments of a socket on a kernel whose `tcp_probe` has no socket address: every
-    /// connection with these local and remote ports (more than one only by coincidence).
-    Ports { local: u16, remote: u16 },
     /// One process's request headers.
     Process(u32),
     /// Anyone's.
@@ -71,7 +68,7 @@ pub enum GapScope {
 impl GapScope {
     pub fn as_str(self) -> &'static str {
         match self {
-            GapScope::Socket { .. } | GapScope::Ports { .. } => "socket",
+            GapScope::Socket { .. } => "socket",
             GapScope::Process(_) => "process",
             GapScope::Node => "node",
         }
@@ -107,12 +104,6 @@ impl ConnectionTable {
                 None if tgid != 0 => return self.evidence_lost(GapScope::Process(tgid), cause, records, now),
                 None => Vec::new(),
             },
-            GapScope::Ports { local, remote } => self
-                .conns
-                .iter()
-                .filter(|(_, c)| ports(&c.tuple) == (local, remote))
-                .map(|(id, _)| *id)
-                .collect(),
             GapScope::Process(tgid) => {
                 self.pending.forget_process(tgid);
                 self.conns
@@ -153,10 +144,6 @@ impl ConnectionTable {
         }
         ids.len()
     }
-}
-
-fn ports(t: &Tuple) -> (u16, u16) {
-    (t.local.port(), t.remote.port())
 }
 
 #[cfg(test)]

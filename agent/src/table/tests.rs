@@ -437,12 +437,9 @@ fn a_loss_costs_only_the_connections_it_concerned() {
     lab.table
         .evidence_lost(GapScope::Process(7), GapCause::RateLimited, 1, lab.at(10_002));
     assert_eq!(waits(&lab), [(40000, false), (40001, true)]);
-    // Segments known only by their ports (no socket address in this kernel's tcp_probe).
+    // The other client's socket, named by a lost connect's process only.
     lab.table.evidence_lost(
-        GapScope::Ports {
-            local: 40001,
-            remote: lab.tuple(40001).remote.port(),
-        },
+        GapScope::Socket { sk: 0xb, tgid: 8 },
         GapCause::RingFull,
         1,
         lab.at(10_003),
@@ -822,33 +819,6 @@ fn payload_that_segments_reported_keeps_the_sampling_plan_and_the_connection_qui
         .table
         .sample_targets(lab.at(later + 1600))
         .is_some_and(|t| t[0].due));
-}
-
-#[test]
-fn segments_without_socket_or_namespace_match_the_one_connection_with_their_addresses() {
-    // A kernel whose tcp_probe record has no `skaddr` (6.1): sk 0, netns 0.
-    let mut lab = Lab::new();
-    lab.connect(0, 0xa, 40000, 7);
-    let mut ev = lab.ev(100, 0, 40000, segment(1400, 500), None);
-    ev.netns = 0;
-    lab.table.apply_event(&ev, None);
-    let c = lab.table.connections().next().unwrap();
-    assert_eq!(c.last_payload, Some(lab.at(100)));
-    assert_eq!(c.sk, Some(0xa), "the socket's address is kept");
-    // The same addresses in two namespaces: which one it was is not known, so neither.
-    let mut other = lab.tuple(40000);
-    other.netns = NETNS + 1;
-    assert!(lab
-        .table
-        .insert_scanned(other, 8, tcp_state::ESTABLISHED, lab.at(101)));
-    assert_eq!(lab.table.connections().count(), 2);
-    let mut ev = lab.ev(200, 0, 40000, segment(1400, 500), None);
-    ev.netns = 0;
-    lab.table.apply_event(&ev, None);
-    assert!(lab
-        .table
-        .connections()
-        .all(|c| c.last_payload != Some(lab.at(200))));
 }
 
 /// A connect storm reuses kernel socket addresses: a connection whose socket address changed

@@ -2,8 +2,9 @@
 //! a network namespace with `ip netns exec`.
 //!
 //! ```text
-//! ll-load serve  --listen ADDR [--close] [--push-every S] accept forever (--close: close each at once)
+//! ll-load serve  --listen ADDR [--close|--echo] [--push-every S] accept forever (--close: close each at once; --echo: echo what each sends)
 //! ll-load churn  --connect ADDR --seconds S [--threads N] connect, wait for the server's close, repeat
+//! ll-load pingpong --connect ADDR --seconds S [--threads N] connect, 50 round trips of 100 bytes (an --echo server), close, repeat
 //! ll-load hold   --connect ADDR --count N [--threads N] [--send-every S]  open N connections at once and hold them
 //! ll-load refuse --connect ADDR --seconds S [--rate R] [--threads N]  connects that are refused
 //! ```
@@ -32,6 +33,7 @@ struct Args {
     count: usize,
     rate: Option<f64>,
     close: bool,
+    echo: bool,
     linger: bool,
     send_every: Option<f64>,
     push_every: Option<f64>,
@@ -48,6 +50,7 @@ fn parse() -> Args {
         count: 1,
         rate: None,
         close: false,
+        echo: false,
         linger: false,
         send_every: None,
         push_every: None,
@@ -61,6 +64,7 @@ fn parse() -> Args {
             "--count" => args.count = value().parse().expect("--count N"),
             "--rate" => args.rate = Some(value().parse().expect("--rate R")),
             "--close" => args.close = true,
+            "--echo" => args.echo = true,
             "--linger" => args.linger = true,
             "--send-every" => args.send_every = Some(value().parse().expect("--send-every S")),
             "--push-every" => args.push_every = Some(value().parse().expect("--push-every S")),
@@ -75,6 +79,7 @@ fn main() {
     match args.mode.as_str() {
         "serve" => serve(&args),
         "churn" => repeat(&args, churn_once),
+        "pingpong" => repeat(&args, pingpong_once),
         "refuse" => repeat(&args, refuse_once),
         "hold" => hold(&args),
         other => panic!("ll-load: unknown mode {other}"),
@@ -152,6 +157,9 @@ fn serve(args: &Args) {
             // Closing first leaves TIME_WAIT on this side, so churning clients never run out
             // of ports.
             Ok(s) if args.close => drop(s),
+            Ok(s) if args.echo => {
+                thread::spawn(move || echo(s));
+            }
             Ok(s) => held.lock().expect("lock").push(s),
             Err(e) => eprintln!("ll-load: accept: {e}"),
         }
@@ -190,6 +198,31 @@ fn churn_once(addr: SocketAddr) -> bool {
     let mut buf = [0u8; 64];
     while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
     true
+}
+
+/// Round trips per connection of `pingpong`.
+const PINGPONG_ROUNDS: usize = 50;
+
+/// One connection of `pingpong`: [`PINGPONG_ROUNDS`] round trips of 100 bytes, each a segment
+/// that arrives on an established socket at either end. True if all of them came back.
+fn pingpong_once(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = s.set_nodelay(true);
+    let mut buf = [b'p'; 100];
+    (0..PINGPONG_ROUNDS).all(|_| s.write_all(&buf).is_ok() && s.read_exact(&mut buf).is_ok())
+}
+
+/// Writes back whatever `s` sends until it closes.
+fn echo(mut s: TcpStream) {
+    let _ = s.set_nodelay(true);
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = s.read(&mut buf) {
+        if s.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
 }
 
 /// One connect that is expected to be refused. True if it (unexpectedly) connected.
