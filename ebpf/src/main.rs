@@ -780,8 +780,10 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
     let payload = u32::from(data_len) > KEEPALIVE_RECORD_BYTES;
     let family: u16 = kernel(sk + u64::from(offset!(segment.skc_family)))?;
     let netns = match unsafe { SEGMENTS.get(sk) } {
+        // A muted connection's segment: its process's loss, never its socket's (the table does
+        // not know the socket, and by the time the loss is read its address may be another's).
         Some(last) if last.muted_tgid != 0 => {
-            lost(sk, last.muted_tgid, 0, dport, loss_cause::RATE_LIMITED);
+            lost(0, last.muted_tgid, 0, 0, loss_cause::RATE_LIMITED);
             return Ok(());
         }
         Some(last) => {
@@ -822,7 +824,7 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
                     muted_tgid: tgid,
                 };
                 let _ = SEGMENTS.insert(sk, muted, 0);
-                lost(sk, tgid, 0, dport, loss_cause::RATE_LIMITED);
+                lost(0, tgid, 0, 0, loss_cause::RATE_LIMITED);
                 return Ok(());
             }
             netns_inum(ctx, sk)
