@@ -2,7 +2,8 @@
 //! kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, built by `cargo xtask
 //! setup` from Debian's source package) and real clients: the components themselves, the JDK's
 //! HttpClient (HTTP/2 through AF_INET6 sockets to `::ffff:a.b.c.d`), a python3-kubernetes watch
-//! without a timeout, the kube crate's watcher, and `ll-stuck` (the x/net/http2 bug).
+//! without a timeout, the kube crate's watcher, client-go 0.32 informers built with go1.24
+//! (`ll-informer`, from trixie's packages), and `ll-stuck` (the x/net/http2 bug).
 //!
 //! What the fixture apiserver could not show: real watch cadences (client-go restarts each
 //! watch after 5–10 min; a quiet watch receives nothing in between), leader-election renewals,
@@ -25,7 +26,7 @@ use std::{
 
 use lifeline_integration::{
     real_cluster::{
-        clients::{self, Kind, RealClient},
+        clients::{self, Kind, RealClient, INFORMER_GO, INFORMER_RESOURCES},
         findings::Findings,
         holding::{Held, HoldingGateway},
         image::Image,
@@ -118,15 +119,19 @@ impl Bench {
     }
 
     /// What users run: a control plane and a node (containerd and the kubelet), the python
-    /// watch (on the ClusterIP) and the kube crate's watcher (on 127.0.0.1) started and talking
-    /// before the agent, then the agent with its default thresholds (only its endpoints and
-    /// the sink given, as a DaemonSet would be configured).
+    /// watch (on the ClusterIP), the kube crate's watcher and a client-go informer (on
+    /// 127.0.0.1) started and talking before the agent, then the agent with its default
+    /// thresholds (only its endpoints and the sink given, as a DaemonSet would be configured).
     fn start_full_node(extra: &[SocketAddr]) -> Bench {
         init!();
         let cp = ControlPlane::start(Options::default());
         let node = Node::start(&cp);
         let mut before = Vec::new();
-        for (kind, server) in [(Kind::PyWatch, cp.cluster_ip_url()), (Kind::KubeWatch, cp.url())] {
+        for (kind, server) in [
+            (Kind::PyWatch, cp.cluster_ip_url()),
+            (Kind::KubeWatch, cp.url()),
+            (Kind::Informer, cp.url()),
+        ] {
             let client = clients::start(&cp, kind, &server);
             clients::wait_talking(&client, secs(90));
             before.push(client);
@@ -502,10 +507,11 @@ fn soak_duration() -> Duration {
 /// What users run, for longer than client-go's longest watch (issue 15): a full node (kubelet
 /// with containerd, kube-proxy, kube-controller-manager, kube-scheduler), the agent with its
 /// default thresholds, clients started before it (the python watch, the kube crate's
-/// watcher) and after it (a JVM that lists and watches pods, and one that watches ConfigMaps
-/// without listing first: its first answer comes 4 ms after the request and its flow-control
-/// reply 4 ms later). Every client listed, judged healthy at every poll, the JVMs through
-/// their `::ffff:` sockets, and not one alert.
+/// watcher, a client-go 0.32 informer built with go1.24) and after it (a JVM that lists and
+/// watches pods, one that watches ConfigMaps without listing first: its first answer comes
+/// 4 ms after the request and its flow-control reply 4 ms later, and a second informer).
+/// Every client listed, judged healthy at every poll, the JVMs through their `::ffff:`
+/// sockets, the informers followed as go1.24 with their watches named, and not one alert.
 #[test]
 fn full_node_soak_with_default_thresholds_raises_nothing() {
     // Issue 16, alongside: a standby kube-scheduler (informers running, as every standby's
@@ -516,6 +522,7 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
     let advertise = bench.cp.advertise_url();
     bench.start_client(Kind::Jvm, &advertise);
     bench.start_client(Kind::JvmWatchOnly, &advertise);
+    bench.start_client(Kind::Informer, &advertise);
     let upstream = SocketAddr::new(topo.link_host(), bench.cp.options().port);
     let holding = HoldingGateway::start(&bench.cp, gw, upstream, &HELD, bench.cp.dir());
     let held_label = holding.endpoint.to_string();
@@ -869,6 +876,51 @@ fn watches_listed(bench: &Bench, findings: &mut Findings) {
             ),
             None => findings.add(format!("the {} client is not listed", c.kind)),
         }
+    }
+    // The client-go 0.32 informers (go1.24), started before and after the agent: followed
+    // with their own Go release, their watches named. One started after the agent may have its
+    // first list and watch unseen (its binary is probed once it connects); client-go re-issues
+    // each watch within 10 min, so by now the successors are.
+    for c in bench.clients.iter().filter(|c| c.kind == Kind::Informer) {
+        let Some(v) = find_pid(&clients, c.pid()) else {
+            findings.add(format!("the informer (pid {}) is not listed", c.pid()));
+            continue;
+        };
+        let streams = v["streams"].as_array().cloned().unwrap_or_default();
+        let watches: std::collections::BTreeSet<&str> = streams
+            .iter()
+            .filter(|s| s["kind"] == "watch")
+            .filter_map(|s| s["resource"].as_str())
+            .collect();
+        eprintln!(
+            "the informer (pid {}, {}) watches: {watches:?}",
+            c.pid(),
+            c.server
+        );
+        let why = v["visibility_reason"].as_str().unwrap_or("");
+        findings.check(
+            v["visibility"] == "streams" && why.contains(&format!("({INFORMER_GO}.")),
+            || {
+                format!(
+                    "the informer (pid {}) is not followed as {INFORMER_GO}.x: {v}",
+                    c.pid()
+                )
+            },
+        );
+        let missing: Vec<&str> = INFORMER_RESOURCES
+            .into_iter()
+            .filter(|r| !watches.contains(r))
+            .collect();
+        findings.check(missing.is_empty(), || {
+            format!(
+                "the informer (pid {}) watches {missing:?} are not listed; it lists {watches:?}",
+                c.pid()
+            )
+        });
+        let stuck: Vec<&Value> = streams.iter().filter(|s| s["stuck"] == true).collect();
+        findings.check(stuck.is_empty(), || {
+            format!("the informer (pid {}) has stuck streams: {stuck:#?}", c.pid())
+        });
     }
 }
 

@@ -88,7 +88,7 @@ fn beside(path: &Path) -> PathBuf {
 }
 
 /// GOROOT of Go `version` from `suite`, extracted once.
-fn toolchain(suite: &str, version: &str) -> Result<PathBuf> {
+pub fn toolchain(suite: &str, version: &str) -> Result<PathBuf> {
     let dir = Path::new(ROOT).join(format!("go-{version}"));
     let goroot = dir.join(format!("usr/lib/go-{version}"));
     if goroot.join("bin/go").exists() && goroot.join("src/net/http").exists() {

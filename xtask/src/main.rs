@@ -30,6 +30,7 @@ mod e2e;
 mod gomatrix;
 mod hoststate;
 mod image;
+mod informer;
 mod kubernetes;
 mod setup;
 mod vm;
@@ -46,8 +47,8 @@ struct Cli {
 enum Task {
     /// Install every prerequisite (idempotent; run as root).
     Setup,
-    /// Only setup's Go release matrix: each Debian Go toolchain and the watch client it builds
-    /// (idempotent; run as root).
+    /// Only setup's Go release matrix: each Debian Go toolchain and the watch client it builds,
+    /// and the client-go informer (idempotent; run as root).
     GoMatrix,
     /// fmt + clippy + unit tests + the Debian 5.10, 6.12 and 6.1 guests + root integration
     /// suites + the
@@ -307,7 +308,7 @@ const E2E: &str = "e2e";
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Setup => setup::setup(),
-        Task::GoMatrix => gomatrix::setup(),
+        Task::GoMatrix => gomatrix::setup().and_then(|()| informer::setup()),
         Task::Test { no_lint, suite } => test(no_lint, suite.as_deref()),
         Task::Demo { no_setup, seconds } => demo::demo(no_setup, seconds),
         Task::Bench { only } => bench::bench(&only),

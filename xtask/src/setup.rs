@@ -45,6 +45,8 @@ pub fn setup() -> Result {
     kubectl_1_36()?;
     // The Go release matrix: a watch client built by each Go toolchain Debian ships.
     crate::gomatrix::setup()?;
+    // A client-go 0.32 shared informer built with go1.24, for the real-cluster tier.
+    crate::informer::setup()?;
     tracefs()?;
     crate::kubernetes::setup()?;
     // `cargo xtask vm-test`: qemu, busybox and Debian 12's 6.1 kernel (kept in /var/tmp).

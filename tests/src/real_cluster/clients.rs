@@ -1,12 +1,20 @@
 //! Real clients run against a [`ControlPlane`](super::ControlPlane), besides its own
 //! components: the JDK's `HttpClient` (HTTP/2, AF_INET6 sockets to `::ffff:a.b.c.d`), a
-//! python3-kubernetes watch without a timeout, the kube crate's watcher (`ll-kube-watch`) and
-//! the never-redial x/net/http2 model (`ll-stuck`). Each is a [`Watched`] process (its output
+//! python3-kubernetes watch without a timeout, the kube crate's watcher (`ll-kube-watch`), a
+//! client-go 0.32 shared informer built with go1.24 (`ll-informer`) and the never-redial
+//! x/net/http2 model (`ll-stuck`). Each is a [`Watched`] process (its output
 //! collected, killed with its process group on drop).
 use std::{fmt, fs, path::PathBuf, process::Command, time::Duration};
 
 use super::{system_bin, ControlPlane, User};
 use crate::{client_script, scenario::sibling_bin, Watched, SYSTEM_PYTHON};
+
+/// Where `cargo xtask setup` (`xtask/src/informer.rs`) builds `tests/clients/informer`.
+pub const INFORMER: &str = "/var/tmp/lifeline-go/informer/ll-informer";
+/// The Go release it is built with (trixie's go1.24).
+pub const INFORMER_GO: &str = "go1.24";
+/// What it watches, as the agent names the resources.
+pub const INFORMER_RESOURCES: [&str; 2] = ["configmaps", "secrets"];
 
 /// The JDK launcher (`java File.java` compiles and runs a single source file).
 pub const JAVA: &str = "/usr/bin/java";
@@ -23,6 +31,9 @@ pub enum Kind {
     PyWatch,
     /// `ll-kube-watch`: the kube crate's watcher (re-dials with backoff).
     KubeWatch,
+    /// `ll-informer` (`tests/clients/informer`): client-go 0.32's SharedInformerFactory over
+    /// ConfigMaps and Secrets in all namespaces, built with go1.24.
+    Informer,
     /// `ll-stuck`: never dials again after losing its connection (seeds 000/004).
     Stuck,
 }
@@ -34,6 +45,7 @@ impl Kind {
             Kind::Jvm | Kind::JvmWatchOnly => "java",
             Kind::PyWatch => "python3",
             Kind::KubeWatch => "ll-kube-watch",
+            Kind::Informer => "ll-informer",
             Kind::Stuck => "ll-stuck",
         }
     }
@@ -98,6 +110,15 @@ pub fn start(cp: &ControlPlane, kind: Kind, server: &str) -> RealClient {
             cmd.arg("--kubeconfig").arg(&kubeconfig);
             cmd
         }
+        Kind::Informer => {
+            assert!(
+                std::path::Path::new(INFORMER).is_file(),
+                "{INFORMER} not found: run `cargo xtask setup`"
+            );
+            let mut cmd = Command::new(INFORMER);
+            cmd.arg("--kubeconfig").arg(&kubeconfig);
+            cmd
+        }
         Kind::Stuck => {
             let mut cmd = Command::new(sibling_bin("ll-stuck"));
             cmd.arg("--kubeconfig").arg(&kubeconfig);
@@ -123,7 +144,7 @@ fn token_file(cp: &ControlPlane) -> PathBuf {
 }
 
 /// Waits until the client shows it is watching: the JVM's `WATCH HTTP_2`, the kube watcher's
-/// `INIT_DONE`, ll-stuck's `LIST`; the python watch prints nothing on a quiet namespace, so for
+/// `INIT_DONE`, the informer's `SYNCED`, ll-stuck's `LIST`; the python watch prints nothing on a quiet namespace, so for
 /// it an established connection to the server's port (as `ss` shows it) is the sign.
 pub fn wait_talking(client: &RealClient, timeout: Duration) {
     let line = |what: &str, pred: fn(&str) -> bool| {
@@ -134,6 +155,7 @@ pub fn wait_talking(client: &RealClient, timeout: Duration) {
     match client.kind {
         Kind::Jvm | Kind::JvmWatchOnly => line("a `WATCH HTTP_2` line", |t| t == "WATCH HTTP_2"),
         Kind::KubeWatch => line("INIT_DONE", |t| t == "INIT_DONE"),
+        Kind::Informer => line("a SYNCED line", |t| t.starts_with("SYNCED ")),
         Kind::Stuck => line("a LIST line", |t| t.starts_with("LIST ")),
         Kind::PyWatch => {
             let port = client
