@@ -749,14 +749,26 @@ fn pad4(bytes: &mut Vec<u8>) {
 }
 
 /// `kvm` if `/dev/kvm` opens and a probe guest boots under it, else `tcg`
-/// (`LIFELINE_VM_ACCEL=tcg|kvm` chooses).
+/// (`LIFELINE_VM_ACCEL=tcg|kvm` chooses). Probed once per run of xtask: whether nested KVM
+/// works is the machine's, whichever kernel boots (a failed probe costs its 30 s timeout, and
+/// `cargo xtask test` boots three guests).
 fn accel(kernel: &Kernel, dir: &Path) -> Result<&'static str> {
+    static PROBED: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
     match std::env::var("LIFELINE_VM_ACCEL").as_deref() {
         Ok("tcg") => return Ok("tcg"),
         Ok("kvm") => return Ok("kvm"),
         Ok(other) => return Err(Failed(format!("LIFELINE_VM_ACCEL={other}: tcg or kvm"))),
         Err(_) => {}
     }
+    if let Some(accel) = PROBED.get() {
+        return Ok(accel);
+    }
+    let accel = probe_accel(kernel, dir)?;
+    Ok(PROBED.get_or_init(|| accel))
+}
+
+/// [`accel`]'s probe: `/dev/kvm`, then a guest that only powers off, booted under KVM.
+fn probe_accel(kernel: &Kernel, dir: &Path) -> Result<&'static str> {
     if let Err(e) = fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
         eprintln!("vm-test: /dev/kvm: {e}: TCG");
         return Ok("tcg");

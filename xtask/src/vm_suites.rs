@@ -6,7 +6,9 @@
 //! stripped), iproute2's `ip` (`ip netns`, veth pairs) and iptables (nft) with its extensions
 //! (the harness contains test traffic with a REJECT rule). The agent they start is the static
 //! `lifeline` (`LIFELINE_BIN`), their `ll-client` / `ll-server` the static ones, put where the
-//! test binaries look for them. Only the tests in [`CHOSEN`] run, each must pass, by name.
+//! test binaries look for them; the stream test's fixture apiserver (`ll-apiserver`, beside the
+//! agent) and its client, kubectl 1.20 (static). Only the tests in [`CHOSEN`] run, each must
+//! pass, by name.
 use std::{
     collections::BTreeSet,
     fs,
@@ -18,7 +20,8 @@ use crate::{cargo, image::output, run, workspace, Failed, Result};
 
 /// The tests run in the guest, by suite. Left out: `foundation`'s
 /// `suites_leave_the_host_as_they_found_it` and `containment_child` (the harness's own
-/// hygiene on the host, nothing of the kernel's); nothing of `judgement`.
+/// hygiene on the host, nothing of the kernel's); of `judgement`, the stream tests but one (the
+/// same uprobes with other clients, whose binaries or interpreters the guest does not carry).
 pub const CHOSEN: [(&str, &[&str]); 2] = [
     (
         "foundation",
@@ -56,9 +59,16 @@ pub const CHOSEN: [(&str, &[&str]); 2] = [
             "a_forked_child_keeps_the_socket_its_parent_leaves",
             "removing_an_endpoint_does_not_disconnect_its_clients",
             "failed_connects_carry_refused_unreachable_and_reset",
+            // The Go uprobes end to end: kubectl 1.20's hung watch stuck and named.
+            "a_go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves",
         ],
     ),
 ];
+
+/// The Go client the stream test runs (static: one file), where the test looks for it.
+const KUBECTL: &str = "/opt/lifeline-kubectl-1.20/usr/bin/kubectl";
+/// The fixture apiserver the stream test starts, beside the agent (`sibling_bin`).
+const APISERVER: &str = "ll-apiserver";
 
 /// Tests a kernel cannot pass because it lacks what they prove, left out on that preset:
 /// (preset, suite, test, why).
@@ -143,6 +153,19 @@ pub fn prepare(
     for (name, binary) in [("ll-client", client), ("ll-server", server)] {
         files.push((guest_path(&debug.join(name)), binary.to_path_buf()));
     }
+    // The stream test's fixture apiserver, next to the guest's agent, and its kubectl.
+    let apiserver = stripped.join(APISERVER);
+    run(Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(&apiserver)
+        .arg(debug.join(APISERVER)))?;
+    files.push((format!("usr/local/bin/{APISERVER}"), apiserver));
+    dynamic.push(debug.join(APISERVER));
+    if !Path::new(KUBECTL).is_file() {
+        return Err(Failed(format!("{KUBECTL} is missing: run `cargo xtask setup`")));
+    }
+    files.push((guest_path(Path::new(KUBECTL)), PathBuf::from(KUBECTL)));
     for tool in TOOLS {
         // iptables is a link to xtables-nft-multi, which acts by the name it is called by.
         let real = fs::canonicalize(tool)
