@@ -361,27 +361,35 @@ impl Lab {
         Ok(text.lines().last().unwrap_or_default().to_owned())
     }
 
+    /// `ll-load serve --listen 127.0.0.1:PORT FLAG` in the namespace, given time to listen.
+    fn serve(&mut self, bins: &Bins, port: u16, flag: &str) -> Result {
+        let listen = format!("127.0.0.1:{port}");
+        let mut server = self.in_ns(&bins.load);
+        server.args(["serve", "--listen", &listen, flag]);
+        self.spawn(&mut server)?;
+        thread::sleep(Duration::from_millis(500));
+        Ok(())
+    }
+
     /// One churn of CHURN_SECONDS: connections per second.
     fn churn(&self, bins: &Bins) -> Result<f64> {
-        let target = format!("127.0.0.1:{CHURN_PORT}");
+        self.repeat(bins, "churn", CHURN_PORT)
+    }
+
+    /// `ll-load MODE` (`churn`, `pingpong`) against 127.0.0.1:`port` for CHURN_SECONDS, two
+    /// threads: connections per second.
+    fn repeat(&self, bins: &Bins, mode: &str, port: u16) -> Result<f64> {
+        let target = format!("127.0.0.1:{port}");
         let secs = CHURN_SECONDS.to_string();
         let last = self.load(
             bins,
-            &[
-                "churn",
-                "--connect",
-                &target,
-                "--seconds",
-                &secs,
-                "--threads",
-                "2",
-            ],
+            &[mode, "--connect", &target, "--seconds", &secs, "--threads", "2"],
         )?;
         let done: f64 = last
             .split_whitespace()
             .nth(1)
             .and_then(|n| n.parse().ok())
-            .ok_or_else(|| Failed(format!("ll-load churn said {last:?}")))?;
+            .ok_or_else(|| Failed(format!("ll-load {mode} said {last:?}")))?;
         Ok(done / CHURN_SECONDS as f64)
     }
 }
@@ -602,13 +610,106 @@ impl Observer {
     }
 }
 
+/// What interleaved rounds measured, per observer: work done per second, that rate against no
+/// observer's in the same round, the observer's programs' time per unit of work (bpf_stats,
+/// all its programs) and their per-call costs (of the last round).
+struct Tally<O> {
+    /// No observer's rate in the current round (recorded first in each round).
+    baseline: f64,
+    rates: BTreeMap<O, Vec<f64>>,
+    ratios: BTreeMap<O, Vec<f64>>,
+    programs_ns: BTreeMap<O, Vec<f64>>,
+    calls: BTreeMap<O, Vec<(String, u64, f64)>>,
+}
+
+impl<O: Ord + Copy> Tally<O> {
+    fn new() -> Self {
+        Self {
+            baseline: f64::NAN,
+            rates: BTreeMap::new(),
+            ratios: BTreeMap::new(),
+            programs_ns: BTreeMap::new(),
+            calls: BTreeMap::new(),
+        }
+    }
+
+    /// One window of `seconds` at `rate`, and the observer's programs' per-call costs over it
+    /// (None: no observer, whose rate is the round's baseline: record it first).
+    fn record(&mut self, observer: O, rate: f64, seconds: f64, rows: Option<Vec<(String, u64, f64)>>) {
+        if rows.is_none() {
+            self.baseline = rate;
+        }
+        if let Some(rows) = rows {
+            let total: f64 = rows.iter().map(|(_, c, ns)| *c as f64 * ns).sum();
+            self.programs_ns
+                .entry(observer)
+                .or_default()
+                .push(total / (rate * seconds));
+            self.calls.insert(observer, rows);
+        }
+        self.rates.entry(observer).or_default().push(rate);
+        self.ratios
+            .entry(observer)
+            .or_default()
+            .push(rate / self.baseline);
+    }
+
+    fn rate(&self, o: O) -> f64 {
+        median(self.rates[&o].clone())
+    }
+
+    fn ratio(&self, o: O) -> f64 {
+        median(self.ratios[&o].clone())
+    }
+
+    fn programs_ns(&self, o: O) -> Option<f64> {
+        self.programs_ns.get(&o).map(|v| median(v.clone()))
+    }
+
+    /// `name: ns × calls; ...`, busiest first, or `—`.
+    fn per_call_text(&self, o: O) -> String {
+        self.calls
+            .get(&o)
+            .map(|rows| {
+                rows.iter()
+                    .map(|(n, c, ns)| format!("{n}: {ns:.1} ns × {c}"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| "—".into())
+    }
+
+    /// ns per call of program `name` of observer `o`.
+    fn per_call(&self, o: O, name: &str) -> f64 {
+        self.calls
+            .get(&o)
+            .and_then(|rows| rows.iter().find(|r| r.0 == name))
+            .map_or(f64::NAN, |r| r.2)
+    }
+}
+
+/// Runs `work` (it returns a rate) with observer `pid` attached (None: nobody): the rate, and
+/// the observer's CPU seconds and its programs' per-call costs over the work; stops it.
+#[allow(clippy::type_complexity)]
+fn observed(
+    lab: &mut Lab,
+    pid: Option<u32>,
+    work: impl FnOnce(&Lab) -> Result<f64>,
+) -> Result<(f64, Option<(f64, Vec<(String, u64, f64)>)>)> {
+    let (cpu0, stats0) = pid.map_or((0.0, BTreeMap::new()), |p| (cpu_seconds(p), prog_stats(p)));
+    let rate = work(lab)?;
+    let seen = pid.map(|p| {
+        let seen = (cpu_seconds(p) - cpu0, per_call(&stats0, &prog_stats(p)));
+        lab.stop(p);
+        seen
+    });
+    Ok((rate, seen))
+}
+
 fn churn_section(bins: &Bins, report: &mut Report) -> Result {
     let mut lab = Lab::new()?;
-    let listen = format!("127.0.0.1:{CHURN_PORT}");
-    let mut server = lab.in_ns(&bins.load);
-    server.args(["serve", "--listen", &listen, "--close"]);
-    lab.spawn(&mut server)?;
-    thread::sleep(Duration::from_millis(500));
+    lab.serve(bins, CHURN_PORT, "--close")?;
     lab.churn(bins)?; // warm-up
 
     let order = [
@@ -617,14 +718,9 @@ fn churn_section(bins: &Bins, report: &mut Report) -> Result {
         Observer::Bpftrace,
         Observer::Ss,
     ];
-    let mut rates: BTreeMap<Observer, Vec<f64>> = BTreeMap::new();
-    let mut ratios: BTreeMap<Observer, Vec<f64>> = BTreeMap::new();
+    let mut tally = Tally::new();
     let mut cpu: BTreeMap<Observer, Vec<f64>> = BTreeMap::new();
-    let mut calls: BTreeMap<Observer, Vec<(String, u64, f64)>> = BTreeMap::new();
-    // The observer's programs' time per connection (bpf_stats, all its programs).
-    let mut per_connection: BTreeMap<Observer, Vec<f64>> = BTreeMap::new();
-    for round in 0..ROUNDS {
-        let mut baseline = f64::NAN;
+    for _ in 0..ROUNDS {
         for observer in order {
             let pid = match observer {
                 Observer::None => None,
@@ -632,29 +728,15 @@ fn churn_section(bins: &Bins, report: &mut Report) -> Result {
                 Observer::Bpftrace => Some(lab.bpftrace()?),
                 Observer::Ss => Some(lab.ss_loop()?),
             };
-            let (cpu0, stats0) = pid.map_or((0.0, BTreeMap::new()), |p| (cpu_seconds(p), prog_stats(p)));
-            let rate = lab.churn(bins)?;
-            if let Some(p) = pid {
+            let (rate, seen) = observed(&mut lab, pid, |lab| lab.churn(bins))?;
+            let rows = seen.map(|(cpu_s, rows)| {
                 cpu.entry(observer)
                     .or_default()
-                    .push((cpu_seconds(p) - cpu0) / CHURN_SECONDS as f64);
-                let rows = per_call(&stats0, &prog_stats(p));
-                let total: f64 = rows.iter().map(|(_, c, ns)| *c as f64 * ns).sum();
-                per_connection
-                    .entry(observer)
-                    .or_default()
-                    .push(total / (rate * CHURN_SECONDS as f64));
-                if round == ROUNDS - 1 || calls.get(&observer).is_none_or(Vec::is_empty) {
-                    calls.insert(observer, rows);
-                }
-                lab.stop(p);
-            }
-            if observer == Observer::None {
-                baseline = rate;
-            }
-            eprintln!("round {round}: {:<32} {rate:8.0} connections/s", observer.label());
-            rates.entry(observer).or_default().push(rate);
-            ratios.entry(observer).or_default().push(rate / baseline);
+                    .push(cpu_s / CHURN_SECONDS as f64);
+                rows
+            });
+            eprintln!("{:<32} {rate:8.0} connections/s", observer.label());
+            tally.record(observer, rate, CHURN_SECONDS as f64, rows);
         }
     }
 
@@ -691,15 +773,6 @@ fn churn_section(bins: &Bins, report: &mut Report) -> Result {
     );
     report.line("| --- | ---: | ---: | ---: | --- |");
     for observer in order {
-        let per_call_text = calls
-            .get(&observer)
-            .map(|rows| {
-                rows.iter()
-                    .map(|(n, c, ns)| format!("{n}: {ns:.1} ns × {c}"))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            })
-            .unwrap_or_default();
         let cpu_text = cpu
             .get(&observer)
             .map(|v| format!("{:.1} ms/s", median(v.clone()) * 1000.0))
@@ -707,18 +780,14 @@ fn churn_section(bins: &Bins, report: &mut Report) -> Result {
         report.line(format!(
             "| {} | {:.0} | {:.3} | {} | {} |",
             observer.label(),
-            median(rates[&observer].clone()),
-            median(ratios[&observer].clone()),
+            tally.rate(observer),
+            tally.ratio(observer),
             cpu_text,
-            if per_call_text.is_empty() {
-                "—".into()
-            } else {
-                per_call_text
-            },
+            tally.per_call_text(observer),
         ));
     }
     report.line("");
-    let programs = |o: Observer| median(per_connection[&o].clone());
+    let programs = |o: Observer| tally.programs_ns(o).unwrap_or(f64::NAN);
     report.line(format!(
         "Programs' time per unrelated connection (bpf_stats, every program of the observer): \
          lifeline {:.1} ns, bpftrace {:.1} ns: {:.2}× (goal ≤ 1.1×).",

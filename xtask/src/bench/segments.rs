@@ -5,10 +5,8 @@
 //! `inet_sock_set_state` (the churn section's reference) and by the same filter on the classic
 //! `tcp/tcp_probe` tracepoint (what a per-segment filter costs when the kernel builds the
 //! tracepoint's record first); rounds interleaved, medians.
-use std::{collections::BTreeMap, thread, time::Duration};
-
-use super::{median, per_call, prog_stats, Bins, Lab, Report, CHURN_SECONDS, ROUNDS, WATCHED_PORT};
-use crate::{Failed, Result};
+use super::{observed, Bins, Lab, Report, Tally, CHURN_SECONDS, ROUNDS, WATCHED_PORT};
+use crate::Result;
 
 /// The echo server's port (no observer watches it).
 const PINGPONG_PORT: u16 = 18081;
@@ -47,35 +45,12 @@ impl Observer {
 
 /// One ping-pong of CHURN_SECONDS: round trips per second.
 fn pingpong(lab: &Lab, bins: &Bins) -> Result<f64> {
-    let target = format!("127.0.0.1:{PINGPONG_PORT}");
-    let secs = CHURN_SECONDS.to_string();
-    let last = lab.load(
-        bins,
-        &[
-            "pingpong",
-            "--connect",
-            &target,
-            "--seconds",
-            &secs,
-            "--threads",
-            "2",
-        ],
-    )?;
-    let done: f64 = last
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| Failed(format!("ll-load pingpong said {last:?}")))?;
-    Ok(done * ROUND_TRIPS_PER_CONNECTION / CHURN_SECONDS as f64)
+    Ok(lab.repeat(bins, "pingpong", PINGPONG_PORT)? * ROUND_TRIPS_PER_CONNECTION)
 }
 
 pub(super) fn segments_section(bins: &Bins, report: &mut Report) -> Result {
     let mut lab = Lab::new()?;
-    let listen = format!("127.0.0.1:{PINGPONG_PORT}");
-    let mut server = lab.in_ns(&bins.load);
-    server.args(["serve", "--listen", &listen, "--echo"]);
-    lab.spawn(&mut server)?;
-    thread::sleep(Duration::from_millis(500));
+    lab.serve(bins, PINGPONG_PORT, "--echo")?;
     pingpong(&lab, bins)?; // warm-up
 
     let order = [
@@ -84,39 +59,18 @@ pub(super) fn segments_section(bins: &Bins, report: &mut Report) -> Result {
         Observer::BpftraceSetState,
         Observer::BpftraceProbe,
     ];
-    let mut rates: BTreeMap<Observer, Vec<f64>> = BTreeMap::new();
-    let mut ratios: BTreeMap<Observer, Vec<f64>> = BTreeMap::new();
-    // Kernel program time per round trip (bpf_stats, all the observer's programs).
-    let mut kernel_ns: BTreeMap<Observer, Vec<f64>> = BTreeMap::new();
-    let mut calls: BTreeMap<Observer, Vec<(String, u64, f64)>> = BTreeMap::new();
-    for round in 0..ROUNDS {
-        let mut baseline = f64::NAN;
+    let mut tally = Tally::new();
+    for _ in 0..ROUNDS {
         for observer in order {
             let pid = match observer {
                 Observer::None => None,
                 Observer::Lifeline => Some(lab.agent(bins, &[])?),
                 other => Some(lab.bpftrace_running(&other.bpftrace().expect("a bpftrace observer"))?),
             };
-            let stats0 = pid.map_or_else(BTreeMap::new, prog_stats);
-            let rate = pingpong(&lab, bins)?;
-            if let Some(p) = pid {
-                let rows = per_call(&stats0, &prog_stats(p));
-                let total: f64 = rows.iter().map(|(_, c, ns)| *c as f64 * ns).sum();
-                kernel_ns
-                    .entry(observer)
-                    .or_default()
-                    .push(total / (rate * CHURN_SECONDS as f64));
-                if round == ROUNDS - 1 || calls.get(&observer).is_none_or(Vec::is_empty) {
-                    calls.insert(observer, rows);
-                }
-                lab.stop(p);
-            }
-            if observer == Observer::None {
-                baseline = rate;
-            }
-            eprintln!("round {round}: {:<52} {rate:8.0} round trips/s", observer.label());
-            rates.entry(observer).or_default().push(rate);
-            ratios.entry(observer).or_default().push(rate / baseline);
+            let (rate, seen) = observed(&mut lab, pid, |lab| pingpong(lab, bins))?;
+            let rows = seen.map(|(_, rows)| rows);
+            eprintln!("{:<52} {rate:8.0} round trips/s", observer.label());
+            tally.record(observer, rate, CHURN_SECONDS as f64, rows);
         }
     }
 
@@ -136,34 +90,20 @@ pub(super) fn segments_section(bins: &Bins, report: &mut Report) -> Result {
     );
     report.line("| --- | ---: | ---: | ---: | --- |");
     for observer in order {
-        let rate = median(rates[&observer].clone());
-        let per_call_text = calls
-            .get(&observer)
-            .map(|rows| {
-                rows.iter()
-                    .map(|(n, c, ns)| format!("{n}: {ns:.1} ns × {c}"))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            })
-            .unwrap_or_else(|| "—".into());
-        let kernel = kernel_ns
-            .get(&observer)
-            .map_or("—".into(), |v| format!("{:.1} ns", median(v.clone())));
+        let kernel = tally
+            .programs_ns(observer)
+            .map_or("—".into(), |ns| format!("{ns:.1} ns"));
         report.line(format!(
-            "| {} | {rate:.0} | {:.3} | {kernel} | {per_call_text} |",
+            "| {} | {:.0} | {:.3} | {kernel} | {} |",
             observer.label(),
-            median(ratios[&observer].clone()),
+            tally.rate(observer),
+            tally.ratio(observer),
+            tally.per_call_text(observer),
         ));
     }
-    let first_call = |o: Observer, name: &str| {
-        calls
-            .get(&o)
-            .and_then(|rows| rows.iter().find(|r| r.0 == name))
-            .map_or(f64::NAN, |r| r.2)
-    };
     let (ours, theirs) = (
-        first_call(Observer::Lifeline, "tcp_probe"),
-        first_call(Observer::BpftraceProbe, "tcp_probe"),
+        tally.per_call(Observer::Lifeline, "tcp_probe"),
+        tally.per_call(Observer::BpftraceProbe, "tcp_probe"),
     );
     report.line("");
     report.line(format!(
