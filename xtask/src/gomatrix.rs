@@ -38,19 +38,18 @@ const VARIANTS: [(&str, &[&str]); 2] = [
 /// Extracts each toolchain and builds the clients that are missing or older than the source.
 pub fn setup() -> Result {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/go-watch/main.go");
-    let changed = fs::metadata(&source)
-        .and_then(|m| m.modified())
-        .map_err(|e| Failed(format!("{}: {e}", source.display())))?;
+    let text = fs::read_to_string(&source).map_err(|e| Failed(format!("{}: {e}", source.display())))?;
     fs::create_dir_all(CLIENTS).map_err(|e| Failed(format!("{CLIENTS}: {e}")))?;
+    // The source the clients were built from, kept beside them: the cache key (not the
+    // source's mtime, which a fresh clone sets to now).
+    let built_from = Path::new(CLIENTS).join("go-watch.source");
+    let same_source = fs::read_to_string(&built_from).is_ok_and(|t| t == text);
     let mut manifest = String::new();
     for (suite, version) in RELEASES {
         let goroot = toolchain(suite, version)?;
         for (variant, flags) in VARIANTS {
             let out = Path::new(CLIENTS).join(format!("go-watch-{version}-{variant}"));
-            let fresh = fs::metadata(&out)
-                .and_then(|m| m.modified())
-                .is_ok_and(|built| built >= changed);
-            if fresh {
+            if same_source && out.is_file() {
                 continue;
             }
             let partial = beside(&out);
@@ -74,6 +73,7 @@ pub fn setup() -> Result {
             "go-watch-{version}-exe go{version}\ngo-watch-{version}-pie go{version}\n"
         ));
     }
+    fs::write(&built_from, &text).map_err(|e| Failed(format!("{}: {e}", built_from.display())))?;
     // What the judgement test runs: every client, with the Go release it must be read as.
     let list = Path::new(CLIENTS).join("MANIFEST");
     fs::write(&list, manifest).map_err(|e| Failed(format!("{}: {e}", list.display())))
