@@ -4,13 +4,14 @@
 //! - `sock/inet_sock_set_state`: every TCP state change whose destination matches `ENDPOINTS`
 //!   (connects, establishment, failures, closes), in any network namespace.
 //! - `tcp/tcp_retransmit_skb`: retransmits on sockets whose destination matches `ENDPOINTS`.
-//! - `tcp/tcp_probe` (typed raw tracepoint: no record is built): every segment that arrives on an established
-//!   socket whose destination matches `ENDPOINTS`, with how far the client had sent by then:
-//!   requests and answers in their order (see `SegmentEvent`).
+//! - `tcp/tcp_probe` (typed raw tracepoint: no record is built): every segment that arrives on
+//!   an established socket whose destination matches `ENDPOINTS`, with how far the client had
+//!   sent by then: requests and answers in their order (see `SegmentEvent`).
 //!
 //! Cost for the node's unrelated traffic: the first test reads one field of the tracepoint
-//! record (the destination port) with a direct load and looks it up in a port bitmap
-//! (`WATCHED_PORTS`, an array map whose lookup the verifier inlines); nothing else is read
+//! record, or of the socket for segments (the destination port), with a direct load and looks
+//! it up in a port bitmap (`WATCHED_PORTS`, an array map whose lookup the verifier inlines;
+//! the filter in `filter.rs` compares immediates instead where it can); nothing else is read
 //! for a socket whose port no endpoint uses. Only candidates pay for the longest-prefix-match
 //! lookup of the address. Inbound activity is sampled from userspace for tracked sockets only.
 //!
@@ -778,7 +779,7 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
     // SAFETY: helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let payload = u32::from(data_len) > KEEPALIVE_RECORD_BYTES;
-    let family: u16 = kernel(sk + u64::from(offset!(segment.skc_family)))?;
+    let family = || kernel::<u16>(sk + u64::from(offset!(segment.skc_family)));
     let netns = match unsafe { SEGMENTS.get(sk) } {
         // A muted connection's segment: its process's loss, never its socket's (the table does
         // not know the socket, and by the time the loss is read its address may be another's).
@@ -802,6 +803,7 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
         }
         None => {
             // First segment of this socket: is it one of the endpoints'?
+            let family = family()?;
             if family != AF_INET && family != AF_INET6 {
                 return Ok(());
             }
@@ -839,6 +841,8 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
     };
     // Full map: the segment is still reported, only not coalesced.
     let _ = SEGMENTS.insert(sk, state, 0);
+    // Read again only for a segment that is sent (the common one, coalesced, returned above).
+    let family = family()?;
     let sport: u16 = kernel(sk + u64::from(offset!(segment.skc_num))).unwrap_or(0);
     let Some(mut entry) = EVENTS.reserve::<SegmentEvent>(0) else {
         // Softirq: no process to name; the socket.
