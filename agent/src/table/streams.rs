@@ -29,7 +29,9 @@ pub mod frame {
     /// frames may have gone unseen.
     pub const LOST_PLACE: u8 = 0xff;
     /// Not a frame: a goroutine of the client began reading this connection; every frame it
-    /// reads from now on is seen.
+    /// reads from now on is seen. The kernel says it once per reader; said again for the same
+    /// connection, the kernel had forgotten its reader (its map evicted the entry, or the
+    /// socket was briefly not found), and frames read meanwhile may have gone unseen.
     pub const READING: u8 = 0xfe;
     /// Not a frame: the connection began (its preface was written) under the probes; its
     /// reader's first read precedes its first frame, so every frame of it is seen, whatever
@@ -97,6 +99,8 @@ pub struct Streams {
     open: BTreeMap<u32, Stream>,
     /// The client's reads of this connection are followed (see [`frame::READING`]).
     pub reading: bool,
+    /// A reader's [`frame::READING`] came: another one means frames may have gone unseen.
+    reader_seen: bool,
     /// Frames seen each way.
     pub frames_sent: u64,
     pub frames_received: u64,
@@ -144,6 +148,12 @@ impl Streams {
             }
         }
         if frame_type == frame::READING || frame_type == frame::FRESH {
+            if frame_type == frame::READING {
+                if self.reader_seen {
+                    self.lost_evidence();
+                }
+                self.reader_seen = true;
+            }
             self.reading = true;
             return;
         }

@@ -129,6 +129,26 @@ fn streams_older_than_lifeline_are_listed_never_judged() {
 }
 
 #[test]
+fn a_reader_said_again_is_a_reader_the_kernel_forgot_and_its_streams_are_not_judged() {
+    let t0 = Instant::now();
+    let mut s = followed(t0);
+    s.apply(t0, true, HEADERS, 0x4, 1, Some(watch(60, "pods")));
+    // The kernel's entry for the reader was evicted: frames read meanwhile may be unseen.
+    s.apply(secs(t0, 1), false, READING, 0, 0, None);
+    assert!(s.stuck(secs(t0, 100_000), STALE, GRACE, MAX_WATCH).is_empty());
+    // A stream begun after it is followed whole again.
+    s.apply(secs(t0, 2), true, HEADERS, 0x4, 3, Some(watch(60, "pods")));
+    let stuck = s.stuck(secs(t0, 2 + 60 + 121), STALE, GRACE, MAX_WATCH);
+    assert_eq!(stuck.iter().map(|st| st.stream).collect::<Vec<_>>(), [3]);
+    // The first reader after the preface marker is no loss.
+    let mut fresh = Streams::default();
+    fresh.apply(t0, true, FRESH, 0, 0, None);
+    fresh.apply(t0, true, HEADERS, 0x4, 1, Some(watch(60, "pods")));
+    fresh.apply(t0, false, READING, 0, 0, None);
+    assert_eq!(fresh.stuck(secs(t0, 60 + 121), STALE, GRACE, MAX_WATCH).len(), 1);
+}
+
+#[test]
 fn a_reset_either_way_ends_the_stream_and_memory_is_bounded() {
     let t0 = Instant::now();
     let mut s = followed(t0);
