@@ -126,15 +126,6 @@ pub struct HeaderEvent {
     pub value: [u8; HEADER_VALUE_MAX],
 }
 
-/// Where a watched socket's written HTTP/2 frames stand (map `WRITE_FRAMES`, by socket):
-/// bytes of the current frame still to come in later writes.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct FrameCursor {
-    pub remaining: u32,
-    pub _pad: u32,
-}
-
 /// Key of maps kept per goroutine of a process.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -280,8 +271,8 @@ pub mod loss_cause {
 /// value is a count per CPU that only grows; userspace reads differences and removes keys
 /// that stopped growing.
 ///
-/// The most precise scope the program had: `sk` (the socket's kernel address) when known,
-/// with its ports; else `tgid` (a header record, which knows its process and goroutine only).
+/// The most precise scope the program had: `sk` (the socket's kernel address) when known;
+/// else `tgid` (a header record, which knows its process and goroutine only).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LossKey {
@@ -289,10 +280,7 @@ pub struct LossKey {
     /// 0 where the program runs for no process in particular (softirq).
     pub tgid: u32,
     pub cause: u16,
-    /// Host byte order; 0 when unknown.
-    pub sport: u16,
-    pub dport: u16,
-    pub _pad: [u16; 3],
+    pub _pad: [u16; 5],
 }
 
 /// Entries of the `LOSSES` map. Beyond them a loss is counted node-wide (`counter::UNSCOPED`).

@@ -27,8 +27,8 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use lifeline_common::{
-    direction, header_field, loss_cause, protocol, EventKind, FrameCursor, FrameEvent, GoroutineKey,
-    HeaderEvent, StreamKey, FRAME_COALESCE_NS, HEADER_VALUE_MAX,
+    direction, header_field, loss_cause, protocol, EventKind, FrameEvent, GoroutineKey, HeaderEvent,
+    StreamKey, FRAME_COALESCE_NS, HEADER_VALUE_MAX,
 };
 
 use crate::{bump, counter, lost, stream_budget, EVENTS, OFFSETS, SEGMENTS};
@@ -53,21 +53,34 @@ const FRAMES_PER_WRITE: u32 = 32;
 /// Largest frame payload any peer may allow (2^24 - 1).
 const MAX_FRAME: u32 = (1 << 24) - 1;
 
-/// Where each watched socket's written frames stand, by socket address.
+/// What each goroutine last read: the watched connection under its `*tls.Conn` (Go's HTTP/2
+/// read loop reads only one), and the stream whose DATA it last reported: a read of the same
+/// connection again, or a DATA frame of that stream within `FRAME_COALESCE_NS`, costs this
+/// one lookup. (A per-CPU slot in front of it was tried and measured worse: the read loop
+/// parks between its read and the frame header, and 4 clients on 2 CPUs overwrote the slot.)
 #[map]
-static WRITE_FRAMES: LruHashMap<u64, FrameCursor> = LruHashMap::with_max_entries(16384, 0);
+static READERS: LruHashMap<GoroutineKey, Reader> = LruHashMap::with_max_entries(16384, 0);
 
-/// The watched socket each goroutine last read from (its HTTP/2 read loop reads only one).
-#[map]
-static READERS: LruHashMap<GoroutineKey, u64> = LruHashMap::with_max_entries(16384, 0);
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Reader {
+    /// The `*tls.Conn`, and its `net.Conn` data word (a conn at a reused address differs).
+    conn: u64,
+    data: u64,
+    sk: u64,
+    /// The stream whose DATA was last reported (0: none) and when.
+    stream_id: u32,
+    _pad: u32,
+    data_sent_ns: u64,
+}
 
-/// The socket under each `*tls.Conn` found so far, by process and address: a read or write on
-/// a connection already known costs a lookup and one user read (the `net.Conn` data word,
-/// which must still be the one the socket was found under), not the walk through the file
-/// table. An entry is trusted only while the segment program keeps its socket (an established
-/// connection to an endpoint).
+/// Each `*tls.Conn` found so far, by process and address: its socket and where its written
+/// frames stand. A write on a connection already known costs this lookup and one of
+/// `SEGMENTS`, not the walk through the file table. An entry is trusted only while the segment
+/// program keeps its socket (an established connection to an endpoint) and the `net.Conn` data
+/// word is the one it was found under; a walk starts it afresh, out of step with the frames.
 #[map]
-static TLS_SOCKETS: LruHashMap<TlsConnKey, TlsConnSocket> = LruHashMap::with_max_entries(16384, 0);
+static TLS_CONNS: LruHashMap<TlsConnKey, TlsConn> = LruHashMap::with_max_entries(16384, 0);
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -79,10 +92,14 @@ struct TlsConnKey {
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct TlsConnSocket {
+struct TlsConn {
     /// The `net.Conn` interface's data word of the `tls.Conn` when its socket was found.
     data: u64,
     sk: u64,
+    /// Bytes of the current written frame still to come in later writes, when `in_step`.
+    remaining: u32,
+    /// 1 while the written frames are followed; 0 until a write starts a frame.
+    in_step: u32,
 }
 
 /// When a DATA frame of each stream was last sent (see `FRAME_COALESCE_NS`).
@@ -144,31 +161,38 @@ fn tcp_conn_socket(tcp: u64) -> Option<u64> {
     watched_socket(fd)
 }
 
-/// The watched socket under a `*tls.Conn`: its `conn net.Conn` (first field) holds a
-/// `*net.TCPConn`; or a dialer's wrapper that embeds the `net.Conn` among its first fields
-/// (client-go's connection rotation, used by the kubelet, has a func before it): the
-/// interface's data word is tried at +8, +16 and +24 of the wrapper.
+/// The watched connection of the `*tls.Conn` at `conn`, whose `net.Conn` data word is `data`:
+/// its first field holds a `*net.TCPConn`, or a dialer's wrapper that embeds the `net.Conn`
+/// among its first fields (client-go's connection rotation, used by the kubelet, has a func
+/// before it): the interface's data word is tried at +8, +16 and +24 of the wrapper.
 #[inline(always)]
-fn tls_socket(conn: u64) -> Option<u64> {
-    let data = user_u64(conn + 8)?;
+fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
     let key = TlsConnKey {
         conn,
         tgid: tgid(),
         _pad: 0,
     };
-    // SAFETY: copied out at once.
-    if let Some(known) = unsafe { TLS_SOCKETS.get(key) }.copied() {
-        // SAFETY: as above.
+    if let Some(known) = TLS_CONNS.get_ptr_mut(key) {
+        // SAFETY: a map value, used by this call only (Go writes a conn under its lock).
+        let known = unsafe { &mut *known };
+        // SAFETY: copied out at once.
         if known.data == data && unsafe { SEGMENTS.get(known.sk) }.is_some() {
-            return Some(known.sk);
+            return Some(known);
         }
     }
     let sk = walk_to_socket(data)?;
-    let _ = TLS_SOCKETS.insert(key, TlsConnSocket { data, sk }, 0);
-    Some(sk)
+    let found = TlsConn {
+        data,
+        sk,
+        remaining: 0,
+        in_step: 0,
+    };
+    let _ = TLS_CONNS.insert(key, found, 0);
+    // SAFETY: as above.
+    TLS_CONNS.get_ptr_mut(key).map(|known| unsafe { &mut *known })
 }
 
-/// The watched socket under a `tls.Conn`'s `net.Conn` data word `data` (see [`tls_socket`]).
+/// The watched socket under a `tls.Conn`'s `net.Conn` data word `data` (see [`tls_conn`]).
 #[inline(always)]
 fn walk_to_socket(data: u64) -> Option<u64> {
     if let Some(sk) = tcp_conn_socket(data) {
@@ -218,7 +242,7 @@ fn send_frame(sk: u64, goroutine: u64, frame_type: u8, flags: u8, stream_id: u32
         return;
     }
     let Some(mut entry) = EVENTS.reserve::<FrameEvent>(0) else {
-        lost(sk, tgid, 0, 0, loss_cause::RING_FULL);
+        lost(sk, tgid, loss_cause::RING_FULL);
         return;
     };
     entry.write(FrameEvent {
@@ -270,7 +294,7 @@ fn try_go_write_header(ctx: &ProbeContext) -> Option<()> {
         return None;
     }
     let Some(mut entry) = EVENTS.reserve::<HeaderEvent>(0) else {
-        lost(0, tgid, 0, 0, loss_cause::RING_FULL);
+        lost(0, tgid, loss_cause::RING_FULL);
         return None;
     };
     let event = entry.as_mut_ptr();
@@ -300,25 +324,44 @@ fn try_go_write_header(ctx: &ProbeContext) -> Option<()> {
 
 #[uprobe]
 pub fn go_tls_read(ctx: ProbeContext) -> u32 {
-    let r = regs(&ctx);
+    let _ = try_go_tls_read(&ctx);
+    0
+}
+
+/// `(*tls.Conn).Read`: RAX the conn.
+fn try_go_tls_read(ctx: &ProbeContext) -> Option<()> {
+    let r = regs(ctx);
     let key = GoroutineKey {
         goroutine: r.r14,
         tgid: tgid(),
         _pad: 0,
     };
-    match tls_socket(r.rax) {
-        Some(sk) => {
-            // SAFETY: copied out at once.
-            if unsafe { READERS.get(key) }.copied() != Some(sk) {
-                let _ = READERS.insert(key, sk, 0);
-                send_frame(sk, r.r14, READING, 0, 0, 0, direction::RECEIVED);
-            }
+    let conn = r.rax;
+    let data = user_u64(conn + 8)?;
+    // SAFETY: copied out at once.
+    if let Some(reader) = unsafe { READERS.get(key) } {
+        if reader.conn == conn && reader.data == data {
+            return Some(());
+        }
+    }
+    match tls_conn(conn, data) {
+        Some(found) => {
+            let reader = Reader {
+                conn,
+                data,
+                sk: found.sk,
+                stream_id: 0,
+                _pad: 0,
+                data_sent_ns: 0,
+            };
+            let _ = READERS.insert(key, reader, 0);
+            send_frame(reader.sk, r.r14, READING, 0, 0, 0, direction::RECEIVED);
         }
         None => {
             let _ = READERS.remove(key);
         }
     }
-    0
+    Some(())
 }
 
 #[uprobe]
@@ -340,30 +383,46 @@ fn try_go_frame_header(ctx: &ProbeContext) -> Option<()> {
         tgid: tgid(),
         _pad: 0,
     };
-    // SAFETY: copied out at once.
-    let sk = *unsafe { READERS.get(key) }?;
+    // SAFETY: a map value, used by this call only (a goroutine runs on one CPU at a time).
+    let reader = unsafe { &mut *READERS.get_ptr_mut(key)? };
+    let sk = reader.sk;
     let (frame_type, flags) = (r.rbx as u8, r.rcx as u8);
     let (length, stream_id) = (r.rdi as u32, r.rsi as u32 & 0x7fff_ffff);
     match frame_type {
         HEADERS | RST_STREAM | GOAWAY => {}
         DATA => {
+            // SAFETY: helper with no preconditions.
+            let now = unsafe { bpf_ktime_get_ns() };
+            let ends = flags & END_STREAM != 0;
+            if !ends
+                && reader.stream_id == stream_id
+                && now.wrapping_sub(reader.data_sent_ns) < FRAME_COALESCE_NS
+            {
+                return None;
+            }
             let stream = StreamKey {
                 sk,
                 stream_id,
                 _pad: 0,
             };
-            // SAFETY: helper with no preconditions.
-            let now = unsafe { bpf_ktime_get_ns() };
-            if flags & END_STREAM != 0 {
+            if ends {
                 let _ = STREAM_SEEN.remove(stream);
+                if reader.stream_id == stream_id {
+                    reader.stream_id = 0;
+                }
             } else {
+                // Another stream than the one last reported: its own time.
                 // SAFETY: copied out at once.
-                if let Some(last) = unsafe { STREAM_SEEN.get(stream) } {
-                    if now.wrapping_sub(*last) < FRAME_COALESCE_NS {
+                if let Some(sent) = unsafe { STREAM_SEEN.get(stream) }.copied() {
+                    if now.wrapping_sub(sent) < FRAME_COALESCE_NS {
+                        reader.stream_id = stream_id;
+                        reader.data_sent_ns = sent;
                         return None;
                     }
                 }
                 let _ = STREAM_SEEN.insert(stream, now, 0);
+                reader.stream_id = stream_id;
+                reader.data_sent_ns = now;
             }
         }
         _ => return None,
@@ -390,12 +449,13 @@ pub fn go_tls_write(ctx: ProbeContext) -> u32 {
 fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
     let r = regs(ctx);
     let (buf, len, goroutine) = (r.rbx, r.rcx, r.r14);
-    let sk = tls_socket(r.rax)?;
+    let data = user_u64(r.rax + 8)?;
+    let conn = tls_conn(r.rax, data)?;
+    let sk = conn.sk;
     let mut head = [0u8; 9];
-    // SAFETY: copied out at once.
-    let mut at = match unsafe { WRITE_FRAMES.get(sk) } {
-        Some(cursor) => u64::from(cursor.remaining),
-        None => {
+    let mut at = match conn.in_step {
+        1 => u64::from(conn.remaining),
+        _ => {
             // Not in step yet: the connection's first write (the preface), or a write that
             // starts with a frame (Go's transport flushes whole frames, as a rule).
             // SAFETY: a user address; the helper tolerates any.
@@ -411,7 +471,7 @@ fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
                 if !plausible(length, head[3], stream) {
                     // Mid-frame with no cursor (evicted, or the connection began before the
                     // probes): this write's frames go unseen, and userspace is told so.
-                    return lose_place(sk, goroutine);
+                    return lose_place(conn, goroutine);
                 }
                 0
             }
@@ -423,17 +483,17 @@ fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
         }
         if at + 9 > len {
             // A header split across writes: rare; find the next frame start instead.
-            return lose_place(sk, goroutine);
+            return lose_place(conn, goroutine);
         }
         // SAFETY: as above.
         if unsafe { bpf_probe_read_user_buf((buf + at) as *const u8, &mut head) }.is_err() {
-            return lose_place(sk, goroutine);
+            return lose_place(conn, goroutine);
         }
         let length = u32::from(head[0]) << 16 | u32::from(head[1]) << 8 | u32::from(head[2]);
         let (frame_type, flags) = (head[3], head[4]);
         let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
         if !plausible(length, frame_type, stream) {
-            return lose_place(sk, goroutine);
+            return lose_place(conn, goroutine);
         }
         let report = match frame_type {
             HEADERS | RST_STREAM | GOAWAY => true,
@@ -447,27 +507,18 @@ fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
     }
     if at < len {
         // More frames than one call reads: lose the position rather than guess.
-        return lose_place(sk, goroutine);
+        return lose_place(conn, goroutine);
     }
-    let cursor = FrameCursor {
-        remaining: (at - len) as u32,
-        _pad: 0,
-    };
-    let _ = WRITE_FRAMES.insert(sk, cursor, 0);
+    conn.remaining = (at - len) as u32;
+    conn.in_step = 1;
     Some(())
 }
 
-/// Forgets where the written frames of socket `sk` stood (it left ESTABLISHED).
-#[inline(always)]
-pub(crate) fn forget(sk: u64) {
-    let _ = WRITE_FRAMES.remove(sk);
-}
-
-/// The written frames can no longer be followed on `sk` until a write starts a frame again:
+/// The written frames can no longer be followed on `conn` until a write starts a frame again:
 /// userspace stops judging the connection's open streams (one of their ends may go unseen).
 #[inline(always)]
-fn lose_place(sk: u64, goroutine: u64) -> Option<()> {
-    let _ = WRITE_FRAMES.remove(sk);
-    send_frame(sk, goroutine, LOST_PLACE, 0, 0, 0, direction::SENT);
+fn lose_place(conn: &mut TlsConn, goroutine: u64) -> Option<()> {
+    conn.in_step = 0;
+    send_frame(conn.sk, goroutine, LOST_PLACE, 0, 0, 0, direction::SENT);
     None
 }

@@ -179,10 +179,10 @@ fn bump(index: u32) {
     }
 }
 
-/// A record about socket `sk` (0: unknown; then `sport`/`dport`, else process `tgid`) was not
-/// sent, for `cause`: counted where userspace finds whose evidence it was.
+/// A record about socket `sk` (0: unknown; then process `tgid`, 0: unknown too) was not sent,
+/// for `cause`: counted where userspace finds whose evidence it was.
 #[inline(always)]
-pub(crate) fn lost(sk: u64, tgid: u32, sport: u16, dport: u16, cause: u16) {
+pub(crate) fn lost(sk: u64, tgid: u32, cause: u16) {
     if cause == loss_cause::RING_FULL {
         bump(counter::LOST);
     }
@@ -190,9 +190,7 @@ pub(crate) fn lost(sk: u64, tgid: u32, sport: u16, dport: u16, cause: u16) {
         sk,
         tgid,
         cause,
-        sport,
-        dport,
-        _pad: [0; 3],
+        _pad: [0; 5],
     };
     match LOSSES.get_ptr_mut(key) {
         // SAFETY: this CPU's slot; nothing else writes it while this program runs here.
@@ -216,7 +214,7 @@ pub(crate) fn stream_budget(sk: u64, tgid: u32) -> bool {
     if take_budget(&STREAM_BUDGETS, tgid, now, limit) {
         return true;
     }
-    lost(sk, tgid, 0, 0, loss_cause::RATE_LIMITED);
+    lost(sk, tgid, loss_cause::RATE_LIMITED);
     false
 }
 
@@ -388,7 +386,7 @@ fn emit(kind: EventKind, w: &Watched, old_state: u32, new_state: u32, owner: Opt
             None if connect => (bpf_get_current_pid_tgid() >> 32) as u32,
             None => 0,
         };
-        lost(w.sk, tgid, w.sport, w.dest.dport, loss_cause::RING_FULL);
+        lost(w.sk, tgid, loss_cause::RING_FULL);
         return;
     };
     // Only for sockets that passed the endpoint filter: two reads that tell userspace why a
@@ -511,10 +509,9 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
         }
         if !connect {
             // A muted connection's change: its process's loss, and nothing else.
-            lost(0, tgid, 0, 0, loss_cause::RATE_LIMITED);
+            lost(0, tgid, loss_cause::RATE_LIMITED);
             if new != tcp_state::ESTABLISHED {
                 let _ = SEGMENTS.remove(sk);
-                gotls::forget(sk);
             }
             return Ok(());
         }
@@ -558,8 +555,8 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
                 // Connects by the thousand: this one is muted (its connect and establishment
                 // are its process's loss).
                 let _ = MUTED.insert(sk, held.tgid, 0);
-                lost(0, held.tgid, 0, 0, loss_cause::RATE_LIMITED);
-                lost(0, held.tgid, 0, 0, loss_cause::RATE_LIMITED);
+                lost(0, held.tgid, loss_cause::RATE_LIMITED);
+                lost(0, held.tgid, loss_cause::RATE_LIMITED);
                 return Ok(());
             }
             // It connected: its connect is sent now, then what happened.
@@ -585,8 +582,6 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i32> {
     }
     if new != tcp_state::ESTABLISHED {
         let _ = SEGMENTS.remove(sk);
-        // A socket later allocated at the same address starts with its own preface.
-        gotls::forget(sk);
     }
     if old == tcp_state::SYN_SENT {
         // Read by `ended_with` for this event; not needed any more.
@@ -784,7 +779,7 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
         // A muted connection's segment: its process's loss, never its socket's (the table does
         // not know the socket, and by the time the loss is read its address may be another's).
         Some(last) if last.muted_tgid != 0 => {
-            lost(0, last.muted_tgid, 0, 0, loss_cause::RATE_LIMITED);
+            lost(0, last.muted_tgid, loss_cause::RATE_LIMITED);
             return Ok(());
         }
         Some(last) => {
@@ -826,7 +821,7 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
                     muted_tgid: tgid,
                 };
                 let _ = SEGMENTS.insert(sk, muted, 0);
-                lost(0, tgid, 0, 0, loss_cause::RATE_LIMITED);
+                lost(0, tgid, loss_cause::RATE_LIMITED);
                 return Ok(());
             }
             netns_inum(ctx, sk)
@@ -843,12 +838,12 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
     let _ = SEGMENTS.insert(sk, state, 0);
     // Read again only for a segment that is sent (the common one, coalesced, returned above).
     let family = family()?;
-    let sport: u16 = kernel(sk + u64::from(offset!(segment.skc_num))).unwrap_or(0);
     let Some(mut entry) = EVENTS.reserve::<SegmentEvent>(0) else {
         // Softirq: no process to name; the socket.
-        lost(sk, 0, sport, dport, loss_cause::RING_FULL);
+        lost(sk, 0, loss_cause::RING_FULL);
         return Ok(());
     };
+    let sport: u16 = kernel(sk + u64::from(offset!(segment.skc_num))).unwrap_or(0);
     let srtt: u32 = kernel::<u32>(sk + u64::from(offset!(segment.tcp_srtt_us))).unwrap_or(0) >> 3;
     let snd_una: u32 = kernel(sk + u64::from(offset!(segment.tcp_snd_una))).unwrap_or(snd_nxt);
     let saddr = socket_addr(sk, family, true).unwrap_or([0; 16]);

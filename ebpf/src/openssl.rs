@@ -173,7 +173,7 @@ fn send_frame(sk: u64, frame_type: u8, flags: u8, length: u32, dir: u8) {
         return;
     }
     let Some(mut entry) = EVENTS.reserve::<FrameEvent>(0) else {
-        lost(sk, tgid, 0, 0, loss_cause::RING_FULL);
+        lost(sk, tgid, loss_cause::RING_FULL);
         return;
     };
     entry.write(FrameEvent {
@@ -370,7 +370,7 @@ fn send_header(field: u32, from: *const u8, copy: u32, len: u32) {
         return;
     }
     let Some(mut entry) = EVENTS.reserve::<HeaderEvent>(0) else {
-        lost(0, tgid, 0, 0, loss_cause::RING_FULL);
+        lost(0, tgid, loss_cause::RING_FULL);
         return;
     };
     let event = entry.as_mut_ptr();

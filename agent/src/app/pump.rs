@@ -601,21 +601,16 @@ mod tests {
 
     #[test]
     fn a_loss_is_charged_to_the_most_precise_scope_the_kernel_had() {
-        let loss = |sk, tgid, sport, dport| LossKey {
+        let loss = |sk, tgid| LossKey {
             sk,
             tgid,
             cause: lifeline_common::loss_cause::RING_FULL,
-            sport,
-            dport,
-            _pad: [0; 3],
+            _pad: [0; 5],
         };
-        assert_eq!(
-            loss_scope(&loss(0xa, 7, 40000, 443)),
-            GapScope::Socket { sk: 0xa, tgid: 7 }
-        );
-        assert_eq!(loss_scope(&loss(0, 0, 40000, 443)), GapScope::Node);
-        assert_eq!(loss_scope(&loss(0, 7, 0, 0)), GapScope::Process(7));
-        assert_eq!(loss_scope(&loss(0, 0, 0, 0)), GapScope::Node);
+        assert_eq!(loss_scope(&loss(0xa, 7)), GapScope::Socket { sk: 0xa, tgid: 7 });
+        assert_eq!(loss_scope(&loss(0, 0)), GapScope::Node);
+        assert_eq!(loss_scope(&loss(0, 7)), GapScope::Process(7));
+        assert_eq!(loss_scope(&loss(0, 0)), GapScope::Node);
     }
 
     #[test]
