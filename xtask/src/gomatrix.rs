@@ -35,7 +35,8 @@ const VARIANTS: [(&str, &[&str]); 2] = [
     ("pie", &["-buildmode=pie", "-ldflags=-s -w"]),
 ];
 
-/// Extracts each toolchain and builds the clients that are missing or older than the source.
+/// Extracts each toolchain and builds the clients that are missing or were built from another
+/// source text.
 pub fn setup() -> Result {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/go-watch/main.go");
     let text = fs::read_to_string(&source).map_err(|e| Failed(format!("{}: {e}", source.display())))?;

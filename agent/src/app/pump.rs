@@ -608,7 +608,6 @@ mod tests {
             _pad: [0; 5],
         };
         assert_eq!(loss_scope(&loss(0xa, 7)), GapScope::Socket { sk: 0xa, tgid: 7 });
-        assert_eq!(loss_scope(&loss(0, 0)), GapScope::Node);
         assert_eq!(loss_scope(&loss(0, 7)), GapScope::Process(7));
         assert_eq!(loss_scope(&loss(0, 0)), GapScope::Node);
     }
