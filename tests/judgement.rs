@@ -6,6 +6,7 @@
 //! silence beyond a learned rhythm, forked children, removed endpoints and the failure reasons; and
 //! an OpenSSL client's requests (python3-kubernetes): a hung watch named, no secret in any output.
 use std::{
+    fs,
     net::SocketAddr,
     process::{Command, Stdio},
     thread,
@@ -939,7 +940,8 @@ fn every_go_release_s_hung_watch_is_stuck_and_named() {
 }
 
 /// A python3-kubernetes client (`tests/clients/py-streams.py`) against `ll-apiserver`: `args`
-/// and `env` as the script takes them.
+/// and `env` as the script takes them. After its first list it waits for
+/// [`release_python_clients`].
 fn python_client(api: &ApiServer, dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Watched {
     let kubeconfig = dir.path().join("kubeconfig");
     write_kubeconfig(&kubeconfig, &api.url(), &api.ca_pem());
@@ -947,9 +949,30 @@ fn python_client(api: &ApiServer, dir: &TempDir, args: &[&str], env: &[(&str, &s
     cmd.arg(client_script("py-streams.py"))
         .arg("--kubeconfig")
         .arg(&kubeconfig)
+        .arg("--go-when")
+        .arg(dir.path().join("go"))
         .args(args)
         .envs(env.iter().copied());
     Watched::spawn("py-streams.py", cmd)
+}
+
+/// Waits until the agent follows `pids`' libssl (probed once a client is connected: what a
+/// client sends before that goes unseen, and a hung watch is never sent again), then lets
+/// the python clients of `dir` go on.
+fn release_python_clients(agent: &Agent, dir: &TempDir, pids: &[u32]) {
+    agent.wait_clients(secs(20.0), "the python clients' libssl probed", |clients| {
+        pids.iter()
+            .all(|pid| {
+                find_pid(clients, *pid).is_some_and(|c| {
+                    c["visibility"] == "streams"
+                        && c["visibility_reason"]
+                            .as_str()
+                            .is_some_and(|r| r.starts_with("OpenSSL HTTP/1.1 client (libssl.so.3)"))
+                })
+            })
+            .then_some(())
+    });
+    fs::write(dir.path().join("go"), "").expect("the python clients' go file");
 }
 
 /// The streams `/api/v1/clients` lists for `pid`.
@@ -986,6 +1009,7 @@ fn an_openssl_clients_hung_watch_is_stuck_and_a_flowing_one_is_listed() {
         &[],
     );
     let (hung_pid, flowing_pid) = (hung.pid(), flowing.pid());
+    release_python_clients(&agent, &dir, &[hung_pid, flowing_pid]);
     let c = agent.wait_clients(
         secs(20.0),
         "both python clients seen at stream level",
@@ -1088,6 +1112,7 @@ fn no_token_and_no_body_byte_of_an_openssl_client_leaves_the_kernel() {
         ],
         &[("PY_STREAMS_TOKEN", TOKEN), ("PY_STREAMS_NOTE", DATA)],
     );
+    release_python_clients(&agent, &dir, &[py.pid()]);
     py.wait_line(secs(20.0), "the event created", |l| l.text == "CREATED");
     // The create went through the probes: its request line (token and body in the same
     // write) is the stream listed until the watch replaces it.

@@ -4,10 +4,12 @@
 Run it with /usr/bin/python3 (Debian's python3-kubernetes is installed for that interpreter):
 
     /usr/bin/python3 py-streams.py --kubeconfig PATH
-        --resource pods|namespaces|events [--timeout-seconds N] [--create-event NAME]
+        --resource pods|namespaces|events --go-when PATH [--timeout-seconds N]
+        [--create-event NAME]
 
-As a controller does: it lists namespaces first, then waits 2 s (lifeline probes a client's
-libssl once the client is connected, so its first requests may go unseen), optionally creates
+As a controller does: it lists namespaces first, then waits until file PATH exists (lifeline
+probes a client's libssl once the client is connected, so its first requests may go unseen:
+the test creates PATH once lifeline says it follows the client), optionally creates
 Event NAME in namespace default with message $PY_STREAMS_NOTE (in the request body) and
 waits 2 s (its request stays the connection's last), then watches RESOURCE in all namespaces with `timeout_seconds=N` forever, printing `WATCH_START`, one line per event (`<TYPE> <name>`)
 and `WATCH_END` when the server ends a watch. $PY_STREAMS_TOKEN, when set, replaces the
@@ -26,6 +28,7 @@ def main():
     parser.add_argument("--resource", choices=["pods", "namespaces", "events"], required=True)
     parser.add_argument("--timeout-seconds", type=int, default=60)
     parser.add_argument("--create-event")
+    parser.add_argument("--go-when", required=True)
     args = parser.parse_args()
     token = os.environ.get("PY_STREAMS_TOKEN")
     note = os.environ.get("PY_STREAMS_NOTE", "")
@@ -36,7 +39,8 @@ def main():
         configuration.api_key = {"authorization": "Bearer " + token}
     v1 = client.CoreV1Api(client.ApiClient(configuration))
     v1.list_namespace()
-    time.sleep(2)
+    while not os.path.exists(args.go_when):
+        time.sleep(0.05)
     if args.create_event:
         body = {
             "apiVersion": "v1",
