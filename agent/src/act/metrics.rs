@@ -73,6 +73,53 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(
 
 /// Resource label values per client (see `Metrics::update_streams`).
 pub const RESOURCES_PER_CLIENT: usize = 32;
+/// Resource label values of all clients of the node together, per tick: 64 clients at the
+/// per-client bound. Past it, a client's resources not named yet count as `other`, so many
+/// processes each requesting made-up paths cannot multiply the series either.
+pub const RESOURCES_PER_NODE: usize = 2048;
+
+/// The `resource` label values of one tick: what the node still allows.
+struct ResourceLabels {
+    node_left: usize,
+}
+
+impl ResourceLabels {
+    fn new() -> Self {
+        Self {
+            node_left: RESOURCES_PER_NODE,
+        }
+    }
+
+    /// The chooser for one client's streams.
+    fn client(&mut self) -> ClientResources<'_> {
+        ClientResources {
+            node_left: &mut self.node_left,
+            named: HashSet::new(),
+        }
+    }
+}
+
+/// The `resource` label values of one client in one tick.
+struct ClientResources<'a> {
+    node_left: &'a mut usize,
+    named: HashSet<String>,
+}
+
+impl ClientResources<'_> {
+    /// `resource` itself while the client's and the node's bounds allow a new value (or it is
+    /// named already), else `other`.
+    fn label<'r>(&mut self, resource: &'r str) -> &'r str {
+        if self.named.contains(resource) {
+            return resource;
+        }
+        if self.named.len() < RESOURCES_PER_CLIENT && *self.node_left > 0 {
+            *self.node_left -= 1;
+            self.named.insert(resource.to_owned());
+            return resource;
+        }
+        "other"
+    }
+}
 
 fn labels(extra: &[&'static str]) -> Vec<&'static str> {
     CLIENT_LABELS.iter().chain(extra).copied().collect()
@@ -293,23 +340,21 @@ impl Metrics {
     }
 
     /// The stream gauges of one client: open watches and stuck streams per resource. At most
-    /// [`RESOURCES_PER_CLIENT`] resource values per client; the rest count as `other`, so a
-    /// client requesting made-up paths cannot grow the series without bound.
-    fn update_streams(&self, client: &crate::health::snapshot::ClientSnapshot, labels: &[String; 4]) {
-        let mut seen: HashSet<String> = HashSet::new();
-        let mut bounded = |resource: &str| -> String {
-            if seen.contains(resource) || seen.len() < RESOURCES_PER_CLIENT {
-                seen.insert(resource.to_owned());
-                resource.to_owned()
-            } else {
-                "other".to_owned()
-            }
-        };
+    /// [`RESOURCES_PER_CLIENT`] resource values per client and [`RESOURCES_PER_NODE`] for all
+    /// clients; the rest count as `other`, so clients requesting made-up paths cannot grow
+    /// the series without bound.
+    fn update_streams(
+        &self,
+        client: &crate::health::snapshot::ClientSnapshot,
+        labels: &[String; 4],
+        resources: &mut ClientResources<'_>,
+    ) {
         for conn in &client.connections {
             for s in &conn.streams {
                 let Some(r) = &s.request else { continue };
-                let resource = bounded(&r.resource);
-                let l = [&labels[0], &labels[1], &labels[2], &labels[3], &resource].map(String::as_str);
+                let resource = resources.label(&r.resource);
+                let l = [&labels[0], &labels[1], &labels[2], &labels[3]].map(String::as_str);
+                let l = [l[0], l[1], l[2], l[3], resource];
                 if r.kind == crate::table::streams::request::Kind::Watch {
                     self.client_watches.with_label_values(&l).inc();
                 }
@@ -332,6 +377,7 @@ impl Metrics {
         let mut worst: HashMap<[String; 4], (State, Option<f64>)> = HashMap::new();
         // Counter series stay while the table knows the process; gauges are for listed ones.
         let known: HashSet<[String; 4]> = snap.clients.iter().map(|c| c.labels()).collect();
+        let mut resources = ResourceLabels::new();
         for client in snap.clients.iter().filter(|c| c.listed()) {
             let labels = client.labels();
             let state = client.verdict.state;
@@ -350,7 +396,7 @@ impl Metrics {
                 let l = [&labels[0], &labels[1], &labels[2], &labels[3], &endpoint].map(String::as_str);
                 self.client_connections.with_label_values(&l).inc();
             }
-            self.update_streams(client, &labels);
+            self.update_streams(client, &labels, &mut resources.client());
         }
         for (labels, (state, age)) in &worst {
             for s in State::ALL {
@@ -463,6 +509,39 @@ mod tests {
             rest = &tail[end..];
         }
         names
+    }
+
+    /// A client names at most RESOURCES_PER_CLIENT resources, the node at most
+    /// RESOURCES_PER_NODE: past either, new ones are `other`; a named one stays named.
+    #[test]
+    fn resource_labels_are_bounded_per_client_and_per_node() {
+        let mut tick = ResourceLabels::new();
+        let names: Vec<String> = (0..RESOURCES_PER_CLIENT + 8).map(|i| format!("r{i}")).collect();
+        let clients = RESOURCES_PER_NODE / RESOURCES_PER_CLIENT + 3;
+        let mut named = 0;
+        for c in 0..clients {
+            let mut client = tick.client();
+            let mut own = HashSet::new();
+            for name in &names {
+                let label = client.label(name);
+                assert!(label == name || label == "other", "{label}");
+                if label == name {
+                    own.insert(name.clone());
+                    // Asked again, the same value.
+                    assert_eq!(client.label(name), name);
+                }
+            }
+            assert!(own.len() <= RESOURCES_PER_CLIENT, "client {c}: {}", own.len());
+            if c < RESOURCES_PER_NODE / RESOURCES_PER_CLIENT {
+                assert_eq!(own.len(), RESOURCES_PER_CLIENT, "client {c}");
+            } else {
+                assert!(own.is_empty(), "client {c} past the node's bound: {own:?}");
+            }
+            named += own.len();
+        }
+        assert_eq!(named, RESOURCES_PER_NODE);
+        // The next tick starts afresh.
+        assert_eq!(ResourceLabels::new().client().label("pods"), "pods");
     }
 
     /// The dashboard and the Prometheus rules in deploy/ only use metrics the agent exports.
