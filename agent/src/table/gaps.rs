@@ -31,6 +31,9 @@ pub enum GapCause {
     RateLimited,
     /// The kernel's table of losses was full: any connection's records may be missing.
     Unscoped,
+    /// Not the kernel's: the process held more open streams than the table keeps for one
+    /// process (`streams::MAX_OPEN_PER_PROCESS`), and some of its own were forgotten.
+    StreamBound,
 }
 
 impl GapCause {
@@ -49,6 +52,7 @@ impl GapCause {
             GapCause::RingFull => "ring_full",
             GapCause::RateLimited => "rate_limited",
             GapCause::Unscoped => "unscoped",
+            GapCause::StreamBound => "stream_bound",
         }
     }
 }
@@ -90,6 +94,26 @@ impl Gap {
     pub fn current(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.last) < GAP_SHOWN_FOR
     }
+
+    /// `gap` (a connection's) with `records` more lost for `cause` at `now`: the current gap
+    /// goes on, a past one is replaced.
+    pub fn extended(gap: Option<Gap>, cause: GapCause, records: u64, now: Instant) -> Gap {
+        match gap.filter(|g| g.current(now)) {
+            Some(g) => Gap {
+                last: now,
+                records: g.records.saturating_add(records),
+                // The latest cause is what it is now.
+                cause,
+                ..g
+            },
+            None => Gap {
+                since: now,
+                last: now,
+                cause,
+                records,
+            },
+        }
+    }
 }
 
 impl ConnectionTable {
@@ -121,21 +145,7 @@ impl ConnectionTable {
             if let Some(conn) = self.conns.get_mut(id) {
                 conn.ordered.lost_evidence();
                 conn.streams.lost_evidence();
-                conn.gap = Some(match conn.gap.filter(|g| g.current(now)) {
-                    Some(g) => Gap {
-                        last: now,
-                        records: g.records.saturating_add(records),
-                        // The latest cause is what it is now.
-                        cause,
-                        ..g
-                    },
-                    None => Gap {
-                        since: now,
-                        last: now,
-                        cause,
-                        records,
-                    },
-                });
+                conn.gap = Some(Gap::extended(conn.gap, cause, records, now));
             }
         }
         if !ids.is_empty() {

@@ -327,6 +327,9 @@ pub struct ConnectionTable {
     local_closes: VecDeque<LocalClose>,
     /// Requests Go clients encoded, waiting for the HEADERS frame that carries them.
     pending: requests::Pending,
+    /// Open streams per process, counted high (a stream's end is not counted: the count is
+    /// made again from the connections when it reaches the bound; see `requests.rs`).
+    open_streams: HashMap<u32, usize>,
     /// The earliest a sample of some connection will be due, as the last walk of the table
     /// for the sampler found and the samples applied since say (None: a connection changed
     /// otherwise since, walk again). Lets the sampler skip a round of quiet connections
@@ -389,6 +392,7 @@ impl ConnectionTable {
                 .is_some_and(|p| !p.connect_failures.is_empty() || p.loss.is_some());
             if !has_conns && !has_failures {
                 self.processes.remove(&pid);
+                self.open_streams.remove(&pid);
             } else {
                 self.update_connected(pid, now);
             }

@@ -263,6 +263,7 @@ impl ConnectionTable {
     pub fn forget_process(&mut self, pid: u32, _now: Instant) {
         self.next_sample_due = None;
         self.processes.remove(&pid);
+        self.open_streams.remove(&pid);
         let ids: Vec<ConnId> = self
             .conns
             .iter()

@@ -12,8 +12,11 @@ use std::{
 };
 
 use super::{
-    streams::{frame, request::Request, MAX_PENDING, MAX_PENDING_PER_PROCESS, PENDING_TTL},
-    ConnectionTable,
+    gaps::{Gap, GapCause},
+    streams::{
+        frame, request::Request, MAX_OPEN_PER_PROCESS, MAX_PENDING, MAX_PENDING_PER_PROCESS, PENDING_TTL,
+    },
+    ConnId, ConnectionTable,
 };
 
 /// How often, at most, the node's bound sweeps out every request past its TTL.
@@ -191,8 +194,8 @@ impl ConnectionTable {
         let request = (f.sent && f.frame_type == frame::HEADERS)
             .then(|| self.pending.take(f.tgid, f.goroutine, f.at))
             .flatten();
-        let Some(id) = self.by_sk.get(&f.sk) else { return };
-        let Some(conn) = self.conns.get_mut(id) else {
+        let Some(&id) = self.by_sk.get(&f.sk) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
         if f.http1 {
@@ -208,8 +211,49 @@ impl ConnectionTable {
                     .apply(f.at, true, frame::RST_STREAM, 0, f.stream_id, None);
             }
         }
+        if conn.streams.opens(f.sent, f.frame_type, f.flags, f.stream_id) {
+            self.make_room(f.tgid, id, f.at);
+        }
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         conn.streams
             .apply(f.at, f.sent, f.frame_type, f.flags, f.stream_id, request);
+    }
+
+    /// A stream of process `tgid` is about to open on connection `id`. At the process's
+    /// bound ([`MAX_OPEN_PER_PROCESS`]) one of its own open streams is forgotten first, on
+    /// that connection if it holds any, else on the process's fullest: a gap in the evidence
+    /// of that connection (`stream_bound`), never a neighbour's.
+    fn make_room(&mut self, tgid: u32, id: ConnId, at: Instant) {
+        let counted = self.open_streams.entry(tgid).or_insert(0);
+        if *counted < MAX_OPEN_PER_PROCESS {
+            *counted += 1;
+            return;
+        }
+        // Counted high: count again (once per bound's worth of streams of a process whose
+        // streams end; at every stream only while it really is at the bound).
+        let open: usize = self.connections_of(tgid).map(|c| c.streams.open_count()).sum();
+        if open < MAX_OPEN_PER_PROCESS {
+            self.open_streams.insert(tgid, open + 1);
+            return;
+        }
+        let here = self.conns.get(&id).is_some_and(|c| c.streams.open_count() > 0);
+        let victim = if here {
+            Some(id)
+        } else {
+            self.conns
+                .iter()
+                .filter(|(_, c)| c.owner == Some(tgid))
+                .max_by_key(|(_, c)| c.streams.open_count())
+                .map(|(v, _)| *v)
+        };
+        if let Some(conn) = victim.and_then(|v| self.conns.get_mut(&v)) {
+            if conn.streams.forget_one() {
+                conn.gap = Some(Gap::extended(conn.gap, GapCause::StreamBound, 1, at));
+            }
+        }
+        self.open_streams.insert(tgid, open);
     }
 }
 
@@ -323,6 +367,90 @@ mod tests {
         assert!(open(&lab).is_empty());
         let conn = lab.table.connections().next().expect("the connection");
         assert_eq!(conn.streams.ended, 2);
+    }
+
+    /// A frame of process `tgid` on socket `sk`.
+    fn h2(
+        lab: &crate::testkit::Lab,
+        ms: u64,
+        (sk, tgid): (u64, u32),
+        sent: bool,
+        id: u32,
+        flags: u8,
+    ) -> Frame {
+        Frame {
+            at: lab.at(ms),
+            sk,
+            tgid,
+            goroutine: 70,
+            stream_id: id,
+            frame_type: frame::HEADERS,
+            flags,
+            length: 10,
+            sent,
+            http1: false,
+        }
+    }
+
+    #[test]
+    fn a_process_past_its_stream_bound_forgets_its_own_streams_and_says_so() {
+        use crate::table::gaps::GapCause;
+        let mut lab = crate::testkit::Lab::new();
+        // Process 7 on six connections, a neighbour (8) on one.
+        let flooder: Vec<u64> = (0..6).map(|i| 0xa0 + i).collect();
+        for (i, sk) in flooder.iter().enumerate() {
+            lab.connect(0, *sk, 40000 + i as u16, 7);
+        }
+        lab.connect(0, 0xb0, 41000, 8);
+        let open = |lab: &crate::testkit::Lab, sk: u64| {
+            let c = lab
+                .table
+                .connections()
+                .find(|c| c.sk == Some(sk))
+                .expect("connection");
+            (c.streams.open_count(), c.gap.map(|g| (g.cause, g.records)))
+        };
+        let mut ids = [1u32; 7];
+        let mut start = |lab: &mut crate::testkit::Lab, conn: usize, n: usize, ms: u64| {
+            let sk = if conn == 6 { 0xb0 } else { flooder[conn] };
+            let tgid = if conn == 6 { 8 } else { 7 };
+            for _ in 0..n {
+                let f = h2(lab, ms, (sk, tgid), true, ids[conn], 0);
+                lab.table.apply_frame(&f);
+                ids[conn] += 2;
+            }
+        };
+        start(&mut lab, 6, 10, 5);
+        // 500, 499, 498 and 497 on four connections and the rest on a fifth: the process's
+        // bound exactly.
+        for conn in 0..4 {
+            start(&mut lab, conn, 500 - conn, 10);
+        }
+        start(&mut lab, 4, MAX_OPEN_PER_PROCESS - 1994, 10);
+        assert_eq!(open(&lab, flooder[4]), (54, None));
+        // One more on the fifth: one of its own goes, and that connection says so.
+        start(&mut lab, 4, 1, 20);
+        assert_eq!(open(&lab, flooder[4]), (54, Some((GapCause::StreamBound, 1))));
+        // On the sixth, which holds none: the fullest gives up its oldest (stream 1).
+        start(&mut lab, 5, 1, 30);
+        assert_eq!(open(&lab, flooder[5]), (1, None));
+        assert_eq!(open(&lab, flooder[0]), (499, Some((GapCause::StreamBound, 1))));
+        for (conn, sk) in flooder.iter().enumerate().take(4).skip(1) {
+            assert_eq!(open(&lab, *sk), (500 - conn, None));
+        }
+        // The neighbour keeps its streams and its whole evidence.
+        assert_eq!(open(&lab, 0xb0), (10, None));
+        // Streams that end make room again: counted anew, nothing more forgotten.
+        for id in (3..=201).step_by(2) {
+            let f = h2(&lab, 40, (flooder[0], 7), false, id, frame::END_STREAM);
+            lab.table.apply_frame(&f);
+        }
+        start(&mut lab, 5, 100, 50);
+        let total: usize = flooder.iter().map(|sk| open(&lab, *sk).0).sum();
+        assert_eq!(total, MAX_OPEN_PER_PROCESS);
+        assert_eq!(open(&lab, flooder[0]), (399, Some((GapCause::StreamBound, 1))));
+        assert_eq!(open(&lab, flooder[4]), (54, Some((GapCause::StreamBound, 1))));
+        assert_eq!(open(&lab, flooder[5]), (101, None));
     }
 
     fn of(tgid: u32, goroutine: u64, path: &str, at: Instant) -> Header {

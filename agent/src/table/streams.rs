@@ -8,7 +8,7 @@
 //! known, so they are listed but never judged.
 //!
 //! Bounded: at most [`MAX_OPEN`] open streams per connection (the oldest unknown ones go
-//! first), requests waiting for their HEADERS frame at most [`MAX_PENDING_PER_PROCESS`] a process and
+//! first) and [`MAX_OPEN_PER_PROCESS`] per process (`requests.rs`), requests waiting for their HEADERS frame at most [`MAX_PENDING_PER_PROCESS`] a process and
 //! [`MAX_PENDING`] in all (see `requests.rs`).
 pub mod request;
 
@@ -41,6 +41,10 @@ pub mod frame {
 
 /// Open streams kept per connection.
 pub const MAX_OPEN: usize = 512;
+/// Open streams kept per process, all its connections together (four connections at
+/// [`MAX_OPEN`]; kube-controller-manager holds some hundred). Past it the process's own
+/// streams are forgotten to make room, said as a gap in its evidence (see `requests.rs`).
+pub const MAX_OPEN_PER_PROCESS: usize = 2048;
 /// Requests encoded but not yet matched to a HEADERS frame, per table (the node).
 pub const MAX_PENDING: usize = 4096;
 /// The same, per process: a client-go process has one in flight per goroutine writing a
@@ -127,6 +131,33 @@ impl Streams {
 
     pub fn open(&self) -> impl Iterator<Item = &Stream> {
         self.open.values()
+    }
+
+    /// How many streams are open.
+    pub fn open_count(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Whether [`apply`](Self::apply) of this frame would add a stream.
+    pub fn opens(&self, sent: bool, frame_type: u8, flags: u8, id: u32) -> bool {
+        let marker = [frame::READING, frame::FRESH, frame::LOST_PLACE, frame::GOAWAY].contains(&frame_type);
+        let ends = frame_type == frame::RST_STREAM || (!sent && flags & frame::END_STREAM != 0);
+        !marker && !ends && id != 0 && !self.open.contains_key(&id)
+    }
+
+    /// Forgets one open stream to make room: an unknown one first, else the oldest. Whether
+    /// there was one.
+    pub fn forget_one(&mut self) -> bool {
+        let victim = self
+            .open
+            .values()
+            .find(|s| s.request.is_none())
+            .or_else(|| self.open.values().next())
+            .map(|s| s.id);
+        let Some(v) = victim else { return false };
+        self.open.remove(&v);
+        self.dropped += 1;
+        true
     }
 
     /// A frame the client wrote or read; `request` is what its goroutine encoded for a
@@ -221,17 +252,7 @@ impl Streams {
 
     fn insert(&mut self, stream: Stream) {
         if self.open.len() >= MAX_OPEN {
-            // Unknown streams go first, then the oldest.
-            let victim = self
-                .open
-                .values()
-                .find(|s| s.request.is_none())
-                .or_else(|| self.open.values().next())
-                .map(|s| s.id);
-            if let Some(v) = victim {
-                self.open.remove(&v);
-                self.dropped += 1;
-            }
+            self.forget_one();
         }
         self.open.insert(stream.id, stream);
     }
