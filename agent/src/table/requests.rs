@@ -217,8 +217,14 @@ impl ConnectionTable {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
+        let dropped = conn.streams.dropped;
         conn.streams
             .apply(f.at, f.sent, f.frame_type, f.flags, f.stream_id, request);
+        // The connection's own bound forgot one: said as the process's is.
+        let forgotten = conn.streams.dropped - dropped;
+        if forgotten > 0 {
+            conn.gap = Some(Gap::extended(conn.gap, GapCause::StreamBound, forgotten, f.at));
+        }
     }
 
     /// A stream of process `tgid` is about to open on connection `id`. At the process's
@@ -451,6 +457,23 @@ mod tests {
         assert_eq!(open(&lab, flooder[0]), (399, Some((GapCause::StreamBound, 1))));
         assert_eq!(open(&lab, flooder[4]), (54, Some((GapCause::StreamBound, 1))));
         assert_eq!(open(&lab, flooder[5]), (101, None));
+    }
+
+    #[test]
+    fn a_connection_past_its_stream_bound_says_what_it_forgot() {
+        use crate::table::{gaps::GapCause, streams::MAX_OPEN};
+        let mut lab = crate::testkit::Lab::new();
+        lab.connect(0, 0xa, 40000, 7);
+        for i in 0..MAX_OPEN as u32 + 88 {
+            let f = h2(&lab, 10, (0xa, 7), true, 2 * i + 1, 0);
+            lab.table.apply_frame(&f);
+        }
+        let c = lab.table.connections().next().expect("the connection");
+        assert_eq!(c.streams.open_count(), MAX_OPEN);
+        assert_eq!(
+            c.gap.map(|g| (g.cause, g.records)),
+            Some((GapCause::StreamBound, 88))
+        );
     }
 
     fn of(tgid: u32, goroutine: u64, path: &str, at: Instant) -> Header {
