@@ -14,7 +14,10 @@
 //!   the apiserver, killed after 1.5 s): the agent inspects new files at most at its rate
 //!   (`kernel::probed`: 2 a second after a burst of 16 per node; one container, here the
 //!   test's own, 0.5 a second after 4), never more than its bound of probed files, and the
-//!   rest wait.
+//!   rest wait;
+//! - a process holding 10,000 open watches (`go-watch` with `GO_WATCH_STREAMS=10000`, over 50
+//!   connections): the agent keeps 2,048 of its streams (`table::streams`'s bound per
+//!   process), its evidence `incomplete` (`stream_bound`), never judged from what it forgot.
 //!
 //! Each must leave the stuck client `stale` within `stale_after` + 2 s of its LIST (judged at
 //! the next tick, ≤ 1 s more), the healthy one `healthy` with complete evidence, the agent under
@@ -456,4 +459,71 @@ fn a_loop_of_fresh_go_binaries_costs_a_bounded_number_of_inspections() {
     let healthy = find_pid(&clients, node.healthy.pid()).expect("the healthy watch listed");
     assert_eq!(healthy["state"], "healthy", "{healthy}");
     drop(copies);
+}
+
+/// A process holding 10,000 open watches (`go-watch` with `GO_WATCH_STREAMS=10000`, over the
+/// connections the server's stream limit takes): the agent keeps 2,048 of its streams, says
+/// its evidence is `incomplete` (`stream_bound`), never judges it from what it forgot, and
+/// judges its neighbours as without it.
+#[test]
+fn ten_thousand_open_streams_cost_their_own_process_only() {
+    init!();
+    let _alone = alone();
+    assert!(
+        std::path::Path::new(FLOODER).exists(),
+        "{FLOODER} is missing: run `cargo xtask setup`"
+    );
+    let node = Node::start(&[], &[]);
+    let mut cmd = Command::new(FLOODER);
+    cmd.arg(format!("https://{}", node.endpoint))
+        .arg(node.dir.path().join("never"))
+        .env("GO_WATCH_TOKEN", "secret-token-xyz")
+        .env("GO_WATCH_STREAMS", "10000");
+    let many = Watched::spawn("go-watch streams", cmd);
+    let pid = many.pid();
+    // 1,000 a second: some 10 s, and the answers' time on top.
+    let deadline = Instant::now() + secs(60.0);
+    let open = || -> u64 {
+        many.lines()
+            .iter()
+            .rev()
+            .find_map(|l| l.text.strip_prefix("open ")?.parse().ok())
+            .unwrap_or(0)
+    };
+    while open() < 10_000 {
+        assert!(
+            Instant::now() < deadline,
+            "10,000 watches not open in 60 s: {} ({:?})",
+            open(),
+            many.lines().last()
+        );
+        std::thread::sleep(secs(0.5));
+    }
+    let c = node
+        .agent
+        .wait_clients(secs(10.0), "the process's evidence incomplete", |c| {
+            find_pid(c, pid)
+                .filter(|c| c["evidence"] == "incomplete")
+                .cloned()
+        });
+    assert!(
+        c["evidence_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("stream_bound: ")),
+        "{}",
+        c["evidence_reason"]
+    );
+    let listed = c["streams"].as_array().map_or(0, Vec::len);
+    let connections = c["connections"].as_array().map_or(0, Vec::len);
+    eprintln!("10,000 open streams: {listed} listed over {connections} connections");
+    assert!(
+        (2000..=2048).contains(&listed),
+        "{listed} of its streams listed (bound 2048)"
+    );
+
+    node.stuck_client_is_judged_in_time("10,000 open streams");
+    agent_cost(&node.agent, "10,000 open streams", secs(5.0));
+    let clients = node.agent.clients();
+    let it = find_pid(&clients, pid).expect("the process listed");
+    assert_eq!(it["state"], "healthy", "never judged from what was forgotten");
 }

@@ -10,7 +10,12 @@
 // over one HTTP/2 connection as fast as the server answers, and it prints the requests of
 // each second (`rate N`).
 //
-//	GO_WATCH_TOKEN=... [GO_WATCH_FLOOD=N] go-watch https://HOST:PORT TRIGGER-FILE
+// With `GO_WATCH_STREAMS=N` it is another: it opens N watches of nodes that stay open (an
+// hour's timeoutSeconds), 1,000 a second over as many HTTP/2 connections as the server's
+// stream limit takes, and prints how many have their response headers each second
+// (`open N`).
+//
+//	GO_WATCH_TOKEN=... [GO_WATCH_FLOOD=N | GO_WATCH_STREAMS=N] go-watch https://HOST:PORT TRIGGER-FILE
 package main
 
 import (
@@ -56,6 +61,9 @@ func main() {
 	if n, err := strconv.Atoi(os.Getenv("GO_WATCH_FLOOD")); err == nil && n > 0 {
 		flood(newClient(), server, token, n)
 	}
+	if n, err := strconv.Atoi(os.Getenv("GO_WATCH_STREAMS")); err == nil && n > 0 {
+		streams(newClient(), server, token, n)
+	}
 	go func() {
 		nodes := newClient()
 		for {
@@ -98,6 +106,35 @@ func flood(client *http.Client, server, token string, workers int) {
 		time.Sleep(time.Second)
 		fmt.Println("rate", sent.Swap(0))
 	}
+}
+
+func streams(client *http.Client, server, token string, n int) {
+	var open atomic.Int64
+	go func() {
+		for {
+			time.Sleep(time.Second)
+			fmt.Println("open", open.Load())
+		}
+	}()
+	for i := 0; i < n; i++ {
+		go func() {
+			req, err := http.NewRequest("GET", server+"/api/v1/nodes?watch=true&timeoutSeconds=3600", nil)
+			if err != nil {
+				fail(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+token)
+			resp, err := client.Do(req)
+			if err != nil {
+				fail(err)
+			}
+			open.Add(1)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			open.Add(-1)
+		}()
+		time.Sleep(time.Millisecond)
+	}
+	select {}
 }
 
 func fail(err error) {
