@@ -144,7 +144,11 @@ receivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n",
             .duration_since(started)
             .unwrap_or_default()
             .as_secs_f64();
-        eprintln!("{neighbour}: the stuck LIST stale after {took:.1} s (stale_after {STALE} s)");
+        // `cargo xtask bench` (`xtask/src/bench/neighbours.rs`) reads this line.
+        eprintln!(
+            "{neighbour}: the stuck LIST stale after {took:.1} s (stale_after {STALE} s, bound {} s)",
+            STALE + 3.0
+        );
         assert!(
             (STALE..=STALE + 3.0).contains(&took),
             "beside {neighbour}: stale after {took:.1} s, expected within [{STALE}, {}] s: {c}",
@@ -196,10 +200,13 @@ fn agent_cost(agent: &Agent, neighbour: &str, window: Duration) {
     std::thread::sleep(window);
     let share = (cpu_seconds(agent.pid()) - cpu0) / t0.elapsed().as_secs_f64();
     let rss = rss_kib(agent.pid());
+    // `cargo xtask bench` (`xtask/src/bench/neighbours.rs`) reads this line.
     eprintln!(
-        "{neighbour}: agent CPU {:.1} % of one core, RSS {:.1} MiB",
+        "{neighbour}: agent CPU {:.1} % of one core, RSS {:.1} MiB (budget {:.0} %, bound {} MiB)",
         share * 100.0,
-        rss as f64 / 1024.0
+        rss as f64 / 1024.0,
+        CPU_BUDGET * 100.0,
+        RSS_BOUND_KIB / 1024
     );
     assert!(
         share <= CPU_BUDGET,
@@ -266,7 +273,7 @@ fn a_header_flood_costs_the_flooder_its_own_visibility_only() {
         std::thread::sleep(secs(0.2));
     }
     let rates = rates();
-    eprintln!("flood: requests per second {rates:?}");
+    eprintln!("a header flood: requests per second {rates:?}");
     assert!(
         rates.iter().any(|&r| r * 5 > u64::from(BUDGET)),
         "the flood sends more records than its budget: {rates:?}"

@@ -44,6 +44,7 @@ use std::{
 use crate::{cargo, run, workspace, Failed, Result};
 
 mod busy;
+mod neighbours;
 mod segments;
 mod streams;
 
@@ -512,7 +513,7 @@ fn machine() -> String {
 
 pub fn bench(only: &[String]) -> Result {
     crate::require_root("the benchmark")?;
-    const SECTIONS: [&str; 8] = [
+    const SECTIONS: [&str; 9] = [
         "churn",
         "segments",
         "tracked",
@@ -520,6 +521,7 @@ pub fn bench(only: &[String]) -> Result {
         "streams",
         "burst",
         "storm",
+        "neighbours",
         "detection",
     ];
     if let Some(unknown) = only.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
@@ -571,6 +573,9 @@ pub fn bench(only: &[String]) -> Result {
     }
     if chosen("storm") {
         storm_section(&bins, &mut report)?;
+    }
+    if chosen("neighbours") {
+        neighbours::neighbours_section(&mut report)?;
     }
     if chosen("detection") {
         detection_section(&bins, &mut report)?;
