@@ -44,6 +44,7 @@ use std::{
 use crate::{cargo, run, workspace, Failed, Result};
 
 mod busy;
+mod controller;
 mod neighbours;
 mod segments;
 mod streams;
@@ -513,12 +514,13 @@ fn machine() -> String {
 
 pub fn bench(only: &[String]) -> Result {
     crate::require_root("the benchmark")?;
-    const SECTIONS: [&str; 9] = [
+    const SECTIONS: [&str; 10] = [
         "churn",
         "segments",
         "tracked",
         "busy",
         "streams",
+        "controller",
         "burst",
         "storm",
         "neighbours",
@@ -568,6 +570,9 @@ pub fn bench(only: &[String]) -> Result {
     if chosen("streams") {
         streams::streams_section(&bins, &mut report)?;
     }
+    if chosen("controller") {
+        controller::controller_section(&bins, &mut report)?;
+    }
     if chosen("burst") {
         burst_section(&bins, &mut report)?;
     }
@@ -588,6 +593,20 @@ pub fn bench(only: &[String]) -> Result {
     write_report(&path, &report.text)?;
     eprintln!("written to {}", path.display());
     Ok(())
+}
+
+/// Runs `cmd`, its stdout and stderr together; fails with them when it fails.
+pub(super) fn run_captured(mut cmd: Command) -> Result<String> {
+    let out = cmd.output().map_err(|e| Failed(format!("{cmd:?}: {e}")))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        return Err(Failed(format!("{cmd:?} failed ({}):\n{text}", out.status)));
+    }
+    Ok(text)
 }
 
 fn write_report(path: &Path, text: &str) -> Result {

@@ -70,7 +70,7 @@ enum Task {
     /// and ss; kernel cost per call; CPU and RSS per tracked connection; bursts; a connect
     /// storm (as root).
     Bench {
-        /// Only these sections (churn, segments, tracked, busy, streams, burst, storm, neighbours, detection), printed and not
+        /// Only these sections (churn, segments, tracked, busy, streams, controller, burst, storm, neighbours, detection), printed and not
         /// written to docs/benchmarks.md, whose figures come from one whole run.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,

@@ -3,9 +3,7 @@
 //! neighbour turned `stale`, the agent's CPU and RSS meanwhile, each against the bound the test
 //! holds it to, and what each neighbour cost itself. The suite's assertions are the goals: a
 //! figure past its bound fails the run, as it fails CI.
-use std::process::Command;
-
-use super::Report;
+use super::{run_captured, Report};
 use crate::{cargo, Failed, Result};
 
 /// One neighbour's figures, from the suite's lines `<neighbour>: <figure>`.
@@ -84,20 +82,6 @@ pub(super) fn neighbours_section(report: &mut Report) -> Result {
     }
     report.line("");
     Ok(())
-}
-
-/// Runs `cmd`, its stdout and stderr together; fails with them when it fails.
-fn run_captured(mut cmd: Command) -> Result<String> {
-    let out = cmd.output().map_err(|e| Failed(format!("{cmd:?}: {e}")))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if !out.status.success() {
-        return Err(Failed(format!("{cmd:?} failed ({}):\n{text}", out.status)));
-    }
-    Ok(text)
 }
 
 #[cfg(test)]
