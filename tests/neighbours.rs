@@ -34,6 +34,7 @@ use lifeline_integration::{
     scenario::{sibling_bin, WebhookSink},
     *,
 };
+use serde_json::Value;
 
 /// stale_after, seconds.
 const STALE: f64 = 6.0;
@@ -168,6 +169,36 @@ receivers:\n  - {{ name: sink, webhook: {{ url: \"{}\" }} }}\n",
         assert_eq!(stuck["evidence"], "complete", "beside {neighbour}: {stuck}");
     }
 
+    /// `go-watch` (`FLOODER`) against the apiserver as the neighbour its `mode` variable
+    /// (`GO_WATCH_FLOOD`, `GO_WATCH_STREAMS`) set to `value` makes it.
+    fn go_watch(&self, mode: &str, value: &str) -> Watched {
+        assert!(
+            std::path::Path::new(FLOODER).exists(),
+            "{FLOODER} is missing: run `cargo xtask setup`"
+        );
+        let mut cmd = Command::new(FLOODER);
+        cmd.arg(format!("https://{}", self.endpoint))
+            .arg(self.dir.path().join("never"))
+            .env("GO_WATCH_TOKEN", "secret-token-xyz")
+            .env(mode, value);
+        Watched::spawn(&format!("go-watch {mode}={value}"), cmd)
+    }
+
+    /// The stuck client judged in time beside `neighbour` (process `pid`), the agent's cost
+    /// over `window` held to its bounds, and the neighbour itself never judged from what it
+    /// cost itself: `healthy`. Its client object.
+    fn neighbour_costs_only_itself(&self, neighbour: &str, pid: u32, window: Duration) -> Value {
+        self.stuck_client_is_judged_in_time(neighbour);
+        agent_cost(&self.agent, neighbour, window);
+        let clients = self.agent.clients();
+        let c = find_pid(&clients, pid).cloned().expect("the neighbour listed");
+        assert_eq!(
+            c["state"], "healthy",
+            "{neighbour}, never judged from its own gap: {c}"
+        );
+        c
+    }
+
     /// Samples `lifeline_*` metric `name{labels}` (the sum of matching series).
     fn metric(&self, name: &str, labels: &str) -> f64 {
         let (_, text) = self.agent.get("/metrics");
@@ -228,18 +259,8 @@ fn agent_cost(agent: &Agent, neighbour: &str, window: Duration) {
 fn a_header_flood_costs_the_flooder_its_own_visibility_only() {
     init!();
     let _alone = alone();
-    assert!(
-        std::path::Path::new(FLOODER).exists(),
-        "{FLOODER} is missing: run `cargo xtask setup`"
-    );
     let node = Node::start(&["--stream-record-budget", &BUDGET.to_string()], &[]);
-    let trigger = node.dir.path().join("never");
-    let mut cmd = Command::new(FLOODER);
-    cmd.arg(format!("https://{}", node.endpoint))
-        .arg(&trigger)
-        .env("GO_WATCH_TOKEN", "secret-token-xyz")
-        .env("GO_WATCH_FLOOD", "8");
-    let flooder = Watched::spawn("go-watch flood", cmd);
+    let flooder = node.go_watch("GO_WATCH_FLOOD", "8");
     let fpid = flooder.pid();
     let c = node
         .agent
@@ -279,13 +300,8 @@ fn a_header_flood_costs_the_flooder_its_own_visibility_only() {
         "the flood sends more records than its budget: {rates:?}"
     );
 
-    node.stuck_client_is_judged_in_time("a header flood");
-    agent_cost(&node.agent, "a header flood", secs(5.0));
-
     // Never judged from the gap: the flooder itself stays healthy, still incomplete.
-    let clients = node.agent.clients();
-    let flood = find_pid(&clients, fpid).expect("the flooder listed");
-    assert_eq!(flood["state"], "healthy", "{flood}");
+    let flood = node.neighbour_costs_only_itself("a header flood", fpid, secs(5.0));
     assert_eq!(flood["evidence"], "incomplete", "{flood}");
     let dropped = node.metric("lifeline_ebpf_records_dropped_total", "cause=\"rate_limited\"");
     assert!(dropped > 0.0, "the drops are counted by cause");
@@ -476,17 +492,8 @@ fn a_loop_of_fresh_go_binaries_costs_a_bounded_number_of_inspections() {
 fn ten_thousand_open_streams_cost_their_own_process_only() {
     init!();
     let _alone = alone();
-    assert!(
-        std::path::Path::new(FLOODER).exists(),
-        "{FLOODER} is missing: run `cargo xtask setup`"
-    );
     let node = Node::start(&[], &[]);
-    let mut cmd = Command::new(FLOODER);
-    cmd.arg(format!("https://{}", node.endpoint))
-        .arg(node.dir.path().join("never"))
-        .env("GO_WATCH_TOKEN", "secret-token-xyz")
-        .env("GO_WATCH_STREAMS", "10000");
-    let many = Watched::spawn("go-watch streams", cmd);
+    let many = node.go_watch("GO_WATCH_STREAMS", "10000");
     let pid = many.pid();
     // 1,000 a second: some 10 s, and the answers' time on top.
     let deadline = Instant::now() + secs(60.0);
@@ -528,9 +535,5 @@ fn ten_thousand_open_streams_cost_their_own_process_only() {
         "{listed} of its streams listed (bound 2048)"
     );
 
-    node.stuck_client_is_judged_in_time("10,000 open streams");
-    agent_cost(&node.agent, "10,000 open streams", secs(5.0));
-    let clients = node.agent.clients();
-    let it = find_pid(&clients, pid).expect("the process listed");
-    assert_eq!(it["state"], "healthy", "never judged from what was forgotten");
+    node.neighbour_costs_only_itself("10,000 open streams", pid, secs(5.0));
 }

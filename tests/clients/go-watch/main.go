@@ -43,15 +43,7 @@ func main() {
 		}}
 	}
 	watch := func(client *http.Client, path string) {
-		req, err := http.NewRequest("GET", server+path, nil)
-		if err != nil {
-			fail(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := client.Do(req)
-		if err != nil {
-			fail(err)
-		}
+		resp := get(client, server, token, path)
 		if resp.ProtoMajor != 2 {
 			fail(fmt.Errorf("%s answered %s, not HTTP/2", server, resp.Proto))
 		}
@@ -86,15 +78,7 @@ func flood(client *http.Client, server, token string, workers int) {
 	for i := 0; i < workers; i++ {
 		go func() {
 			for {
-				req, err := http.NewRequest("GET", server+"/version", nil)
-				if err != nil {
-					fail(err)
-				}
-				req.Header.Set("Authorization", "Bearer "+token)
-				resp, err := client.Do(req)
-				if err != nil {
-					fail(err)
-				}
+				resp := get(client, server, token, "/version")
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				sent.Add(1)
@@ -118,15 +102,7 @@ func streams(client *http.Client, server, token string, n int) {
 	}()
 	for i := 0; i < n; i++ {
 		go func() {
-			req, err := http.NewRequest("GET", server+"/api/v1/nodes?watch=true&timeoutSeconds=3600", nil)
-			if err != nil {
-				fail(err)
-			}
-			req.Header.Set("Authorization", "Bearer "+token)
-			resp, err := client.Do(req)
-			if err != nil {
-				fail(err)
-			}
+			resp := get(client, server, token, "/api/v1/nodes?watch=true&timeoutSeconds=3600")
 			open.Add(1)
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -135,6 +111,20 @@ func streams(client *http.Client, server, token string, n int) {
 		time.Sleep(time.Millisecond)
 	}
 	select {}
+}
+
+// get sends `GET path` with the bearer token; a failure ends the program.
+func get(client *http.Client, server, token, path string) *http.Response {
+	req, err := http.NewRequest("GET", server+path, nil)
+	if err != nil {
+		fail(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	if err != nil {
+		fail(err)
+	}
+	return resp
 }
 
 func fail(err error) {
