@@ -319,6 +319,7 @@ impl ConnectionTable {
     /// Removes a connection from every index; returns it.
     pub(super) fn unlink(&mut self, id: ConnId) -> Option<Connection> {
         let conn = self.conns.remove(&id)?;
+        self.streams_gone(&conn);
         if let Some(sk) = conn.sk {
             if self.by_sk.get(&sk) == Some(&id) {
                 self.by_sk.remove(&sk);

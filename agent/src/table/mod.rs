@@ -329,7 +329,7 @@ pub struct ConnectionTable {
     pending: requests::Pending,
     /// Open streams per process, counted high (a stream's end is not counted: the count is
     /// made again from the connections when it reaches the bound; see `requests.rs`).
-    open_streams: HashMap<u32, usize>,
+    open_streams: HashMap<u32, requests::OpenCount>,
     /// The earliest a sample of some connection will be due, as the last walk of the table
     /// for the sampler found and the samples applied since say (None: a connection changed
     /// otherwise since, walk again). Lets the sampler skip a round of quiet connections

@@ -211,19 +211,34 @@ impl ConnectionTable {
                     .apply(f.at, true, frame::RST_STREAM, 0, f.stream_id, None);
             }
         }
+        // Whose streams these are: the socket's owner (what a count walks), else the writer.
+        let owner = conn.owner.unwrap_or(f.tgid);
         if conn.streams.opens(f.sent, f.frame_type, f.flags, f.stream_id) {
-            self.make_room(f.tgid, id, f.at);
+            self.make_room(owner, id, f.at);
         }
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        let dropped = conn.streams.dropped;
+        let (open, dropped) = (conn.streams.open_count(), conn.streams.dropped);
         conn.streams
             .apply(f.at, f.sent, f.frame_type, f.flags, f.stream_id, request);
         // The connection's own bound forgot one: said as the process's is.
         let forgotten = conn.streams.dropped - dropped;
         if forgotten > 0 {
             conn.gap = Some(Gap::extended(conn.gap, GapCause::StreamBound, forgotten, f.at));
+        }
+        let now_open = conn.streams.open_count();
+        if now_open != open {
+            let count = self.open_streams.entry(owner).or_default();
+            count.counted = (count.counted + now_open).saturating_sub(open);
+        }
+    }
+
+    /// Connection `conn` left the table: its open streams leave its owner's count.
+    pub(super) fn streams_gone(&mut self, conn: &super::Connection) {
+        let Some(owner) = conn.owner else { return };
+        if let Some(count) = self.open_streams.get_mut(&owner) {
+            count.counted = count.counted.saturating_sub(conn.streams.open_count());
         }
     }
 
@@ -232,17 +247,24 @@ impl ConnectionTable {
     /// that connection if it holds any, else on the process's fullest: a gap in the evidence
     /// of that connection (`stream_bound`), never a neighbour's.
     fn make_room(&mut self, tgid: u32, id: ConnId, at: Instant) {
-        let counted = self.open_streams.entry(tgid).or_insert(0);
-        if *counted < MAX_OPEN_PER_PROCESS {
-            *counted += 1;
+        let count = self.open_streams.get(&tgid).copied().unwrap_or_default();
+        if count.counted < MAX_OPEN_PER_PROCESS {
             return;
         }
-        // Counted high: count again (once per bound's worth of streams of a process whose
-        // streams end; at every stream only while it really is at the bound).
-        let open: usize = self.connections_of(tgid).map(|c| c.streams.open_count()).sum();
-        if open < MAX_OPEN_PER_PROCESS {
-            self.open_streams.insert(tgid, open + 1);
-            return;
+        let mut count = count;
+        if count.trusted == 0 {
+            // The count follows opens, ends and connections leaving; a walk of the table
+            // corrects what it may miss (streams of one process written by another), once
+            // per RECOUNT_EVERY new streams at the bound: a process opening streams at its
+            // bound never makes every stream cost a walk.
+            count = OpenCount {
+                counted: self.connections_of(tgid).map(|c| c.streams.open_count()).sum(),
+                trusted: RECOUNT_EVERY,
+            };
+            self.open_streams.insert(tgid, count);
+            if count.counted < MAX_OPEN_PER_PROCESS {
+                return;
+            }
         }
         let here = self.conns.get(&id).is_some_and(|c| c.streams.open_count() > 0);
         let victim = if here {
@@ -254,13 +276,33 @@ impl ConnectionTable {
                 .max_by_key(|(_, c)| c.streams.open_count())
                 .map(|(v, _)| *v)
         };
+        let mut forgot = false;
         if let Some(conn) = victim.and_then(|v| self.conns.get_mut(&v)) {
-            if conn.streams.forget_one() {
+            forgot = conn.streams.forget_one();
+            if forgot {
                 conn.gap = Some(Gap::extended(conn.gap, GapCause::StreamBound, 1, at));
             }
         }
-        self.open_streams.insert(tgid, open);
+        self.open_streams.insert(
+            tgid,
+            OpenCount {
+                counted: count.counted - usize::from(forgot),
+                trusted: count.trusted - 1,
+            },
+        );
     }
+}
+
+/// New streams a process at its bound opens between two walks that count its open streams.
+const RECOUNT_EVERY: u32 = 64;
+
+/// A process's open streams as the table counts them (opens, ends, its connections leaving),
+/// made exact by a walk of its connections now and then at the bound.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct OpenCount {
+    counted: usize,
+    /// New streams still taken at the bound on the last walk's word, without another.
+    trusted: u32,
 }
 
 #[cfg(test)]
@@ -457,6 +499,12 @@ mod tests {
         assert_eq!(open(&lab, flooder[0]), (399, Some((GapCause::StreamBound, 1))));
         assert_eq!(open(&lab, flooder[4]), (54, Some((GapCause::StreamBound, 1))));
         assert_eq!(open(&lab, flooder[5]), (101, None));
+        // A connection that leaves takes its streams out of the count: room for 499 more.
+        lab.close(60, flooder[1], 40001);
+        start(&mut lab, 5, 400, 70);
+        assert_eq!(open(&lab, flooder[5]), (501, None));
+        let total: usize = [0, 2, 3, 4, 5].map(|c| open(&lab, flooder[c]).0).iter().sum();
+        assert_eq!(total, MAX_OPEN_PER_PROCESS - 99);
     }
 
     #[test]
