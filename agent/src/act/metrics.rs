@@ -353,8 +353,8 @@ impl Metrics {
             for s in &conn.streams {
                 let Some(r) = &s.request else { continue };
                 let resource = resources.label(&r.resource);
-                let l = [&labels[0], &labels[1], &labels[2], &labels[3]].map(String::as_str);
-                let l = [l[0], l[1], l[2], l[3], resource];
+                let [a, b, c, d] = labels.each_ref().map(String::as_str);
+                let l = [a, b, c, d, resource];
                 if r.kind == crate::table::streams::request::Kind::Watch {
                     self.client_watches.with_label_values(&l).inc();
                 }

@@ -31,8 +31,9 @@ pub enum GapCause {
     RateLimited,
     /// The kernel's table of losses was full: any connection's records may be missing.
     Unscoped,
-    /// Not the kernel's: the process held more open streams than the table keeps for one
-    /// process (`streams::MAX_OPEN_PER_PROCESS`), and some of its own were forgotten.
+    /// Not the kernel's: the connection or its process held more open streams than the table
+    /// keeps (`streams::MAX_OPEN`, `streams::MAX_OPEN_PER_PROCESS`), and some of its own were
+    /// forgotten.
     StreamBound,
 }
 

@@ -247,11 +247,10 @@ impl ConnectionTable {
     /// that connection if it holds any, else on the process's fullest: a gap in the evidence
     /// of that connection (`stream_bound`), never a neighbour's.
     fn make_room(&mut self, tgid: u32, id: ConnId, at: Instant) {
-        let count = self.open_streams.get(&tgid).copied().unwrap_or_default();
+        let mut count = self.open_streams.get(&tgid).copied().unwrap_or_default();
         if count.counted < MAX_OPEN_PER_PROCESS {
             return;
         }
-        let mut count = count;
         if count.trusted == 0 {
             // The count follows opens, ends and connections leaving; a walk of the table
             // corrects what it may miss (streams of one process written by another), once
