@@ -273,7 +273,20 @@ pub fn run_guest(options: &Options) -> Result<Outcome> {
         options.timeout.as_secs()
     );
     let booted = Instant::now();
-    let outcome = boot(&kernel, &initrd, accel, options.timeout, true, None)?;
+    // A kernel that dies before the test begins ran none of it: one more boot, said.
+    let outcome = match boot(&kernel, &initrd, accel, options.timeout, true, None)? {
+        Booted::Ran(outcome) => outcome,
+        Booted::NoTest(why) => {
+            eprintln!(
+                "vm-test: {why}\nvm-test: the test never began: booting {} once more",
+                kernel.name
+            );
+            match boot(&kernel, &initrd, accel, options.timeout, true, None)? {
+                Booted::Ran(outcome) => outcome,
+                Booted::NoTest(why) => return Err(Failed(why)),
+            }
+        }
+    };
     eprintln!(
         "vm-test: {} under {accel}: the guest's test exited {} ({:.1} s from boot to power-off, {:.1} s in all)",
         kernel.name,
@@ -799,7 +812,7 @@ fn probe_accel(kernel: &Kernel, dir: &Path) -> Result<&'static str> {
         false,
         Some(Duration::from_secs(5)),
     ) {
-        Ok(o) if o.code == 0 => {
+        Ok(Booted::Ran(o)) if o.code == 0 => {
             eprintln!(
                 "vm-test: KVM probe booted in {:.1} s: KVM",
                 started.elapsed().as_secs_f64()
@@ -826,6 +839,16 @@ impl Drop for Guest {
     }
 }
 
+/// What a boot came to when the guest ended by itself.
+enum Booted {
+    /// The test ran to its end.
+    Ran(Outcome),
+    /// The guest ended before the test began (its kernel panicked while booting: under TCG,
+    /// Debian's 6.12 kernel has once oopsed at an int3 in `sched_clock_cpu` 4 s into boot).
+    /// What its console said last.
+    NoTest(String),
+}
+
 /// Boots `kernel` with `initrd` and waits for the exit marker (or the timeout, or qemu's end);
 /// with `echo`, the guest's console is shown line by line as `guest| ...`. With `silence`,
 /// the kernel prints from its first instruction on (`earlyprintk`, every message) and a
@@ -837,7 +860,7 @@ fn boot(
     timeout: Duration,
     echo: bool,
     silence: Option<Duration>,
-) -> Result<Outcome> {
+) -> Result<Booted> {
     let cpu = if accel == "kvm" { "host" } else { "max" };
     let append = if silence.is_some() {
         "console=ttyS0 earlyprintk=ttyS0 panic=-1 loglevel=8"
@@ -934,11 +957,16 @@ fn boot(
         lines.push(line);
     }
     let Some(code) = code else {
-        return Err(Failed(format!(
+        let why = format!(
             "{}: the guest ended without running the test to its end (no boot, a panic, or qemu failed); last lines:\n{}",
             kernel.name,
             tail(&lines)
-        )));
+        );
+        return if begun {
+            Err(Failed(why))
+        } else {
+            Ok(Booted::NoTest(why))
+        };
     };
     if let (Some(want), Some(got)) = (&kernel.release, &release) {
         if want != got {
@@ -948,7 +976,7 @@ fn boot(
             )));
         }
     }
-    Ok(Outcome { output, code })
+    Ok(Booted::Ran(Outcome { output, code }))
 }
 
 fn tail(lines: &[String]) -> String {
