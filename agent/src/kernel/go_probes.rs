@@ -30,12 +30,19 @@ pub struct Sites {
 }
 
 impl Sites {
+    /// Every (program, offset), in the order they are attached. The client runs while they
+    /// are attached one by one, and a stream is judged once its connection's reads are
+    /// followed (`READING`, `FRESH`) and its request was named: so the probes that see its
+    /// end (`FRAME_HEADER`) and name it (`WRITE_HEADER`) come first, the ones that start the
+    /// evidence (`TLS_READ`, then `TLS_WRITE`, which also says `FRESH`) last. The other way
+    /// round, a request sent between the last two attachments had its response unseen and
+    /// was called stuck (CI, kube-controller-manager probed during its start-up).
     fn each(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         [
-            (WRITE_HEADER, &self.write_header),
-            (TLS_WRITE, &self.tls_write),
-            (TLS_READ, &self.tls_read),
             (FRAME_HEADER, &self.frame_header_returns),
+            (WRITE_HEADER, &self.write_header),
+            (TLS_READ, &self.tls_read),
+            (TLS_WRITE, &self.tls_write),
         ]
         .into_iter()
         .flat_map(|(name, offsets)| offsets.iter().map(move |&offset| (name, offset)))
@@ -53,4 +60,34 @@ pub(super) fn attach(ebpf: &mut Ebpf, binary: &Path, sites: &Sites) -> Result<Li
         .each()
         .map(|(name, offset)| (name, UProbeAttachLocation::AbsoluteOffset(offset)));
     uprobes::attach(ebpf, binary, places)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The order [`Sites::each`] gives is the order of attachment: what sees a stream's end
+    /// before what makes it judged.
+    #[test]
+    fn the_probes_that_see_responses_are_attached_before_the_ones_that_start_evidence() {
+        let sites = Sites {
+            write_header: vec![1, 2],
+            tls_write: vec![3],
+            tls_read: vec![4],
+            frame_header_returns: vec![5, 6, 7],
+        };
+        let order: Vec<_> = sites.each().collect();
+        assert_eq!(
+            order,
+            [
+                (FRAME_HEADER, 5),
+                (FRAME_HEADER, 6),
+                (FRAME_HEADER, 7),
+                (WRITE_HEADER, 1),
+                (WRITE_HEADER, 2),
+                (TLS_READ, 4),
+                (TLS_WRITE, 3),
+            ]
+        );
+    }
 }

@@ -15,19 +15,22 @@ use super::{
     uprobes::{self, Links},
 };
 
-/// Program and the exported function it goes on (entry, except `ssl_read_ret`: returns).
+/// Program and the exported function it goes on (entry, except `ssl_read_ret`: returns),
+/// in the order they are attached: a request is judged from its request line on
+/// (`ssl_write`), so the probes that see its response are attached before it, never after
+/// (the client runs meanwhile; see `go_probes::Sites::each`).
 pub const SITES: [(&str, &str); 9] = [
     ("ssl_set_fd", "SSL_set_fd"),
-    ("ssl_free", "SSL_free"),
-    ("ssl_write", "SSL_write"),
-    ("ssl_write", "SSL_write_ex"),
-    ("ssl_read", "SSL_read"),
-    ("ssl_read_ex", "SSL_read_ex"),
-    ("ssl_read_ret", "SSL_read"),
-    ("ssl_read_ret", "SSL_read_ex"),
     // Python and curl bind a descriptor with SSL_set_fd; the read and write halves alone
     // are rare, and an unknown SSL * is simply not followed.
     ("ssl_set_fd", "SSL_set_rfd"),
+    ("ssl_free", "SSL_free"),
+    ("ssl_read_ret", "SSL_read"),
+    ("ssl_read_ret", "SSL_read_ex"),
+    ("ssl_read", "SSL_read"),
+    ("ssl_read_ex", "SSL_read_ex"),
+    ("ssl_write", "SSL_write"),
+    ("ssl_write", "SSL_write_ex"),
 ];
 
 const PROGRAMS: [&str; 6] = [
@@ -109,4 +112,18 @@ pub(super) fn unbound_since(ebpf: &Ebpf, since_ns: u64) -> bool {
         .filter_map(std::result::Result::ok)
         .any(|(_, call)| call.at_ns >= since_ns);
     recent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SITES;
+
+    /// Attached in [`SITES`] order: every probe that sees a response before the one that
+    /// names a request.
+    #[test]
+    fn the_probes_that_see_responses_are_attached_before_the_request_line_probe() {
+        let first_write = SITES.iter().position(|(p, _)| *p == "ssl_write").unwrap();
+        let last_other = SITES.iter().rposition(|(p, _)| *p != "ssl_write").unwrap();
+        assert!(last_other < first_write, "{SITES:?}");
+    }
 }

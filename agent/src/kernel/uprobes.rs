@@ -56,9 +56,10 @@ pub(super) fn attach<'a>(
     Ok(links)
 }
 
-/// Detaches what [`attach`] attached.
+/// Detaches what [`attach`] attached, last attached first: the probes that start evidence
+/// go before the ones that complete it (see `go_probes::Sites::each`).
 pub(super) fn detach(ebpf: &mut Ebpf, links: Links) {
-    for (name, link) in links.0 {
+    for (name, link) in links.0.into_iter().rev() {
         if let Ok(p) = program_of::<UProbe>(ebpf, name) {
             if let Err(err) = p.detach(link) {
                 tracing::warn!("detaching {name}: {err}");
