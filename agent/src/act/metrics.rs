@@ -253,7 +253,8 @@ impl Metrics {
                 IntCounterVec::new(
                     Opts::new(
                         "lifeline_ebpf_records_dropped_total",
-                        "Kernel records not sent, by cause (ring_full, rate_limited) and by whose \
+                        "Kernel records not sent, by cause (ring_full, rate_limited, unknown; \
+                         lost_place and reader_forgotten: one per occurrence) and by whose \
                          evidence they were (socket, process, node)",
                     ),
                     &["cause", "scope"],

@@ -175,15 +175,28 @@ impl Worker {
         if records.is_empty() {
             return;
         }
+        let mut lost: HashMap<GapCause, u64> = HashMap::new();
         let mut table = self.ctx.table.lock().unwrap_or_else(PoisonError::into_inner);
         for record in records {
             match record {
-                Record::Frame(f) => table.apply_frame(f),
+                Record::Frame(f) => {
+                    if let Some(cause) = table.apply_frame(f) {
+                        *lost.entry(cause).or_default() += 1;
+                    }
+                }
                 Record::Header(h) => table.apply_header(h),
                 Record::Socket(_) => {}
             }
         }
         drop(table);
+        // Frames the kernel said it lost on a connection it followed: one per occurrence.
+        for (cause, n) in lost {
+            self.ctx
+                .metrics
+                .ebpf_records_dropped
+                .with_label_values(&[cause.as_str(), GapScope::Socket { sk: 0, tgid: 0 }.as_str()])
+                .inc_by(n);
+        }
         self.ctx
             .metrics
             .ebpf_events

@@ -35,6 +35,15 @@ pub enum GapCause {
     /// keeps (`streams::MAX_OPEN`, `streams::MAX_OPEN_PER_PROCESS`), and some of its own were
     /// forgotten.
     StreamBound,
+    /// The kernel lost its place in the frames a client writes on a connection it was
+    /// following (a frame header split across writes, more frames in one write than it
+    /// reads, a write that starts mid-frame): that write's frames went unseen. One record
+    /// per occurrence.
+    LostPlace,
+    /// The kernel forgot which connection a client's reader reads (its table of readers,
+    /// `READERS`, evicted the entry, or the socket was briefly not found): frames read
+    /// meanwhile went unseen. One record per occurrence.
+    ReaderForgotten,
 }
 
 impl GapCause {
@@ -54,6 +63,8 @@ impl GapCause {
             GapCause::RateLimited => "rate_limited",
             GapCause::Unscoped => "unscoped",
             GapCause::StreamBound => "stream_bound",
+            GapCause::LostPlace => "lost_place",
+            GapCause::ReaderForgotten => "reader_forgotten",
         }
     }
 }

@@ -14,7 +14,8 @@ use std::{
 use super::{
     gaps::{Gap, GapCause},
     streams::{
-        frame, request::Request, MAX_OPEN_PER_PROCESS, MAX_PENDING, MAX_PENDING_PER_PROCESS, PENDING_TTL,
+        frame, request::Request, Loss, MAX_OPEN_PER_PROCESS, MAX_PENDING, MAX_PENDING_PER_PROCESS,
+        PENDING_TTL,
     },
     ConnId, ConnectionTable,
 };
@@ -189,15 +190,15 @@ impl ConnectionTable {
     }
 
     /// A frame a Go client wrote or read (or a marker, see `streams::frame`). Frames of
-    /// sockets the table does not know are dropped.
-    pub fn apply_frame(&mut self, f: &Frame) {
+    /// sockets the table does not know are dropped. Returns the cause when the kernel said it
+    /// lost frames of a connection it was following: a gap in that connection's evidence,
+    /// for the caller to count.
+    pub fn apply_frame(&mut self, f: &Frame) -> Option<GapCause> {
         let request = (f.sent && f.frame_type == frame::HEADERS)
             .then(|| self.pending.take(f.tgid, f.goroutine, f.at))
             .flatten();
-        let Some(&id) = self.by_sk.get(&f.sk) else { return };
-        let Some(conn) = self.conns.get_mut(&id) else {
-            return;
-        };
+        let &id = self.by_sk.get(&f.sk)?;
+        let conn = self.conns.get_mut(&id)?;
         if f.http1 {
             conn.streams.http1 = true;
             // Every byte an OpenSSL client reads is seen once its libssl is probed.
@@ -216,12 +217,18 @@ impl ConnectionTable {
         if conn.streams.opens(f.sent, f.frame_type, f.flags, f.stream_id) {
             self.make_room(owner, id, f.at);
         }
-        let Some(conn) = self.conns.get_mut(&id) else {
-            return;
-        };
+        let conn = self.conns.get_mut(&id)?;
         let (open, dropped) = (conn.streams.open_count(), conn.streams.dropped);
-        conn.streams
-            .apply(f.at, f.sent, f.frame_type, f.flags, f.stream_id, request);
+        let lost = conn
+            .streams
+            .apply(f.at, f.sent, f.frame_type, f.flags, f.stream_id, request)
+            .map(|loss| match loss {
+                Loss::LostPlace => GapCause::LostPlace,
+                Loss::ReaderForgotten => GapCause::ReaderForgotten,
+            });
+        if let Some(cause) = lost {
+            conn.gap = Some(Gap::extended(conn.gap, cause, 1, f.at));
+        }
         // The connection's own bound forgot one: said as the process's is.
         let forgotten = conn.streams.dropped - dropped;
         if forgotten > 0 {
@@ -232,6 +239,7 @@ impl ConnectionTable {
             let count = self.open_streams.entry(owner).or_default();
             count.counted = (count.counted + now_open).saturating_sub(open);
         }
+        lost
     }
 
     /// Connection `conn` left the table: its open streams leave its owner's count.
@@ -521,6 +529,35 @@ mod tests {
             c.gap.map(|g| (g.cause, g.records)),
             Some((GapCause::StreamBound, 88))
         );
+    }
+
+    /// The kernel losing its place on a followed connection is a gap of that connection,
+    /// said to the caller to count; the neighbour's evidence stays whole.
+    #[test]
+    fn a_lost_place_is_that_connections_gap_and_is_counted() {
+        use crate::table::gaps::GapCause;
+        let mut lab = crate::testkit::Lab::new();
+        lab.connect(0, 0xa, 40000, 7);
+        lab.connect(0, 0xb, 40001, 8);
+        for sk in [(0xa, 7), (0xb, 8)] {
+            assert_eq!(lab.table.apply_frame(&h2(&lab, 10, sk, true, 1, 0)), None);
+        }
+        let lost = Frame {
+            frame_type: frame::LOST_PLACE,
+            stream_id: 0,
+            ..h2(&lab, 20, (0xa, 7), true, 0, 0)
+        };
+        assert_eq!(lab.table.apply_frame(&lost), Some(GapCause::LostPlace));
+        let gaps: Vec<_> = lab
+            .table
+            .connections()
+            .map(|c| (c.tuple.local.port(), c.gap.map(|g| (g.cause, g.records))))
+            .collect();
+        assert!(
+            gaps.contains(&(40000, Some((GapCause::LostPlace, 1)))),
+            "{gaps:?}"
+        );
+        assert!(gaps.contains(&(40001, None)), "{gaps:?}");
     }
 
     fn of(tgid: u32, goroutine: u64, path: &str, at: Instant) -> Header {

@@ -97,6 +97,15 @@ pub struct Stuck {
     pub evidence: Instant,
 }
 
+/// Frames the kernel said went unseen on a connection whose frames were being followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// It lost its place in what the client writes ([`frame::LOST_PLACE`]).
+    LostPlace,
+    /// It forgot which connection the client's reader reads ([`frame::READING`] again).
+    ReaderForgotten,
+}
+
 /// A connection's streams.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Streams {
@@ -161,7 +170,9 @@ impl Streams {
     }
 
     /// A frame the client wrote or read; `request` is what its goroutine encoded for a
-    /// HEADERS frame it wrote.
+    /// HEADERS frame it wrote. Returns what the kernel said it lost, when this connection's
+    /// frames were being followed (a connection with no frame seen yet, such as a Go
+    /// HTTP/1.1 one whose writes are no frames, loses nothing it had).
     pub fn apply(
         &mut self,
         at: Instant,
@@ -170,7 +181,8 @@ impl Streams {
         flags: u8,
         id: u32,
         request: Option<Request>,
-    ) {
+    ) -> Option<Loss> {
+        let following = self.frames_sent + self.frames_received > 0;
         if ![frame::READING, frame::FRESH, frame::LOST_PLACE].contains(&frame_type) {
             if sent {
                 self.frames_sent += 1;
@@ -179,33 +191,35 @@ impl Streams {
             }
         }
         if frame_type == frame::READING || frame_type == frame::FRESH {
+            let mut lost = None;
             if frame_type == frame::READING {
                 if self.reader_seen {
                     self.lost_evidence();
+                    lost = following.then_some(Loss::ReaderForgotten);
                 }
                 self.reader_seen = true;
             }
             self.reading = true;
-            return;
+            return lost;
         }
         if frame_type == frame::LOST_PLACE {
             self.lost_evidence();
-            return;
+            return following.then_some(Loss::LostPlace);
         }
         if frame_type == frame::GOAWAY {
             // Streams above the last one the server processed are refused; the client retries
             // them elsewhere. The ones below still end normally.
-            return;
+            return None;
         }
         if id == 0 {
-            return;
+            return None;
         }
         if frame_type == frame::RST_STREAM || (!sent && flags & frame::END_STREAM != 0) {
             if let Some(s) = self.open.remove(&id) {
                 self.ended += 1;
                 self.responded |= !sent && frame_type != frame::RST_STREAM && s.request.is_some();
             }
-            return;
+            return None;
         }
         if sent && frame_type == frame::HEADERS && !self.open.contains_key(&id) {
             let whole = self.reading && request.is_some();
@@ -219,7 +233,7 @@ impl Streams {
                 request_sent: flags & frame::END_STREAM != 0,
                 whole,
             });
-            return;
+            return None;
         }
         let stream = match self.open.get_mut(&id) {
             Some(s) => s,
@@ -235,7 +249,7 @@ impl Streams {
                     request_sent: !sent,
                     whole: false,
                 });
-                return;
+                return None;
             }
         };
         stream.last_frame = at;
@@ -248,6 +262,7 @@ impl Streams {
                 self.responded |= stream.request.is_some();
             }
         }
+        None
     }
 
     fn insert(&mut self, stream: Stream) {

@@ -1,6 +1,6 @@
 use std::time::{Duration, Instant};
 
-use super::{frame::*, request::Request, Streams};
+use super::{frame::*, request::Request, Loss, Streams};
 
 const DATA: u8 = 0;
 
@@ -123,7 +123,10 @@ fn streams_older_than_lifeline_are_listed_never_judged() {
     // Nor one open when the kernel lost its place.
     let mut lost = followed(t0);
     lost.apply(t0, true, HEADERS, 0x4, 1, Some(watch(60, "pods")));
-    lost.apply(t0, true, LOST_PLACE, 0, 0, None);
+    assert_eq!(
+        lost.apply(t0, true, LOST_PLACE, 0, 0, None),
+        Some(Loss::LostPlace)
+    );
     assert!(lost.stuck(secs(t0, 100_000), STALE, GRACE, MAX_WATCH).is_empty());
     assert!(s.stuck(secs(t0, 100_000), STALE, GRACE, MAX_WATCH).is_empty());
 }
@@ -134,7 +137,10 @@ fn a_reader_said_again_is_a_reader_the_kernel_forgot_and_its_streams_are_not_jud
     let mut s = followed(t0);
     s.apply(t0, true, HEADERS, 0x4, 1, Some(watch(60, "pods")));
     // The kernel's entry for the reader was evicted: frames read meanwhile may be unseen.
-    s.apply(secs(t0, 1), false, READING, 0, 0, None);
+    assert_eq!(
+        s.apply(secs(t0, 1), false, READING, 0, 0, None),
+        Some(Loss::ReaderForgotten)
+    );
     assert!(s.stuck(secs(t0, 100_000), STALE, GRACE, MAX_WATCH).is_empty());
     // A stream begun after it is followed whole again.
     s.apply(secs(t0, 2), true, HEADERS, 0x4, 3, Some(watch(60, "pods")));
@@ -144,8 +150,33 @@ fn a_reader_said_again_is_a_reader_the_kernel_forgot_and_its_streams_are_not_jud
     let mut fresh = Streams::default();
     fresh.apply(t0, true, FRESH, 0, 0, None);
     fresh.apply(t0, true, HEADERS, 0x4, 1, Some(watch(60, "pods")));
-    fresh.apply(t0, false, READING, 0, 0, None);
+    assert_eq!(fresh.apply(t0, false, READING, 0, 0, None), None);
     assert_eq!(fresh.stuck(secs(t0, 60 + 121), STALE, GRACE, MAX_WATCH).len(), 1);
+}
+
+/// A connection with no frame seen had nothing to lose: a Go HTTP/1.1 connection (whose
+/// writes are no frames: each loses the kernel's place), read by the goroutine of each body
+/// in turn (a reader said again and again), is no loss; once frames were followed, it is.
+#[test]
+fn a_loss_is_said_only_on_a_connection_whose_frames_were_followed() {
+    let t0 = Instant::now();
+    let mut http1 = Streams::default();
+    for at in 0..3 {
+        assert_eq!(http1.apply(secs(t0, at), false, READING, 0, 0, None), None);
+        assert_eq!(http1.apply(secs(t0, at), true, LOST_PLACE, 0, 0, None), None);
+    }
+    let mut s = followed(t0);
+    assert_eq!(
+        s.apply(t0, true, LOST_PLACE, 0, 0, None),
+        None,
+        "nothing followed yet"
+    );
+    s.apply(t0, true, HEADERS, 0x4, 1, Some(watch(60, "pods")));
+    assert_eq!(s.apply(t0, true, LOST_PLACE, 0, 0, None), Some(Loss::LostPlace));
+    assert_eq!(
+        s.apply(t0, false, READING, 0, 0, None),
+        Some(Loss::ReaderForgotten)
+    );
 }
 
 #[test]
