@@ -1082,6 +1082,67 @@ fn an_openssl_clients_hung_watch_is_stuck_and_a_flowing_one_is_listed() {
     );
 }
 
+/// Issue 23, OpenSSL: a python3-kubernetes LIST whose chunked response began and then
+/// stopped (`--hang-lists pods`: a gateway whose upstream died mid-answer) is stuck once
+/// nothing came for stale_after, named. Neither healthy neighbour crosses the rule: the same
+/// client idle after a small answer with a Content-Length (its end unseen), nor a client idle
+/// after a chunked list that ended (`--chunk-lists events`, its terminator seen).
+#[test]
+fn an_openssl_clients_list_held_mid_answer_is_stuck_and_finished_ones_are_not() {
+    init!();
+    let certs = TempDir::new();
+    let api = ApiServer::start(
+        bin!("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        certs.path(),
+        &["--hang-lists", "pods", "--chunk-lists", "events"],
+    );
+    let sink = WebhookSink::start();
+    let (agent, dir) = agent(&[api.addr().to_string()], &sink, "", &[]);
+    let idle = format!("{}", STALE + 3.0);
+    let held = python_client(
+        &api,
+        &dir,
+        &["--resource", "pods", "--list-once", "--idle", &idle],
+        &[],
+    );
+    let finished = python_client(&api, &dir, &["--resource", "events", "--list-once"], &[]);
+    let (held_pid, finished_pid) = (held.pid(), finished.pid());
+    release_python_clients(&agent, &dir, &[held_pid, finished_pid]);
+    held.wait_line(secs(20.0), "the held client idle", |l| l.text == "IDLE");
+    finished.wait_line(secs(20.0), "the finished list", |l| l.text == "LIST_END");
+    // Both idle past stale_after with their last answer's end seen or not: healthy.
+    let until = Instant::now() + secs(STALE + 2.0);
+    while Instant::now() < until {
+        let clients = agent.clients();
+        for pid in [held_pid, finished_pid] {
+            let c = find_pid(&clients, pid).expect("the python client listed");
+            assert_eq!(c["state"], "healthy", "idle: {c}");
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+    held.wait_line(secs(10.0), "the held list sent", |l| l.text == "LIST_START");
+    let started = SystemTime::now();
+    let (c, at) = wait_state(&agent, held_pid, "stale", secs(STALE + 10.0));
+    // Its first half comes at once; stale_after of nothing, judged within a tick.
+    assert_within("the list held mid-answer stuck", started, at, STALE, STALE + 4.0);
+    let why = reason(&c);
+    assert!(
+        why.starts_with("list pods (all namespaces): open")
+            && why.contains("its response begun and unfinished"),
+        "{c}"
+    );
+    let stuck: Vec<Value> = streams_of(&agent, held_pid)
+        .into_iter()
+        .filter(|s| s["stuck"] == true)
+        .collect();
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    assert_eq!(stuck[0]["kind"], "list");
+    assert_eq!(stuck[0]["response_headers"], true, "{stuck:?}");
+    let other = find_pid(&agent.clients(), finished_pid).cloned().expect("listed");
+    assert_eq!(other["state"], "healthy", "{other}");
+}
+
 /// Issue 16's secrets: the python client's bearer token (the line after the request line),
 /// the body of its create and the watched object's data never appear in the agent's API
 /// answers, metrics or log, though every one of those requests went through the probes.

@@ -93,6 +93,9 @@ pub mod protocol {
     /// read a HEADERS frame received, the chunked body's terminator a DATA frame received
     /// with END_STREAM, other bytes read a DATA frame received (coalesced).
     pub const HTTP1: u8 = 1;
+    /// In the flags of an HTTP/1.1 response's HEADERS record: its headers say
+    /// `Transfer-Encoding: chunked`, so its end (the terminator) can be seen.
+    pub const HTTP1_CHUNKED: u8 = 0x80;
 }
 
 /// DATA frames received on one stream within this long of the last one sent are not sent:

@@ -58,8 +58,9 @@ const STREAM: u32 = 1;
 const METHOD_MAX: usize = 7;
 /// `"HTTP/1."`: a response's status line.
 const STATUS_LINE: &[u8; 7] = b"HTTP/1.";
-/// The last chunk of a chunked body after the previous chunk's CRLF (RFC 9112 §7.1).
-const TERMINATOR: &[u8; 7] = b"\r\n0\r\n\r\n";
+/// The last chunk of a chunked body after the previous chunk's CRLF (RFC 9112 §7.1), in the
+/// low seven bytes of a [`Seen::tail`].
+const TERMINATOR: u64 = u64::from_be_bytes(*b"\0\r\n0\r\n\r\n");
 
 /// The descriptor of each `SSL *` of each process, from `SSL_set_fd`.
 #[map]
@@ -79,9 +80,18 @@ static SSL_UNBOUND: LruHashMap<u64, SslCall> = LruHashMap::with_max_entries(4096
 #[map]
 static SSL_READS: LruHashMap<u64, SslRead> = LruHashMap::with_max_entries(4096, 0);
 
-/// When a liveness DATA record of each watched socket was last sent.
+/// Of each watched socket: when a liveness DATA record was last sent, and the last bytes read.
 #[map]
-static SSL_SEEN: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+static SSL_SEEN: LruHashMap<u64, Seen> = LruHashMap::with_max_entries(16384, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Seen {
+    sent_ns: u64,
+    /// The last 8 bytes read on the socket in this response, the latest lowest: a terminator
+    /// split across reads (a reader asks for what its buffer has room for) is still seen.
+    tail: u64,
+}
 
 /// Where a request line's path is looked at before only the path is copied out.
 #[repr(C)]
@@ -346,6 +356,137 @@ extern "C" fn path_end(index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
+/// A `Transfer-Encoding` header's name with the line end before it and its colon, lowercased,
+/// as the three rolling words of [`TeScan`] hold it at the colon: `"\ntr"`, `"ansfer-e"`,
+/// `"ncoding:"`.
+const TE_NAME: (u64, u64, u64) = (
+    0x0a_74_72,
+    u64::from_be_bytes(*b"ansfer-e"),
+    u64::from_be_bytes(*b"ncoding:"),
+);
+/// `"chunked"` in the low seven bytes of the last word.
+const CHUNKED: u64 = u64::from_be_bytes(*b"\0chunked");
+/// `"\r\n\r\n"` in the low four bytes: the headers' end.
+const HEADERS_END: u64 = 0x0d_0a_0d_0a;
+
+/// Whether the response whose first `n` bytes were read into `buf` says
+/// `Transfer-Encoding: chunked` within its first `HEADER_VALUE_MAX` bytes (any case): then its
+/// end is seen (the terminator), and a response begun and unfinished is evidence. The bytes
+/// are looked at in the per-CPU scratch buffer and never leave the kernel.
+#[inline(always)]
+fn chunked(buf: u64, n: u64) -> bool {
+    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: the per-CPU scratch buffer, ours for the duration of the program.
+    let scratch = unsafe { &mut (*scratch).bytes };
+    let mut copy = if n < HEADER_VALUE_MAX as u64 {
+        n
+    } else {
+        HEADER_VALUE_MAX as u64
+    };
+    // Bounded where the helper takes it (see `write_request`).
+    // SAFETY: an AND on a register.
+    unsafe { core::arch::asm!("{c} &= 1023", c = inout(reg) copy) };
+    if copy > HEADER_VALUE_MAX as u64 || copy == 0 {
+        return false;
+    }
+    // SAFETY: at most the scratch buffer's size, from a user address the helper checks.
+    let failed = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            scratch.as_mut_ptr().cast(),
+            copy as u32,
+            buf as *const _,
+        )
+    } != 0;
+    if failed {
+        return false;
+    }
+    let mut scan = TeScan {
+        bytes: scratch.as_ptr(),
+        copy: copy as u32,
+        found: 0,
+        name: 0,
+        _pad: 0,
+        words: [0; 3],
+    };
+    // SAFETY: the callback reads only `scan` and the scratch buffer, within bounds.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            HEADER_VALUE_MAX as u32,
+            te_step as *mut c_void,
+            (&mut scan as *mut TeScan).cast(),
+            0,
+        )
+    };
+    scan.found == 1
+}
+
+/// The state of the scan for `Transfer-Encoding: chunked` (`te_step`).
+#[repr(C)]
+struct TeScan {
+    bytes: *const u8,
+    copy: u32,
+    found: u32,
+    /// 1 on the line of a `Transfer-Encoding` header, after its colon.
+    name: u32,
+    _pad: u32,
+    /// The last 24 bytes, lowercased, oldest first: `words[2]` ends with the latest.
+    words: [u64; 3],
+}
+
+/// One step: byte `index` of the scratch buffer.
+extern "C" fn te_step(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the caller's `TeScan`, alive for the whole loop.
+    let scan = unsafe { &mut *ctx.cast::<TeScan>() };
+    if index >= u64::from(scan.copy) || index >= HEADER_VALUE_MAX as u64 {
+        return 1;
+    }
+    // SAFETY: within the scratch buffer (checked above).
+    let mut b = unsafe { *scan.bytes.add(index as usize) };
+    if b.is_ascii_uppercase() {
+        b |= 0x20;
+    }
+    let [w0, w1, w2] = scan.words;
+    scan.words = [w0 << 8 | w1 >> 56, w1 << 8 | w2 >> 56, w2 << 8 | u64::from(b)];
+    let [w0, w1, w2] = scan.words;
+    if w2 & 0xffff_ffff == HEADERS_END {
+        return 1;
+    }
+    if b == b'\n' {
+        scan.name = 0;
+    } else if (w0 & 0xff_ffff, w1, w2) == TE_NAME {
+        scan.name = 1;
+    } else if scan.name == 1 && w2 & 0x00ff_ffff_ffff_ffff == CHUNKED {
+        scan.found = 1;
+        return 1;
+    }
+    0
+}
+
+/// `before` (a socket's last bytes read) followed by the `n` bytes just read at `buf`: their
+/// last 8 bytes, the latest lowest.
+#[inline(always)]
+fn tail_after(before: u64, buf: u64, n: u64) -> Option<u64> {
+    if n >= 8 {
+        let mut last = [0u8; 8];
+        // SAFETY: a user address; the helper tolerates any.
+        unsafe { bpf_probe_read_user_buf((buf + n - 8) as *const u8, &mut last) }.ok()?;
+        return Some(u64::from_be_bytes(last));
+    }
+    let mut tail = before;
+    for i in 0..7u64 {
+        if i >= n {
+            break;
+        }
+        let mut b = [0u8; 1];
+        // SAFETY: as above.
+        unsafe { bpf_probe_read_user_buf((buf + i) as *const u8, &mut b) }.ok()?;
+        tail = tail << 8 | u64::from(b[0]);
+    }
+    Some(tail)
+}
+
 /// The length of the method token a request line starts with (`GET /…`), if it is one: 3
 /// to 7 capitals, a space, a slash.
 #[inline(always)]
@@ -474,41 +615,37 @@ fn try_ssl_read_ret(ctx: &RetProbeContext) -> Option<()> {
         // SAFETY: a user address; the helper tolerates any.
         unsafe { bpf_probe_read_user_buf(read.buf as *const u8, &mut head) }.ok()?;
         if &head == STATUS_LINE {
-            send_frame(read.sk, HEADERS, 0, n as u32, direction::RECEIVED);
+            let flags = if chunked(read.buf, n) {
+                protocol::HTTP1_CHUNKED
+            } else {
+                0
+            };
+            send_frame(read.sk, HEADERS, flags, n as u32, direction::RECEIVED);
             marked = true;
         }
     }
-    let mut tail = [0u8; 7];
-    let ended = if n >= TERMINATOR.len() as u64 {
-        // SAFETY: as above.
-        unsafe { bpf_probe_read_user_buf((read.buf + n - 7) as *const u8, &mut tail) }.is_ok()
-            && &tail == TERMINATOR
-    } else if n == 5 {
-        let mut last = [0u8; 5];
-        // SAFETY: as above.
-        unsafe { bpf_probe_read_user_buf(read.buf as *const u8, &mut last) }.is_ok()
-            && last[..] == TERMINATOR[2..]
-    } else {
-        false
+    // SAFETY: copied out at once.
+    let seen = unsafe { SSL_SEEN.get(read.sk) }.copied();
+    // A status line starts a response: what was read before is no part of it.
+    let before = match seen {
+        Some(s) if !marked => s.tail,
+        _ => 0,
     };
+    let tail = tail_after(before, read.buf, n)?;
     // SAFETY: helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if ended {
+    if tail & 0x00ff_ffff_ffff_ffff == TERMINATOR {
         let _ = SSL_SEEN.remove(read.sk);
         send_frame(read.sk, DATA, END_STREAM, n as u32, direction::RECEIVED);
         return Some(());
     }
-    if marked {
-        let _ = SSL_SEEN.insert(read.sk, now, 0);
-        return Some(());
+    let sent_ns = seen.map_or(0, |s| s.sent_ns);
+    let send = !marked && now.wrapping_sub(sent_ns) >= FRAME_COALESCE_NS;
+    let sent_ns = if marked || send { now } else { sent_ns };
+    let _ = SSL_SEEN.insert(read.sk, Seen { sent_ns, tail }, 0);
+    if !send {
+        return None;
     }
-    // SAFETY: copied out at once.
-    if let Some(last) = unsafe { SSL_SEEN.get(read.sk) } {
-        if now.wrapping_sub(*last) < FRAME_COALESCE_NS {
-            return None;
-        }
-    }
-    let _ = SSL_SEEN.insert(read.sk, now, 0);
     send_frame(read.sk, DATA, 0, n as u32, direction::RECEIVED);
     Some(())
 }

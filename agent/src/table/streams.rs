@@ -17,6 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use lifeline_common::protocol::HTTP1_CHUNKED;
 use request::{Kind, Request};
 
 /// HTTP/2 frame types and flags the table reads (RFC 9113 §6).
@@ -72,6 +73,10 @@ pub struct Stream {
     /// Every frame of it can have been seen: it began after the connection's reads were
     /// followed, and no evidence was lost since. Only such streams are judged.
     pub whole: bool,
+    /// Its response's end would be seen: always on HTTP/2 (END_STREAM); on HTTP/1.1 only
+    /// when the response is chunked (its terminator), not when it has a `Content-Length`.
+    /// A response begun and unfinished is evidence only then.
+    pub end_visible: bool,
 }
 
 impl Stream {
@@ -123,7 +128,8 @@ pub struct Streams {
     pub dropped: u64,
     /// An HTTP/1.1 connection (an OpenSSL client's): a response's end is seen only when its
     /// body is chunked (the terminator), not when it has a `Content-Length`, so a response
-    /// begun and unfinished is not evidence there.
+    /// begun and unfinished is evidence there only when the kernel said it is chunked
+    /// ([`Stream::end_visible`]).
     pub http1: bool,
     /// A response to a request lifeline named was seen here: the probes on the HTTP/2 code
     /// this connection uses are proven live both ways (see `health::judge`'s evidence before
@@ -232,6 +238,7 @@ impl Streams {
                 last_received: at,
                 request_sent: flags & frame::END_STREAM != 0,
                 whole,
+                end_visible: false,
             });
             return None;
         }
@@ -248,6 +255,7 @@ impl Streams {
                     last_received: at,
                     request_sent: !sent,
                     whole: false,
+                    end_visible: false,
                 });
                 return None;
             }
@@ -259,6 +267,7 @@ impl Streams {
             stream.last_received = at;
             if frame_type == frame::HEADERS && stream.response_at.is_none() {
                 stream.response_at = Some(at);
+                stream.end_visible = !self.http1 || flags & HTTP1_CHUNKED != 0;
                 self.responded |= stream.request.is_some();
             }
         }
@@ -283,8 +292,8 @@ impl Streams {
     /// Stuck streams at `now`: a watch open `watch_grace` past its deadline with no frame
     /// since the deadline; any other known request without response headers for
     /// `stale_after`, or whose response began, has not ended, and has had nothing come for
-    /// `stale_after` (not for responses endless by design, nor on HTTP/1.1, see
-    /// [`Streams::http1`]).
+    /// `stale_after` (not for responses endless by design, nor for an HTTP/1.1 response whose
+    /// end would go unseen, see [`Stream::end_visible`]).
     pub fn stuck(
         &self,
         now: Instant,
@@ -300,7 +309,7 @@ impl Streams {
             let evidence = match (s.response_at, s.deadline(max_watch)) {
                 (None, _) => s.started + stale_after,
                 (Some(_), Some(deadline)) if s.last_frame < deadline => deadline + watch_grace,
-                (Some(_), None) if !self.http1 && !request.endless => s.last_received + stale_after,
+                (Some(_), None) if s.end_visible && !request.endless => s.last_received + stale_after,
                 _ => continue,
             };
             if now < evidence {

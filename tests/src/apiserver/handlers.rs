@@ -400,16 +400,28 @@ fn list(cx: &Ctx, res: Resource, ns: Option<&str>) -> ApiResult<Response<Body>> 
     };
     body["metadata"] = metadata;
     let scoped = format!("{}/{}", ns.unwrap_or("*"), res.kind.plural());
-    if cx
-        .srv
-        .cfg
-        .hang_lists
-        .iter()
-        .any(|r| r == res.kind.plural() || *r == scoped)
-    {
+    let named = |list: &[String]| list.iter().any(|r| r == res.kind.plural() || *r == scoped);
+    if named(&cx.srv.cfg.hang_lists) {
         return Ok(hung_midway(cx, body.to_string().into_bytes()));
     }
+    if named(&cx.srv.cfg.chunk_lists) {
+        return Ok(streamed_whole(body.to_string().into_bytes()));
+    }
     Ok(ok(&body))
+}
+
+/// A response that sends `body` whole in two chunks and ends (`--chunk-lists`).
+fn streamed_whole(mut body: Vec<u8>) -> Response<Body> {
+    let rest = body.split_off(body.len() / 2);
+    let (tx, rx) = mpsc::channel(2);
+    tokio::spawn(async move {
+        for part in [body, rest] {
+            if tx.send(Bytes::from(part)).await.is_err() {
+                return;
+            }
+        }
+    });
+    streaming(rx)
 }
 
 /// A response that sends the first half of `body` and never the rest (`--hang-lists`).

@@ -33,7 +33,7 @@ pub const USAGE: &str = "usage: ll-apiserver --listen ADDR --cert-dir DIR [--san
 [--event-interval DUR(2s)] [--bookmark-interval DUR(5s)] [--watch-timeout DUR(60s)] [--name NAME] \
 [--generation new|old] [--server-version vX.Y.Z] [--service-ip IP(10.96.0.1)] [--endpoint-ip IP]... \
 [--endpoint-port PORT(6443)] [--pods FILE] [--pdbs FILE] [--strict-eviction] [--hang-watches RESOURCE]... \
-[--hang-first N] [--hang-lists RESOURCE]...";
+[--hang-first N] [--hang-lists RESOURCE]... [--chunk-lists RESOURCE]...";
 
 // ---------------------------------------------------------------------------------------------
 // Command line
@@ -68,6 +68,10 @@ pub struct Config {
     /// of the body are sent, then nothing, and the response never ends (a gateway whose
     /// upstream died mid-response).
     pub hang_lists: Vec<String>,
+    /// Resources (as `hang_watches`) whose lists are sent whole but streamed, in two chunks
+    /// (on HTTP/1.1 chunked, as the real apiserver sends a large answer), never with a
+    /// Content-Length.
+    pub chunk_lists: Vec<String>,
 }
 
 fn parse_args() -> Result<Config, String> {
@@ -89,6 +93,7 @@ fn parse_args() -> Result<Config, String> {
     let mut hang_watches = Vec::new();
     let mut hang_first = None;
     let mut hang_lists = Vec::new();
+    let mut chunk_lists = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let (flag, inline) = match flag.split_once('=') {
@@ -130,6 +135,7 @@ fn parse_args() -> Result<Config, String> {
             "--pdbs" => pdbs = Some(PathBuf::from(value)),
             "--hang-watches" => hang_watches.push(value),
             "--hang-lists" => hang_lists.push(value),
+            "--chunk-lists" => chunk_lists.push(value),
             "--hang-first" => {
                 hang_first = Some(value.parse().map_err(|_| format!("bad --hang-first {value:?}"))?);
             }
@@ -167,6 +173,7 @@ fn parse_args() -> Result<Config, String> {
         hang_watches,
         hang_first,
         hang_lists,
+        chunk_lists,
     })
 }
 

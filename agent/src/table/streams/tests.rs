@@ -256,3 +256,32 @@ fn responses_endless_by_design_and_http1_bodies_are_not_judged_by_their_pauses()
     waiting.apply(t0, true, HEADERS, 0, 1, Some(list("pods")));
     assert_eq!(waiting.stuck(secs(t0, 90), STALE, GRACE, MAX_WATCH).len(), 1);
 }
+
+/// Issue 23: an HTTP/1.1 response the kernel said is chunked has a visible end (its
+/// terminator): begun, unfinished and silent for stale_after, it is stuck; while bytes come
+/// it is not, and once its terminator came it is gone.
+#[test]
+fn a_chunked_http1_response_begun_and_unfinished_is_stuck() {
+    use lifeline_common::protocol::HTTP1_CHUNKED;
+    let t0 = Instant::now();
+    let mut h1 = followed(t0);
+    h1.http1 = true;
+    h1.apply(t0, true, HEADERS, 0, 1, Some(list("pods")));
+    h1.apply(t0, false, HEADERS, HTTP1_CHUNKED, 1, None);
+    h1.apply(secs(t0, 60), false, DATA, 0, 1, None);
+    assert!(
+        h1.stuck(secs(t0, 60 + 89), STALE, GRACE, MAX_WATCH).is_empty(),
+        "bytes came at 60 s"
+    );
+    let stuck = h1.stuck(secs(t0, 60 + 90), STALE, GRACE, MAX_WATCH);
+    assert_eq!(stuck.len(), 1);
+    assert!(
+        stuck[0]
+            .description
+            .starts_with("list pods (all namespaces): open 2m30s, its response begun and unfinished"),
+        "{}",
+        stuck[0].description
+    );
+    h1.apply(secs(t0, 61), false, DATA, END_STREAM, 1, None);
+    assert!(h1.stuck(secs(t0, 10_000), STALE, GRACE, MAX_WATCH).is_empty());
+}
