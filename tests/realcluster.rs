@@ -32,7 +32,7 @@ use lifeline_integration::{
         image::Image,
         in_cluster_kubeconfig,
         monitor::{Monitor, Sighting},
-        secs, ControlPlane, Node, Options, Restart, Stop,
+        secs, ControlPlane, Node, Options, Restart, Stop, User,
     },
     scenario::{wait_alert, wait_state, Gateway, Topology, WebhookSink, SETTLE},
     *,
@@ -512,6 +512,9 @@ fn soak_duration() -> Duration {
 /// 4 ms after the request and its flow-control reply 4 ms later, and a second informer).
 /// Every client listed, judged healthy at every poll, the JVMs through their `::ffff:`
 /// sockets, the informers followed as go1.24 with their watches named, and not one alert.
+/// Alongside, behind a holding gateway (excused from those checks): a standby scheduler whose
+/// two watches and CSINode list are held, and a python3-kubernetes client whose events list
+/// is held mid-answer, each found stuck by its own rule (`check_held_watches`).
 #[test]
 fn full_node_soak_with_default_thresholds_raises_nothing() {
     // Issue 16, alongside: a standby kube-scheduler (informers running, as every standby's
@@ -531,6 +534,24 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
     let standby = bench
         .cp
         .start_scheduler(HELD_SCHEDULER, &format!("https://{}", holding.endpoint));
+    // Issue 23: python3-kubernetes behind the same gateway lists events once; the gateway
+    // holds that list mid-answer. Its libssl is the python watch's, probed since the agent
+    // started, so its requests are seen from the first.
+    let py_go = bench.cp.dir().join("py-held-go");
+    std::fs::write(&py_go, "").expect("the held python client's go file");
+    let py_held = {
+        let kubeconfig = bench
+            .cp
+            .kubeconfig(User::Admin, &format!("https://{}", holding.endpoint));
+        let mut cmd = Command::new(SYSTEM_PYTHON);
+        cmd.arg(client_script("py-streams.py"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--go-when")
+            .arg(&py_go)
+            .args(["--resource", "events", "--list-once"]);
+        Watched::spawn("py-streams.py behind the holding gateway", cmd)
+    };
     let mut findings = Findings::default();
     let expected = bench.expected();
     bench.wait_judged_healthy(&expected, &mut findings);
@@ -559,11 +580,12 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
     }
     let sightings = monitor.sightings();
     let listed = monitor.listed();
-    let resources = HELD_RESOURCES;
-    let soak_stuck: Vec<Option<SystemTime>> = resources
+    let soak_stuck: Vec<Option<SystemTime>> = HELD_STREAMS
         .iter()
-        .map(|r| monitor.first_stuck(standby, "watch", r))
+        .map(|(kind, r)| monitor.first_stuck(standby, kind, r))
         .collect();
+    let (py_kind, py_resource) = HELD_PY_STREAM;
+    let py_soak_stuck = [monitor.first_stuck(py_held.pid(), py_kind, py_resource)];
     let failed_polls = monitor.failed_polls();
     eprintln!("soak over: {} polls of the agent", monitor.polls());
     drop(monitor);
@@ -624,6 +646,24 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
         &held_label,
         &mut findings,
     );
+    let py_pid = py_held.pid();
+    check_held_timing(
+        &bench,
+        ("the held python client", py_pid),
+        &[HELD_PY_STREAM],
+        held_since,
+        &py_soak_stuck,
+        &mut findings,
+    );
+    check_held_client(
+        &bench,
+        "the held python client",
+        py_pid,
+        &[HELD_PY_STREAM],
+        &held_label,
+        &mut findings,
+    );
+    drop(py_held);
     check_watches_listed(&bench, &mut findings);
     bench.cp.stop_component(HELD_SCHEDULER);
     drop(holding);
@@ -636,13 +676,22 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
 const HELD_SCHEDULER: &str = "kube-scheduler-held";
 /// What the gateway holds of it: its StorageClass watch gets headers and then nothing (stuck
 /// past its own `timeoutSeconds` + `watch_grace`); its PersistentVolume watch gets nothing
-/// (stuck after `stale_after` without response headers).
+/// (stuck after `stale_after` without response headers); its CSINode list gets headers and a
+/// first chunk, then nothing (stuck `stale_after` after that chunk: issue 23). And of the
+/// python3-kubernetes client behind it, its events list, the same way.
 const HELD: Held<'static> = Held {
     headers_only: &["/apis/storage.k8s.io/v1/storageclasses"],
     unanswered: &["/api/v1/persistentvolumes"],
+    lists_midway: &["/apis/storage.k8s.io/v1/csinodes", "/api/v1/events"],
 };
-/// The held watches' resources, as the agent names them.
-const HELD_RESOURCES: [&str; 2] = ["storage.k8s.io/storageclasses", "persistentvolumes"];
+/// The scheduler's held streams, as the agent names them: kind and resource.
+const HELD_STREAMS: [(&str, &str); 3] = [
+    ("watch", "storage.k8s.io/storageclasses"),
+    ("watch", "persistentvolumes"),
+    ("list", "storage.k8s.io/csinodes"),
+];
+/// The python client's held stream.
+const HELD_PY_STREAM: (&str, &str) = ("list", "events");
 /// The agent's default thresholds, seconds: watch_grace and stale_after.
 const DEFAULT_WATCH_GRACE: f64 = 120.0;
 const DEFAULT_STALE: f64 = 90.0;
@@ -673,79 +722,40 @@ fn check_held_watches(
     endpoint: &str,
     findings: &mut Findings,
 ) {
-    let resources = HELD_RESOURCES;
-    // The soak ran before this poll: a stream due before it is timed by when the soak's
-    // monitor (a poll a second) first saw it stuck, and one due later by this poll.
-    let mut first_stuck: std::collections::BTreeMap<&str, (SystemTime, Value)> = Default::default();
-    let give_up = since + secs(600 + 120 + 60);
-    while first_stuck.len() < resources.len() && SystemTime::now() < give_up {
-        for s in streams_of(&bench.agent, standby) {
-            let Some(r) = resources
-                .iter()
-                .find(|r| s["resource"] == **r && s["kind"] == "watch")
-            else {
-                continue;
-            };
-            if s["stuck"] == true {
-                first_stuck.entry(r).or_insert((SystemTime::now(), s.clone()));
-            }
-        }
-        thread::sleep(secs(1));
-    }
+    let held = &HELD_STREAMS;
+    check_held_timing(
+        bench,
+        ("the held scheduler", standby),
+        held,
+        since,
+        soak_stuck,
+        findings,
+    );
     let streams = streams_of(&bench.agent, standby);
-    eprintln!("the held scheduler's streams: {:?}", Pretty(&streams));
-    for (i, r) in resources.into_iter().enumerate() {
-        let Some((seen, s)) = first_stuck.get(r) else {
-            findings.add(format!(
-                "the held {r} watch was never stuck; the scheduler's streams: {streams:#?}"
-            ));
-            continue;
+    // The deadline of each held watch that got headers is the one the client declared.
+    for s in streams
+        .iter()
+        .filter(|s| s["kind"] == "watch" && s["stuck"] == true && s["response_headers"] == true)
+    {
+        let declared = s["path"]
+            .as_str()
+            .and_then(|p| p.split("timeoutSeconds=").nth(1))
+            .and_then(|t| t.split('&').next())
+            .and_then(|t| t.parse::<u64>().ok());
+        let consistent = match (declared, wall(&s["started"]), wall(&s["deadline"])) {
+            (Some(t), Some(a), Some(d)) => d.duration_since(a).is_ok_and(|g| g.as_secs().abs_diff(t) <= 1),
+            _ => false,
         };
-        let started = wall(&s["started"]);
-        let (due, rule) = match (r, wall(&s["deadline"])) {
-            ("persistentvolumes", _) => (
-                started.map(|t| t + Duration::from_secs_f64(DEFAULT_STALE)),
-                "stale_after",
-            ),
-            (_, Some(deadline)) => (
-                Some(deadline + Duration::from_secs_f64(DEFAULT_WATCH_GRACE)),
-                "watch_grace",
-            ),
-            (_, None) => (None, "watch_grace"),
-        };
-        // Seen stuck during the soak: that sighting times it (this poll's came later).
-        let seen = soak_stuck[i].map_or(*seen, |t| t.min(*seen));
-        match due {
-            Some(due) => check_detected(
-                &format!("the held {r} watch stuck ({rule})"),
-                due,
-                seen,
-                (-1.0, 3.0),
-                findings,
-            ),
-            None => findings.add(format!("the held {r} watch has no start or deadline: {s}")),
-        }
-        // The deadline is the one the client declared.
-        if r != "persistentvolumes" {
-            let declared = s["path"]
-                .as_str()
-                .and_then(|p| p.split("timeoutSeconds=").nth(1))
-                .and_then(|t| t.split('&').next())
-                .and_then(|t| t.parse::<u64>().ok());
-            let consistent = match (declared, started, wall(&s["deadline"])) {
-                (Some(t), Some(a), Some(d)) => {
-                    d.duration_since(a).is_ok_and(|g| g.as_secs().abs_diff(t) <= 1)
-                }
-                _ => false,
-            };
-            findings.check(consistent, || {
-                format!("the {r} watch's deadline is not its timeoutSeconds: {s}")
-            });
-        }
+        findings.check(consistent, || {
+            format!(
+                "the {} watch's deadline is not its timeoutSeconds: {s}",
+                s["resource"]
+            )
+        });
     }
     let others: Vec<&Value> = streams
         .iter()
-        .filter(|s| s["stuck"] == true && !resources.iter().any(|r| s["resource"] == *r))
+        .filter(|s| s["stuck"] == true && !held.iter().any(|(k, r)| s["kind"] == *k && s["resource"] == *r))
         .collect();
     findings.check(others.is_empty(), || {
         format!("other streams of the held scheduler stuck: {others:#?}")
@@ -757,31 +767,124 @@ fn check_held_watches(
     findings.check(flowing >= 3, || {
         format!("the held scheduler's other watches should be listed and flowing: {streams:#?}")
     });
+    check_held_client(bench, "the held scheduler", standby, held, endpoint, findings);
+}
+
+/// Each held stream of `pid` found stuck by its own rule and within its bound: a watch with
+/// response headers at its deadline (from the `timeoutSeconds` it sent) + watch_grace; a
+/// request without response headers, and a list whose first chunk came, stale_after after
+/// its start (the chunk comes with the headers); + 3 s for the tick and the poll. A stream
+/// due before the soak's end is timed by the soak monitor's first sighting (`soak_stuck`, in
+/// the order of `held`), a later one by polls from here.
+fn check_held_timing(
+    bench: &Bench,
+    (who, pid): (&str, u32),
+    held: &[(&str, &str)],
+    since: SystemTime,
+    soak_stuck: &[Option<SystemTime>],
+    findings: &mut Findings,
+) {
+    let mut first_stuck: std::collections::BTreeMap<usize, (SystemTime, Value)> = Default::default();
+    let give_up = since + secs(600 + 120 + 60);
+    while first_stuck.len() < held.len() && SystemTime::now() < give_up {
+        for s in streams_of(&bench.agent, pid) {
+            let Some(i) = held
+                .iter()
+                .position(|(k, r)| s["kind"] == *k && s["resource"] == *r)
+            else {
+                continue;
+            };
+            if s["stuck"] == true {
+                first_stuck.entry(i).or_insert((SystemTime::now(), s.clone()));
+            }
+        }
+        thread::sleep(secs(1));
+    }
+    let streams = streams_of(&bench.agent, pid);
+    eprintln!("{who}'s streams: {:?}", Pretty(&streams));
+    for (i, (kind, r)) in held.iter().enumerate() {
+        let Some((seen, s)) = first_stuck.get(&i) else {
+            findings.add(format!(
+                "{who}'s held {r} {kind} was never stuck; its streams: {streams:#?}"
+            ));
+            continue;
+        };
+        let started = wall(&s["started"]);
+        let (due, rule) = match (*kind, s["response_headers"] == true, wall(&s["deadline"])) {
+            ("watch", true, Some(deadline)) => (
+                Some(deadline + Duration::from_secs_f64(DEFAULT_WATCH_GRACE)),
+                "watch_grace",
+            ),
+            ("watch", true, None) => (None, "watch_grace"),
+            (_, headers, _) => (
+                started.map(|t| t + Duration::from_secs_f64(DEFAULT_STALE)),
+                if headers {
+                    "stale_after, its response begun and unfinished"
+                } else {
+                    "stale_after"
+                },
+            ),
+        };
+        // Seen stuck during the soak: that sighting times it (this poll's came later).
+        let seen = soak_stuck
+            .get(i)
+            .copied()
+            .flatten()
+            .map_or(*seen, |t| t.min(*seen));
+        match due {
+            Some(due) => check_detected(
+                &format!("{who}'s held {r} {kind} stuck ({rule})"),
+                due,
+                seen,
+                (-1.0, 3.0),
+                findings,
+            ),
+            None => findings.add(format!("{who}'s held {r} {kind} has no start or deadline: {s}")),
+        }
+    }
+}
+
+/// `pid` stale with a reason naming one of its held streams, and a `LifelineClientStale` with
+/// a held resource for it through the gateway's `endpoint`.
+fn check_held_client(
+    bench: &Bench,
+    who: &str,
+    pid: u32,
+    held: &[(&str, &str)],
+    endpoint: &str,
+    findings: &mut Findings,
+) {
     let clients = bench.agent.clients();
-    match find_pid(&clients, standby) {
+    match find_pid(&clients, pid) {
         Some(c) => findings.check(
             c["state"] == "stale"
-                && resources.iter().any(|r| {
+                && held.iter().any(|(_, r)| {
                     c["reason"]
                         .as_str()
                         .unwrap_or("")
                         .contains(r.rsplit('/').next().unwrap_or(r))
                 }),
-            || format!("the held scheduler should be stale with a reason naming a held watch: {c}"),
+            || format!("{who} should be stale with a reason naming a held stream: {c}"),
         ),
-        None => findings.add(format!("the held scheduler (pid {standby}) is not listed")),
+        None => findings.add(format!("{who} (pid {pid}) is not listed")),
     }
     let alerts: Vec<Value> = bench
         .sink
         .alerts()
         .into_iter()
-        .filter(|a| a["labels"]["endpoint"] == endpoint && a["labels"]["alertname"] == "LifelineClientStale")
+        .filter(|a| {
+            a["labels"]["endpoint"] == endpoint
+                && a["labels"]["alertname"] == "LifelineClientStale"
+                && a["annotations"]["summary"]
+                    .as_str()
+                    .is_some_and(|s| s.contains(&format!("(pid {pid},")))
+        })
         .collect();
     findings.check(
         alerts
             .iter()
-            .any(|a| resources.iter().any(|r| a["labels"]["resource"] == *r)),
-        || format!("no LifelineClientStale with a held resource for the held scheduler: {alerts:#?}"),
+            .any(|a| held.iter().any(|(_, r)| a["labels"]["resource"] == *r)),
+        || format!("no LifelineClientStale with a held resource for {who}: {alerts:#?}"),
     );
 }
 
