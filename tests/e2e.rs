@@ -20,9 +20,9 @@
 //! 4. The monitoring path (`e2e/monitoring.rs`, docs/testing.md "End to end"): a real Prometheus
 //!    scraping as the shipped PodMonitor says, with the shipped rules, sending to a real
 //!    Alertmanager: `LifelineClientDisconnected` fires, reaches Alertmanager and resolves; every
-//!    dashboard panel is queried; `LifelineAgentDown` goes pending for a stopped agent, and fires
-//!    for the node once its agent pod is deleted and the replacement cannot be scheduled, then
-//!    resolves; `kubectl lifeline`, with docs/operations.md's RBAC only, lists the never-redial
+//!    dashboard panel is queried; `LifelineAgentDown` goes pending for a stopped agent, and for
+//!    the node once its agent pod is deleted and the replacement cannot be scheduled, then
+//!    clears; `kubectl lifeline`, with docs/operations.md's RBAC only, lists the never-redial
 //!    pod.
 //! 5. Teardown (the harness's guards) leaves no process, mount, cgroup, bridge, address or
 //!    iptables chain behind.
@@ -1145,9 +1145,11 @@ fn check_monitoring(
 
     // Its second way: the agent pod deleted while its replacement cannot be placed (the
     // scheduler stopped: the DaemonSet's pod waits, Pending, without a node or an address).
-    // The node has no agent pod: LifelineAgentDown fires `for: 5m` after the old pod's target
-    // went, for the node (no pod), and reaches the Alertmanager. The scheduler back, the
-    // replacement runs, is scraped, and the alert resolves in both.
+    // The node has no agent pod: once the old pod's target went (its `up` series stale), the
+    // rule matches for the node (no pod) and LifelineAgentDown goes pending. (Its firing
+    // `for: 5m` later is promtool's unit test, minute by minute; waiting it out here cost
+    // five minutes of CI, and the Alertmanager path is the one LifelineClientDisconnected
+    // took above.) The scheduler back, the replacement runs, is scraped, and the alert clears.
     let scheduler_server = cp.options().scheduler_server.clone().unwrap_or(cp.url());
     cp.stop_component("kube-scheduler");
     let selector = "app.kubernetes.io/name=lifeline";
@@ -1180,20 +1182,13 @@ fn check_monitoring(
     );
     mark("agent pod deleted, its replacement unscheduled");
     let node_only = [("node", node.name.as_str()), ("pod", "")];
-    let fired = wait_alert(prom, DOWN, &node_only, "firing", secs(300 + 60));
+    // The old target leaves discovery within a second of the pod object; its `up` goes stale
+    // at the next scrape, and an evaluation later the rule matches.
+    let nodes_alert = wait_alert(prom, DOWN, &node_only, "pending", secs(60));
     let after = gone.elapsed();
-    // `for: 5m` from the first evaluation without the old target (gone from discovery within
-    // a second of the pod object, a scrape and an evaluation later): not before 5 minutes
-    // after the deletion returned less those seconds, not much after.
-    findings.check(after >= secs(295), || {
-        format!("{DOWN} fired {after:?} after the agent pod was deleted, before its `for: 5m`")
-    });
-    check_agent_labels(&fired, &node.name, findings);
-    mark("LifelineAgentDown firing for the node without an agent pod");
-    if let Some(am) = wait_alertmanager(prom, DOWN, &node_only, true, secs(30)) {
-        check_agent_labels(&am, &node.name, findings);
-    }
-    mark("LifelineAgentDown in Alertmanager");
+    eprintln!("{DOWN} pending for the node {after:?} after the agent pod was deleted");
+    check_agent_labels(&nodes_alert, &node.name, findings);
+    mark("LifelineAgentDown pending for the node without an agent pod");
     cp.start_scheduler("kube-scheduler", &scheduler_server);
     let new = wait_one_ready_pod(cp, AGENT_NS, selector, |p| name_of(p) == pending);
     let up = format!(
@@ -1208,8 +1203,7 @@ fn check_monitoring(
         secs(30),
     );
     wait_alert_gone(prom, DOWN, &[("node", node.name.as_str())], secs(30));
-    wait_alertmanager(prom, DOWN, &[("node", node.name.as_str())], false, secs(30));
-    mark("scheduler back: the replacement scraped, LifelineAgentDown resolved in both");
+    mark("scheduler back: the replacement scraped, LifelineAgentDown cleared");
 }
 
 /// Checks an agent alert's labels: the node's, the agent's job and namespace, and a label set
