@@ -63,10 +63,31 @@ pub fn unique() -> String {
     )
 }
 
-/// A free TCP port on 127.0.0.1 (free when returned; for the agent's `--listen`).
+/// Where [`free_port`] looks: below the kernel's ephemeral range (32768–60999 by default) and
+/// the NodePort range (30000–32767), above every port a real-cluster component is given.
+const FREE_PORTS: std::ops::Range<u32> = 20000..30000;
+
+/// A free TCP port (free on every IPv4 address when returned; for a server a test starts,
+/// such as the agent's `--listen`). Outside the ephemeral range: a port the kernel handed out
+/// for bind(0) could be taken, between this call and the server's bind, by any connection a
+/// parallel test opens (an agent failed so: "Address already in use"). Each call of a process
+/// takes the next port of [`FREE_PORTS`] from a start of its own, skipping ports in use.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local_addr").port()
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        AtomicU32::new(std::process::id().wrapping_mul(7919).wrapping_add(nanos))
+    });
+    let span = FREE_PORTS.end - FREE_PORTS.start;
+    for _ in 0..span {
+        let port = (FREE_PORTS.start + next.fetch_add(1, Ordering::Relaxed) % span) as u16;
+        if TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free TCP port in {FREE_PORTS:?}")
 }
 
 /// Runs a command to completion, panicking with its output unless it succeeds.
