@@ -44,6 +44,20 @@ pub enum EventKind {
     /// A request's `:method` or `:path` as a Go client encoded it, or the method and path of
     /// an OpenSSL client's HTTP/1.1 request line: a [`HeaderEvent`].
     Header = 5,
+    /// A process began running a program (`sched/sched_process_exec`): an [`ExecEvent`].
+    Exec = 6,
+}
+
+/// A process that began running a program: userspace looks at the program at once, so that a
+/// Go client's first requests are seen (the agent's `kernel/probed.rs`, "at start"). Nothing
+/// but the process leaves the kernel: the program is read through `/proc/PID/exe`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecEvent {
+    pub timestamp_ns: u64,
+    /// [`EventKind::Exec`] as u32.
+    pub kind: u32,
+    pub tgid: u32,
 }
 
 /// Who sent an HTTP/2 frame of a [`FrameEvent`].
@@ -546,6 +560,7 @@ const _: () = assert!(core::mem::size_of::<EndpointKey>() == 18);
 const _: () = assert!(core::mem::size_of::<SockEvent>() == 8 * 3 + 4 * 8 + 2 * 4 + 16 * 3);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 48 + 40 + 48 + 24);
 const _: () = assert!(core::mem::size_of::<FrameEvent>() == 8 * 3 + 4 * 4 + 8);
+const _: () = assert!(core::mem::size_of::<ExecEvent>() == 16);
 const _: () = assert!(core::mem::size_of::<HeaderEvent>() == 16 + 16 + HEADER_VALUE_MAX);
 const _: () = assert!(core::mem::size_of::<SegmentEvent>() == 8 * 2 + 4 * 6 + 2 * 4 + 16 * 2);
 const _: () = assert!(core::mem::size_of::<SegmentState>() == 8 + 4 * 4);

@@ -111,6 +111,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
 #[no_mangle]
 static STREAM_BUDGET_PER_SECOND: u32 = STREAM_BUDGET;
 
+mod exec;
 mod gotls;
 mod openssl;
 

@@ -192,6 +192,9 @@ const SUITES: [&str; 9] = [
     "realcluster",
 ];
 
+/// The suite whose agent is the image's static release binary, not `target/debug/lifeline`.
+const RELEASE_SUITE: &str = "realcluster";
+
 fn test(no_lint: bool, suite: Option<&str>) -> Result {
     require_root("the test suite")?;
     if !no_lint {
@@ -260,7 +263,18 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
     hoststate::remove_legacy_reject();
     for name in SUITES.iter().filter(|n| chosen(n)) {
         let before = hoststate::snapshot()?;
-        let ran = run(cargo().args([
+        let mut cargo_test = cargo();
+        if *name == RELEASE_SUITE {
+            // The real cluster runs what users run: the image's binary (the VM guests built it
+            // above). Its agent races a fresh client's start-up (issue 23: first requests).
+            let target = image::host_target()?;
+            if !built {
+                image::build_static(&target)?;
+                built = true;
+            }
+            cargo_test.env("LIFELINE_BIN", image::static_binary(&target));
+        }
+        let ran = run(cargo_test.args([
             "test",
             "-p",
             "lifeline-integration",

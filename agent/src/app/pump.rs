@@ -35,6 +35,7 @@ use crate::{
     host::process::{ProcessInfo, Procfs},
     kernel::{
         events::{self, Change, KernelEvent, MonotonicClock, Record},
+        golang::GoTracer,
         programs::{KernelFeed, KernelStats, Probes},
     },
     table::sampler::SharedTable,
@@ -64,6 +65,9 @@ pub struct PumpContext {
     pub stats: Arc<KernelStats>,
     /// Told after every drain that changed the table, so clients are judged at once.
     pub refresher: Refresher,
+    /// The Go probes' files, told of every process that starts running a program (None: the
+    /// exec records are not sent, or there are no Go probes).
+    pub go_at_start: Option<Arc<Mutex<GoTracer>>>,
 }
 
 /// The running pump; dropping it stops the thread (within [`TICK`]).
@@ -146,14 +150,24 @@ impl Worker {
     fn drain(&mut self) {
         let mut batch = Vec::with_capacity(BATCH);
         let mut streams = Vec::new();
+        let mut started: Vec<(u32, Instant)> = Vec::new();
         let mut changed = false;
         loop {
             batch.clear();
             streams.clear();
-            take_batch(&mut self.feed.events, &self.clock, &mut batch, &mut streams);
-            if batch.is_empty() && streams.is_empty() {
+            started.clear();
+            take_batch(
+                &mut self.feed.events,
+                &self.clock,
+                &mut batch,
+                &mut streams,
+                &mut started,
+            );
+            if batch.is_empty() && streams.is_empty() && started.is_empty() {
                 break;
             }
+            // First: a process that has just started sends its first request within ms.
+            self.foresee(&started);
             // In ring order within each kind; a connection's establishment comes before its
             // first frame (the frame needs a socket the kernel already keeps).
             self.apply(&batch);
@@ -167,6 +181,21 @@ impl Worker {
         }
         if changed {
             self.ctx.refresher.request();
+        }
+    }
+
+    /// Processes that have just started running a program: the Go probes go on a client-go
+    /// binary now, before its first request (`kernel/probed.rs`, `foresee`).
+    fn foresee(&mut self, started: &[(u32, Instant)]) {
+        let Some(go) = &self.ctx.go_at_start else {
+            return;
+        };
+        for &(pid, exec) in started {
+            let mut go = go.lock().unwrap_or_else(PoisonError::into_inner);
+            let done = go.foresee(&self.ctx.probes, pid, exec, Instant::now());
+            if done.probed + done.failed > 0 {
+                self.ctx.metrics.count_probed_files("go", done, go.counts());
+            }
         }
     }
 
@@ -185,7 +214,7 @@ impl Worker {
                     }
                 }
                 Record::Header(h) => table.apply_header(h),
-                Record::Socket(_) => {}
+                Record::Socket(_) | Record::Exec { .. } => {}
             }
         }
         drop(table);
@@ -404,19 +433,21 @@ impl Worker {
 }
 
 /// Decodes up to [`BATCH`] records from the ring: socket events into `batch`, the records of
-/// Go clients' streams into `streams`.
+/// Go clients' streams into `streams`, processes that began running a program into `started`.
 fn take_batch(
     ring: &mut RingBuf<MapData>,
     clock: &MonotonicClock,
     batch: &mut Vec<KernelEvent>,
     streams: &mut Vec<Record>,
+    started: &mut Vec<(u32, Instant)>,
 ) {
-    while batch.len() + streams.len() < BATCH {
+    while batch.len() + streams.len() + started.len() < BATCH {
         let Some(item) = ring.next() else { return };
         let decoded = events::decode_record(&item, clock);
         drop(item);
         match decoded {
             Ok(Record::Socket(ev)) => batch.push(ev),
+            Ok(Record::Exec { tgid, at }) => started.push((tgid, at)),
             Ok(other) => streams.push(other),
             Err(err) => tracing::warn!("dropping a kernel event: {err}"),
         }

@@ -277,6 +277,27 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (commands, command_rx) = mpsc::channel();
     let refresher = Refresher::new(commands.clone());
     let stats = Arc::new(KernelStats::default());
+    let go = Arc::new(Mutex::new(GoTracer::default()));
+    // Client-go binaries are probed as their processes start, before their first request.
+    let go_at_start = if args.no_go_probes {
+        None
+    } else {
+        let attached = probes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .attach_exec();
+        match attached {
+            Ok(()) => Some(go.clone()),
+            Err(err) => {
+                tracing::warn!(
+                    "a client-go binary is probed when it first connects, not when it starts (its first requests are \
+                     unseen): {}",
+                    crate::error::chain(&err)
+                );
+                None
+            }
+        }
+    };
     let pump = Pump::spawn(
         feed,
         PumpContext {
@@ -287,6 +308,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             probes: probes.clone(),
             stats: stats.clone(),
             refresher: refresher.clone(),
+            go_at_start,
         },
     )
     .map_err(Error::Pump)?;
@@ -334,7 +356,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         refresher,
         ready: ready.clone(),
         kernel: probes.clone(),
-        go: GoTracer::default(),
+        go,
         ssl: SslTracer::default(),
         go_probes: !args.no_go_probes,
     };

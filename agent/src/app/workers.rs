@@ -123,7 +123,8 @@ pub struct SampleLoop {
     pub ready: Arc<AtomicBool>,
     /// The kernel programs, for the Go-client uprobes that follow clients' binaries.
     pub kernel: Arc<Mutex<Probes>>,
-    pub go: GoTracer,
+    /// Also told by the pump of processes that start (probed at start).
+    pub go: Arc<Mutex<GoTracer>>,
     /// The OpenSSL-client uprobes that follow clients' libssl.
     pub ssl: SslTracer,
     /// False with `--no-go-probes`: neither tracer ever attaches (the connection-only agent).
@@ -187,15 +188,18 @@ impl SampleLoop {
                 .map(|p| (p.info.pid, p.info.start_time_ticks))
                 .collect()
         };
+        // Held through the judgement, which asks it each client's visibility (never while the
+        // table is locked elsewhere: the pump locks the table and this one apart).
+        let mut go = self.go.lock().unwrap_or_else(PoisonError::into_inner);
         if self.go_probes {
-            let go = self.go.reconcile(&self.kernel, &holding, now);
+            let go_done = go.reconcile(&self.kernel, &holding, now);
             let ssl = self.ssl.reconcile(&self.kernel, &holding, now);
-            self.metrics.count_probed_files("go", go, self.go.counts());
+            self.metrics.count_probed_files("go", go_done, go.counts());
             self.metrics.count_probed_files("openssl", ssl, self.ssl.counts());
         }
         let cluster = self.cluster.clone();
         let pods = |info: &ProcessInfo| cluster::pod_of(cluster.as_ref(), info);
-        let (go, ssl) = (&self.go, &self.ssl);
+        let (go, ssl) = (&*go, &self.ssl);
         let visibility = |key| match golang::visibility(go, key) {
             streams @ Visibility::Streams { .. } => streams,
             connection => ssl.visibility(key).unwrap_or(connection),

@@ -97,6 +97,12 @@ pub fn inspect(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection,
     })
 }
 
+/// Whether `path` is a Go program (an ELF file with a `.go.buildinfo` section): its headers
+/// only, read in tens of microseconds, before anything is inspected.
+pub fn is_go(path: &Path) -> bool {
+    Image::open(path).is_ok_and(|image| image.section(".go.buildinfo").is_some())
+}
+
 fn read(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection, Problem> {
     let image = Image::open(path)?;
     let go_version = buildinfo::version(&image)?;

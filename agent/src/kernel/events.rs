@@ -5,8 +5,8 @@ use std::{
 };
 
 use lifeline_common::{
-    direction, header_field, protocol, EventKind, FrameEvent, HeaderEvent, SegmentEvent, SockEvent, AF_INET,
-    AF_INET6, HEADER_VALUE_MAX,
+    direction, header_field, protocol, EventKind, ExecEvent, FrameEvent, HeaderEvent, SegmentEvent,
+    SockEvent, AF_INET, AF_INET6, HEADER_VALUE_MAX,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -177,6 +177,11 @@ pub enum Record {
     Socket(KernelEvent),
     Frame(Frame),
     Header(Header),
+    /// Process `tgid` began running a program, at `at`.
+    Exec {
+        tgid: u32,
+        at: Instant,
+    },
 }
 
 /// Decodes any record, telling the kinds apart by their sizes (all differ).
@@ -199,6 +204,17 @@ pub fn decode_record(bytes: &[u8], clock: &MonotonicClock) -> Result<Record> {
             sent: raw.direction == direction::SENT,
             http1: raw.protocol == protocol::HTTP1,
         }));
+    }
+    if bytes.len() == std::mem::size_of::<ExecEvent>() {
+        // SAFETY: as above, for ExecEvent.
+        let raw: ExecEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        if raw.kind != EventKind::Exec as u32 {
+            return Err(Error::Kind(raw.kind));
+        }
+        return Ok(Record::Exec {
+            tgid: raw.tgid,
+            at: clock.instant(raw.timestamp_ns),
+        });
     }
     if bytes.len() == std::mem::size_of::<HeaderEvent>() {
         // SAFETY: as above, for HeaderEvent.

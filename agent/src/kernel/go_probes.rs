@@ -3,10 +3,13 @@
 //! client runs that binary any more.
 use std::path::Path;
 
-use aya::{programs::uprobe::UProbeAttachLocation, Ebpf};
+use aya::{
+    programs::{uprobe::UProbeAttachLocation, TracePoint},
+    Ebpf,
+};
 
 use super::{
-    object::Result,
+    object::{program_of, Error, Result},
     uprobes::{self, Links},
 };
 
@@ -52,6 +55,22 @@ impl Sites {
 /// Loads the programs (not attached).
 pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
     uprobes::load(ebpf, &PROGRAMS)
+}
+
+/// The tracepoint that says a process began running a program (`ebpf/src/exec.rs`), so that
+/// a client-go binary is probed before its first request (`probed.rs`, "at start").
+pub const EXEC: &str = "sched_process_exec";
+
+/// Loads and attaches [`EXEC`] for the rest of the agent's life (its link goes with the
+/// object).
+pub(super) fn attach_exec(ebpf: &mut Ebpf) -> Result<()> {
+    let name = EXEC;
+    let program: &mut TracePoint = program_of(ebpf, name)?;
+    program.load().map_err(|source| Error::Program { name, source })?;
+    program
+        .attach("sched", "sched_process_exec")
+        .map(drop)
+        .map_err(|source| Error::Program { name, source })
 }
 
 /// Attaches every site in `binary` (all processes that run it): all or nothing.

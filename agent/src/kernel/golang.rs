@@ -41,7 +41,23 @@ impl Runtime for Go {
     }
 
     fn probe(probes: &Mutex<Probes>, exe: &Path, pid: u32) -> Option<Result<Binary, String>> {
-        trace(probes, exe, pid)
+        trace(probes, exe, pid, false).map(|r| r.and_then(|b| b.ok_or_else(|| "not probed".to_owned())))
+    }
+
+    /// A Go program, by its `.go.buildinfo` (ELF headers only: tens of microseconds).
+    fn may_probe_at_start(exe: &Path) -> bool {
+        gobin::is_go(exe)
+    }
+
+    /// Only a binary that links client-go: the clients this agent is for, whose first LIST
+    /// and WATCH come 10–25 ms after they start. Any other Go program is probed, as before,
+    /// when it first connects to an endpoint.
+    fn probe_at_start(
+        probes: &Mutex<Probes>,
+        exe: &Path,
+        pid: u32,
+    ) -> Option<Result<Option<Binary>, String>> {
+        trace(probes, exe, pid, true)
     }
 
     fn sites(binary: &Binary) -> usize {
@@ -66,16 +82,42 @@ pub fn visibility(tracer: &GoTracer, key: (u32, u64)) -> Visibility {
     }
 }
 
+/// Whether function `name` is client-go's (vendored or not): its REST client's `Watch` or
+/// `Do`, which every client-go program that lists or watches calls.
+fn links_client_go(name: &str) -> bool {
+    [
+        "k8s.io/client-go/rest.(*Request).Watch",
+        "k8s.io/client-go/rest.(*Request).Do",
+    ]
+    .iter()
+    .any(|marker| {
+        name.ends_with(marker)
+            && (name.len() == marker.len() || name[..name.len() - marker.len()].ends_with('/'))
+    })
+}
+
 /// Reads the binary of `pid` and attaches the probes to it; None when the process went away
-/// meanwhile (nothing is concluded about its binary).
-fn trace(probes: &Mutex<Probes>, exe: &Path, pid: u32) -> Option<Result<Binary, String>> {
+/// meanwhile (nothing is concluded about its binary). `at_start` (the process has only just
+/// started): Ok(None) for a binary that does not link client-go, which is not probed now.
+fn trace(
+    probes: &Mutex<Probes>,
+    exe: &Path,
+    pid: u32,
+    at_start: bool,
+) -> Option<Result<Option<Binary>, String>> {
     let gone = || !exe.exists();
     let untraceable = |why: String| Some(Err(why));
     let lock = || probes.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(why) = lock().go_unavailable() {
         return untraceable(format!("the kernel refused the Go-client programs: {why}"));
     }
-    let wanted = |name: &str| http2::role(name).is_some();
+    let client_go = std::cell::Cell::new(false);
+    let wanted = |name: &str| {
+        if at_start && !client_go.get() && links_client_go(name) {
+            client_go.set(true);
+        }
+        http2::role(name).is_some()
+    };
     let inspection = match gobin::inspect(exe, &wanted) {
         Ok(i) => i,
         Err(_) if gone() => return None,
@@ -87,6 +129,9 @@ fn trace(probes: &Mutex<Probes>, exe: &Path, pid: u32) -> Option<Result<Binary, 
             return untraceable(why);
         }
     };
+    if at_start && !client_go.get() {
+        return Some(Ok(None));
+    }
     if !register_abi(&inspection.go_version) {
         return untraceable(format!(
             "built with {}: Go 1.17 or later is needed (arguments in registers)",
@@ -139,12 +184,13 @@ fn trace(probes: &Mutex<Probes>, exe: &Path, pid: u32) -> Option<Result<Binary, 
                 pid,
                 go = %inspection.go_version,
                 sites = links.len(),
+                at_start,
                 "following this Go client's HTTP/2 streams"
             );
-            Some(Ok(Binary {
+            Some(Ok(Some(Binary {
                 links,
                 go_version: inspection.go_version,
-            }))
+            })))
         }
         Err(_) if gone() => None,
         Err(err) => untraceable(format!(
@@ -166,7 +212,20 @@ fn register_abi(version: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::register_abi;
+    use super::{links_client_go, register_abi};
+
+    #[test]
+    fn client_go_is_known_by_its_rest_client_vendored_or_not() {
+        assert!(links_client_go("k8s.io/client-go/rest.(*Request).Watch"));
+        assert!(links_client_go(
+            "k8s.io/kubernetes/vendor/k8s.io/client-go/rest.(*Request).Do"
+        ));
+        assert!(!links_client_go("k8s.io/client-go/rest.(*Request).DoRaw"));
+        assert!(!links_client_go(
+            "example.com/notk8s.io/client-go/rest.(*Request).Watch"
+        ));
+        assert!(!links_client_go("net/http.(*Client).Do"));
+    }
 
     #[test]
     fn go_versions_with_arguments_in_registers() {

@@ -64,6 +64,21 @@ pub const OWNER_INSPECTIONS_PER_SECOND: f64 = 0.5;
 /// few (a script with kubectl, helm, a controller's sidecar): 4 are probed at once.
 pub const OWNER_BURST: f64 = 4.0;
 
+/// Files inspected a second as processes start running them (at start: before they connect),
+/// once the burst is spent. Most programs a node starts are not Go (a look at their ELF headers
+/// settles those, uncharged); a Go program that does not link client-go costs one inspection,
+/// then is passed over for [`RETRY_UNPROBED`]. A pod starting fresh copies in a loop spends
+/// this and its own owner's rate, never the rate of clients that connect.
+pub const START_INSPECTIONS_PER_SECOND: f64 = 1.0;
+
+/// Files inspected at once at start before [`START_INSPECTIONS_PER_SECOND`] applies: a node
+/// that starts 8 new Go programs together has them all looked at before their first requests.
+pub const START_INSPECTION_BURST: f64 = 8.0;
+
+/// Files remembered as passed over at start; beyond, the oldest half is forgotten (each costs
+/// one look again).
+pub const MAX_PASSED: usize = 4096;
+
 /// A token bucket: `rate` tokens a second, at most `burst` held; it starts full.
 #[derive(Clone, Debug)]
 pub struct Bucket {
@@ -167,6 +182,24 @@ pub trait Runtime {
     /// process went away meanwhile (nothing is concluded about the file).
     fn probe(kernel: &Mutex<Self::Kernel>, file: &Path, pid: u32) -> Option<Result<Self::Probed, String>>;
 
+    /// Whether `file` may be worth probing when a process starts running it, before it
+    /// connects (cheap: decides whether [`probe_at_start`](Self::probe_at_start) is tried and
+    /// charged to the rate). Never, unless the runtime says otherwise.
+    fn may_probe_at_start(_file: &Path) -> bool {
+        false
+    }
+
+    /// Probes `file` as process `pid` starts running it, if it is a file worth probing before
+    /// any connection: Ok(None) when it is not (it is probed when a client of it connects),
+    /// Err when it cannot be, None when the process went away.
+    fn probe_at_start(
+        _kernel: &Mutex<Self::Kernel>,
+        _file: &Path,
+        _pid: u32,
+    ) -> Option<Result<Option<Self::Probed>, String>> {
+        Some(Ok(None))
+    }
+
     /// Who runs client `pid`, for the per-owner rate: its cgroup (a container); None when it
     /// cannot be read (then only the node's rate applies).
     fn owner_of(pid: u32) -> Option<String> {
@@ -222,6 +255,12 @@ pub struct ProbedFiles<R: Runtime> {
     owners: HashMap<String, Bucket>,
     /// A new owner's bucket.
     owner_rate: Bucket,
+    /// Inspections of files as processes start running them ([`foresee`](Self::foresee)):
+    /// their own rate, so that they never delay a connected client's.
+    start_rate: Bucket,
+    /// Files looked at when a process started running them and not probed then (not worth it,
+    /// or not probeable), with when: not looked at again at start for [`RETRY_UNPROBED`].
+    passed: HashMap<FileId, Instant>,
 }
 
 impl<R: Runtime> Default for ProbedFiles<R> {
@@ -245,6 +284,8 @@ impl<R: Runtime> ProbedFiles<R> {
             rate,
             owners: HashMap::new(),
             owner_rate,
+            start_rate: Bucket::new(START_INSPECTIONS_PER_SECOND, START_INSPECTION_BURST),
+            passed: HashMap::new(),
         }
     }
 
@@ -423,6 +464,120 @@ impl<R: Runtime> ProbedFiles<R> {
         done
     }
 
+    /// Process `pid` has just started running a program, at `exec` (the kernel's exec record): if its
+    /// file is new and the runtime says it is worth probing before the process connects (a Go
+    /// binary that links client-go), probes it now, so that the process's first requests are
+    /// seen. Within the bounds, never evicting: a file that finds no room, or no rate, is
+    /// probed as before when a client of it connects. A file probed at start with no client
+    /// lingers [`LINGER`] from then. Returns what it did.
+    pub fn foresee(
+        &mut self,
+        kernel: &Mutex<R::Kernel>,
+        pid: u32,
+        exec: Instant,
+        now: Instant,
+    ) -> Inspections {
+        let mut done = Inspections::default();
+        let Ok(Some(file)) = R::file_of(pid) else {
+            return done;
+        };
+        let Ok(meta) = std::fs::metadata(&file) else {
+            return done;
+        };
+        let id = (meta.dev(), meta.ino());
+        if self.files.contains_key(&id)
+            || self
+                .passed
+                .get(&id)
+                .is_some_and(|since| now.saturating_duration_since(*since) < RETRY_UNPROBED)
+        {
+            return done;
+        }
+        if !R::may_probe_at_start(&file) {
+            self.pass(id, now);
+            return done;
+        }
+        let owner = R::owner_of(pid);
+        // At a bound, only the owner's own least recently used file with no live client makes
+        // room: a start never costs a neighbour its probes.
+        let owner_full = owner
+            .as_ref()
+            .is_some_and(|o| self.owned_by(o) >= self.max_per_owner);
+        let node_full = self.probed().count() >= self.max_probed;
+        let room = match (&owner, owner_full || node_full) {
+            (_, false) => None,
+            (Some(o), true) => match self.least_recently_used(Some(o)) {
+                Some(lru) => Some(lru),
+                None => return done,
+            },
+            (None, true) => return done,
+        };
+        let template = &self.owner_rate;
+        let owner_waits = owner.as_ref().is_some_and(|o| {
+            !self
+                .owners
+                .entry(o.clone())
+                .or_insert_with(|| template.clone())
+                .ready(now)
+        });
+        if owner_waits || !self.start_rate.take(now) {
+            return done;
+        }
+        if let Some(bucket) = owner.as_ref().and_then(|o| self.owners.get_mut(o)) {
+            bucket.take(now);
+        }
+        let started = Instant::now();
+        match R::probe_at_start(kernel, &file, pid) {
+            Some(Ok(Some(probed))) => {
+                let took = started.elapsed();
+                done.probed += 1;
+                if let Some(lru) = room {
+                    self.detach(
+                        kernel,
+                        lru,
+                        "it was its container's least recently used with no live client, at the bound",
+                    );
+                    done.evicted += 1;
+                }
+                self.files.insert(
+                    id,
+                    File::Probed {
+                        probed,
+                        unused_since: Some(now),
+                        owner,
+                    },
+                );
+                tracing::info!(
+                    kind = R::FILE,
+                    files = self.probed().count(),
+                    uprobes = self.sites(),
+                    took_ms = took.as_secs_f64() * 1e3,
+                    after_exec_ms = (started + took).saturating_duration_since(exec).as_secs_f64() * 1e3,
+                    "files probed (at start)"
+                );
+            }
+            Some(Ok(None)) => self.pass(id, now),
+            Some(Err(why)) => {
+                done.failed += 1;
+                tracing::debug!(pid, "not probed at start: {why}");
+                self.pass(id, now);
+            }
+            None => {}
+        }
+        done
+    }
+
+    /// Remembers that file `id` was passed over at start.
+    fn pass(&mut self, id: FileId, now: Instant) {
+        if self.passed.len() >= MAX_PASSED {
+            let mut ages: Vec<Instant> = self.passed.values().copied().collect();
+            ages.sort_unstable();
+            let median = ages[ages.len() / 2];
+            self.passed.retain(|_, since| *since > median);
+        }
+        self.passed.insert(id, now);
+    }
+
     fn is_used(&self, id: &FileId) -> bool {
         self.clients.values().any(|f| f.as_ref() == Some(id))
     }
@@ -575,6 +730,26 @@ mod tests {
             OWNERS.with(|o| o.borrow().get(&pid).cloned())
         }
 
+        /// Files named "go-…" are Go programs.
+        fn may_probe_at_start(file: &Path) -> bool {
+            file.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("go-"))
+        }
+
+        /// Of those, "go-client…" link client-go.
+        fn probe_at_start(
+            kernel: &Mutex<Kernel>,
+            file: &Path,
+            pid: u32,
+        ) -> Option<Result<Option<String>, String>> {
+            let client = file.file_name()?.to_string_lossy().starts_with("go-client");
+            if !client {
+                kernel.lock().unwrap().probes += 1;
+                return Some(Ok(None));
+            }
+            Self::probe(kernel, file, pid).map(|r| r.map(Some))
+        }
+
         fn sites(_: &String) -> usize {
             1
         }
@@ -582,6 +757,111 @@ mod tests {
         fn unprobe(kernel: &mut Kernel, name: String) {
             kernel.attached.retain(|n| *n != name);
         }
+    }
+
+    #[test]
+    fn a_client_go_binary_is_probed_as_it_starts_and_other_programs_when_they_connect() {
+        let dir = std::env::temp_dir().join(format!("lifeline-probed-start-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let (client, other, shell) = (dir.join("go-client"), dir.join("go-other"), dir.join("sh"));
+        for f in [&client, &other, &shell] {
+            fs::write(f, "").unwrap();
+        }
+        FILES.with(|f| {
+            f.borrow_mut().extend([
+                (11, Some(client.clone())),
+                (12, Some(client.clone())),
+                (13, Some(other.clone())),
+                (14, Some(other.clone())),
+                (15, Some(shell.clone())),
+            ])
+        });
+        let kernel = Mutex::new(Kernel::default());
+        let mut files = ProbedFiles::<Fake>::default();
+        let t0 = Instant::now();
+        let inspections = |kernel: &Mutex<Kernel>| kernel.lock().unwrap().probes;
+
+        assert_eq!(
+            files.foresee(&kernel, 11, t0, t0).probed,
+            1,
+            "client-go: probed at start"
+        );
+        assert_eq!(kernel.lock().unwrap().attached, ["go-client"]);
+        assert_eq!(
+            files.foresee(&kernel, 12, t0, t0).probed,
+            0,
+            "the same file: already probed"
+        );
+        assert_eq!(inspections(&kernel), 1);
+        assert_eq!(
+            files.foresee(&kernel, 13, t0, t0).probed,
+            0,
+            "a Go program without client-go"
+        );
+        assert_eq!(inspections(&kernel), 2, "looked at once");
+        files.foresee(&kernel, 14, t0, t0);
+        files.foresee(&kernel, 15, t0, t0);
+        assert_eq!(
+            inspections(&kernel),
+            2,
+            "passed over: not looked at again; not Go: never"
+        );
+        assert_eq!(kernel.lock().unwrap().attached, ["go-client"]);
+
+        // When they connect: the client-go binary is already probed; the other is probed now.
+        let clients = |keys: &[u32]| keys.iter().map(|&pid| (pid, 7)).collect::<HashSet<Client>>();
+        files.reconcile(&kernel, &clients(&[11, 13]), t0 + Duration::from_secs(1));
+        assert!(matches!(files.seen((11, 7)), Seen::Probed(n) if n == "go-client"));
+        assert!(matches!(files.seen((13, 7)), Seen::Probed(n) if n == "go-other"));
+        assert_eq!(inspections(&kernel), 3);
+
+        // A file probed at start whose process never connects lingers LINGER from its start.
+        let late = dir.join("go-client-late");
+        fs::write(&late, "").unwrap();
+        FILES.with(|f| f.borrow_mut().insert(16, Some(late.clone())));
+        let t1 = t0 + Duration::from_secs(2);
+        assert_eq!(files.foresee(&kernel, 16, t1, t1).probed, 1);
+        files.reconcile(&kernel, &clients(&[11, 13]), t1 + LINGER - Duration::from_secs(1));
+        assert!(kernel
+            .lock()
+            .unwrap()
+            .attached
+            .contains(&"go-client-late".to_owned()));
+        files.reconcile(&kernel, &clients(&[11, 13]), t1 + LINGER);
+        assert!(!kernel
+            .lock()
+            .unwrap()
+            .attached
+            .contains(&"go-client-late".to_owned()));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn at_start_a_container_at_its_bound_recycles_its_own_files_never_a_neighbours() {
+        let dir = std::env::temp_dir().join(format!("lifeline-probed-start-bound-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let kernel = Mutex::new(Kernel::default());
+        let mut files = ProbedFiles::<Fake>::default().with_owner_bound(2);
+        let t0 = Instant::now();
+        let start = |files: &mut ProbedFiles<Fake>, pid: u32, name: &str, owner: &str, at: Instant| {
+            let path = dir.join(name);
+            fs::write(&path, "").unwrap();
+            FILES.with(|f| f.borrow_mut().insert(pid, Some(path)));
+            OWNERS.with(|o| o.borrow_mut().insert(pid, owner.to_owned()));
+            files.foresee(&kernel, pid, at, at)
+        };
+        start(&mut files, 21, "go-client-n", "neighbour", t0);
+        start(&mut files, 22, "go-client-a", "loop", t0);
+        start(&mut files, 23, "go-client-b", "loop", t0 + Duration::from_secs(1));
+        let third = start(&mut files, 24, "go-client-c", "loop", t0 + Duration::from_secs(9));
+        assert_eq!((third.probed, third.evicted), (1, 1), "{third:?}");
+        let attached = kernel.lock().unwrap().attached.clone();
+        assert_eq!(
+            attached,
+            ["go-client-n", "go-client-b", "go-client-c"],
+            "its oldest went"
+        );
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

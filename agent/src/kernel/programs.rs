@@ -510,6 +510,15 @@ impl Probes {
         self.go_loaded.as_ref().err().map(String::as_str)
     }
 
+    /// Attaches the exec tracepoint ([`go_probes::EXEC`]): from then on the pump hears of
+    /// every process that begins running a program.
+    pub fn attach_exec(&mut self) -> Result<()> {
+        if let Err(why) = &self.go_loaded {
+            return Err(Error::GoUnavailable(why.clone()));
+        }
+        go_probes::attach_exec(&mut self.ebpf)
+    }
+
     /// Attaches every site in `binary` (all processes that run it): all or nothing.
     pub fn attach_go(&mut self, binary: &Path, sites: &Sites) -> Result<Links> {
         if let Err(why) = &self.go_loaded {

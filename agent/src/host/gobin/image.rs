@@ -116,20 +116,32 @@ impl Image {
 
     /// `len` bytes at file offset `offset`; `what` names them if the file is too short.
     pub fn read_at(&self, offset: u64, len: u64, what: &str) -> Result<Vec<u8>, Problem> {
+        let mut buf = Vec::new();
+        self.read_into(offset, len, what, &mut buf)?;
+        buf.truncate(len as usize);
+        Ok(buf)
+    }
+
+    /// [`read_at`](Self::read_at) into the first `len` bytes of `buf`, which grows if it must
+    /// and keeps its allocation and any bytes past `len`: a window that reads a table a chunk
+    /// at a time pays no fresh pages, and no zeroing, per chunk.
+    pub fn read_into(&self, offset: u64, len: u64, what: &str, buf: &mut Vec<u8>) -> Result<(), Problem> {
         let malformed = || Problem::Malformed {
             what: format!("{what}: {len} bytes past the end of the file"),
             offset,
         };
         let size = usize::try_from(len).map_err(|_| malformed())?;
-        let mut buf = vec![0; size];
-        self.file.read_exact_at(&mut buf, offset).map_err(|e| {
+        if buf.len() < size {
+            // Zeroed by the allocator, not byte by byte.
+            *buf = vec![0; size];
+        }
+        self.file.read_exact_at(&mut buf[..size], offset).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 malformed()
             } else {
                 Problem::Io(e)
             }
-        })?;
-        Ok(buf)
+        })
     }
 
     /// `len` bytes mapped at virtual address `vaddr`, all within one segment's file contents.

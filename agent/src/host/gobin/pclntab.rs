@@ -13,7 +13,6 @@
 //!   1.18) is `nameoff`, an i32 offset into the NUL-terminated names at `funcnameOffset`.
 //!
 //! The regions in between (cutab, filetab, pctab) are not needed and not read.
-use std::collections::HashMap;
 
 use crate::host::gobin::window::{Window, CHUNK};
 use crate::host::gobin::Problem;
@@ -183,7 +182,8 @@ pub fn find(
                 funcs.file_offset(funcoff),
             )
         })?;
-        let Some(name) = offsets.get(&nameoff) else {
+        // A few wanted names against every function: a scan, cheaper than hashing each.
+        let Some((_, name)) = offsets.iter().find(|(off, _)| *off == nameoff) else {
             continue;
         };
         let start = header.text_start + field_at(2 * i * field)?;
@@ -222,18 +222,18 @@ pub fn find(
 fn name_offsets(
     names: &mut Window<'_>,
     wanted: &dyn Fn(&str) -> bool,
-) -> Result<HashMap<u64, String>, Problem> {
-    let mut offsets = HashMap::new();
+) -> Result<Vec<(u64, String)>, Problem> {
+    let mut offsets = Vec::new();
     let mut pos = 0;
     while pos < names.size() {
         let len = CHUNK.min(names.size() - pos);
         let chunk = names.get(pos, len)?.expect("within the region");
         // Every NUL-terminated name that starts and ends in this chunk.
         let mut used = 0;
-        while let Some(nul) = chunk[used..].iter().position(|b| *b == 0) {
+        while let Some(nul) = memchr::memchr(0, &chunk[used..]) {
             if let Ok(name) = std::str::from_utf8(&chunk[used..used + nul]) {
                 if wanted(name) {
-                    offsets.insert(pos + used as u64, name.to_owned());
+                    offsets.push((pos + used as u64, name.to_owned()));
                 }
             }
             used += nul + 1;

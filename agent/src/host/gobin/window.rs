@@ -13,7 +13,9 @@ pub struct Window<'a> {
     offset: u64,
     size: u64,
     what: &'static str,
+    /// Its first `held` bytes are the region's from `at` on.
     buf: Vec<u8>,
+    held: usize,
     /// Where in the region `buf` starts.
     at: u64,
 }
@@ -27,6 +29,7 @@ impl<'a> Window<'a> {
             size,
             what,
             buf: Vec::new(),
+            held: 0,
             at: 0,
         }
     }
@@ -50,10 +53,12 @@ impl<'a> Window<'a> {
         let Some(end) = at.checked_add(len).filter(|end| *end <= self.size) else {
             return Ok(None);
         };
-        let held = self.at + self.buf.len() as u64;
-        if at < self.at || end > held {
+        if at < self.at || end > self.at + self.held as u64 {
             let n = CHUNK.max(len).min(self.size - at);
-            self.buf = self.image.read_at(self.offset + at, n, self.what)?;
+            self.held = 0;
+            self.image
+                .read_into(self.offset + at, n, self.what, &mut self.buf)?;
+            self.held = n as usize;
             self.at = at;
         }
         let start = (at - self.at) as usize;
