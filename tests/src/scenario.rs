@@ -268,10 +268,20 @@ fn serve_one(stream: TcpStream, store: &Mutex<Vec<Value>>) {
     }
 }
 
-/// A binary of this package next to the agent's (`target/debug/NAME`; `cargo xtask test` builds
-/// them all first).
+/// A binary of this package: beside the agent's (`target/debug/NAME`, or where a VM guest put
+/// them), else in `target/debug` (`cargo xtask test` builds them all first) when the agent is
+/// elsewhere (`LIFELINE_BIN`: the real-cluster tier runs the image's).
 pub fn sibling_bin(name: &str) -> PathBuf {
-    let bin = crate::lifeline_bin().with_file_name(name);
+    let beside = crate::lifeline_bin().with_file_name(name);
+    let bin = if beside.is_file() {
+        beside
+    } else {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("workspace root")
+            .join("target/debug")
+            .join(name)
+    };
     assert!(
         bin.is_file(),
         "{} not found: run `cargo build -p lifeline-integration --bins`",

@@ -279,22 +279,22 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let stats = Arc::new(KernelStats::default());
     let go = Arc::new(Mutex::new(GoTracer::default()));
     // Client-go binaries are probed as their processes start, before their first request.
-    let go_at_start = if args.no_go_probes {
-        None
-    } else {
-        let attached = probes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .attach_exec();
-        match attached {
-            Ok(()) => Some(go.clone()),
-            Err(err) => {
-                tracing::warn!(
-                    "a client-go binary is probed when it first connects, not when it starts (its first requests are \
-                     unseen): {}",
-                    crate::error::chain(&err)
-                );
-                None
+    let go_at_start = {
+        let mut kernel = probes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Without Go probes (refused: said at load) there is nothing to probe at start.
+        if args.no_go_probes || kernel.go_unavailable().is_some() {
+            None
+        } else {
+            match kernel.attach_exec() {
+                Ok(()) => Some(go.clone()),
+                Err(err) => {
+                    tracing::warn!(
+                        "a client-go binary is probed when it first connects, not when it starts (its first requests \
+                         are unseen): {}",
+                        crate::error::chain(&err)
+                    );
+                    None
+                }
             }
         }
     };
