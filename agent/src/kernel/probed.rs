@@ -467,9 +467,10 @@ impl<R: Runtime> ProbedFiles<R> {
     /// Process `pid` has just started running a program, at `exec` (the kernel's exec record): if its
     /// file is new and the runtime says it is worth probing before the process connects (a Go
     /// binary that links client-go), probes it now, so that the process's first requests are
-    /// seen. Within the bounds, never evicting: a file that finds no room, or no rate, is
-    /// probed as before when a client of it connects. A file probed at start with no client
-    /// lingers [`LINGER`] from then. Returns what it did.
+    /// seen. Within the bounds: at one, only the container's own least recently used file
+    /// with no live client makes room (never a neighbour's); a file that finds no room, or no
+    /// rate, is probed as before when a client of it connects. A file probed at start with no
+    /// client lingers [`LINGER`] from then. Returns what it did.
     pub fn foresee(
         &mut self,
         kernel: &Mutex<R::Kernel>,
