@@ -1121,6 +1121,9 @@ const FIRST_WATCHES_NAMED: Duration = Duration::from_secs(10);
 /// Between two starts: the agent inspects at most 0.5 new files a second for one container
 /// once 4 are spent (`kernel/probed.rs`), and every start here is the test's container's.
 const START_SPACING: Duration = Duration::from_millis(2100);
+/// From a start's exec to its binary probed, at the latest (measured 8–35 ms, local and CI):
+/// a start waiting behind anything (another file's probes coming off, a stalled pump) fails.
+const PROBED_AFTER_EXEC: Duration = Duration::from_millis(250);
 
 /// A binary started fresh: name, file, its arguments, the resources it watches, the fewest
 /// starts that must have their first watches named.
@@ -1133,19 +1136,26 @@ type FreshBinary = (
 );
 
 /// Issue 23 item 3 on the real apiserver: a client-go binary that never ran on this node is
-/// followed from its first request. Each start runs a fresh copy (a new file: an inode the
-/// agent never saw) of the client-go 0.32 informer (go1.24; its LIST 15–30 ms after exec, its
-/// WATCHes right after), then of kubectl 1.36 (go1.27; `get --raw` of a watch: its very first
-/// request), all after the agent: every watch it opens is named in the API within
-/// [`FIRST_WATCHES_NAMED`] of its start, in as many of [`FRESH_STARTS`] starts as the agent
-/// wins its race with the client's own start-up: the agent has the binary inspected and
-/// probed 14–45 ms after its exec (release build, 2 busy cores), kubectl sends its first
-/// request ~40 ms after, the informer its LIST 15–30 ms after. Measured in three runs: kubectl
-/// 20 of 20 each time, the informer 16, 12 and 11 of 20; the bounds (`min_named`) leave that
-/// margin and fail when probing at start is broken: probed only when they connect, no start
-/// had its first watches named (they stay unnamed until client-go watches again: 5–10 minutes
-/// for the informer; never, for kubectl's one watch). The agent is the release build when
-/// `cargo xtask test` runs this tier (the image's binary), as on a node.
+/// probed as its process starts, and followed from its first request when the agent wins its
+/// race with the client's own start-up. Each start runs a fresh copy (a new file: an inode the
+/// agent never saw) of the client-go 0.32 informer (go1.24; its LIST and WATCHes 15–25 ms
+/// after exec), then of kubectl 1.36 (go1.27; `get --raw` of a watch, its one request ~40 ms
+/// after exec), all after the agent.
+///
+/// - Every start is probed at start, within [`PROBED_AFTER_EXEC`] of its exec (the agent's
+///   log), whatever the race: the rates allow one every [`START_SPACING`].
+/// - Every watch it opens is named in the API within [`FIRST_WATCHES_NAMED`] of its start, in
+///   as many starts as the race is won (`min_named`): the agent has the binary inspected and
+///   probed 8–28 ms after its exec (release build, 2 busy cores; the kernel's wait before the
+///   first uprobe goes in is paid during the inspection, `kernel/head_start.rs`). Measured:
+///   kubectl 20 of 20 in every run, local and CI; the informer 15 of 20 here, and fewer under
+///   CI's load (3 of 20 there before the head start). kubectl's bound leaves that margin; the
+///   informer's fails only when none is named. Probed only when they connect, no start had its
+///   first watches named (they stay unnamed until client-go watches again: 5–10 minutes for
+///   the informer; never, for kubectl's one watch).
+///
+/// The agent is the release build when `cargo xtask test` runs this tier (the image's
+/// binary), as on a node.
 #[test]
 fn client_go_binaries_never_run_here_have_their_first_watches_named() {
     let bench = Bench::start(Options::default(), &[]);
@@ -1158,7 +1168,7 @@ fn client_go_binaries_never_run_here_have_their_first_watches_named() {
             clients::INFORMER,
             &[],
             &["configmaps", "secrets"],
-            5,
+            1,
         ),
         (
             "kubectl",
@@ -1170,6 +1180,7 @@ fn client_go_binaries_never_run_here_have_their_first_watches_named() {
     ];
     let mut failures = Vec::new();
     let mut short = Vec::new();
+    let mut starts = Vec::new();
     for (name, original, args, resources, min_named) in binaries {
         let mut named = Vec::new();
         for i in 1..=FRESH_STARTS {
@@ -1181,6 +1192,7 @@ fn client_go_binaries_never_run_here_have_their_first_watches_named() {
             cmd.arg("--kubeconfig").arg(&kubeconfig).args(args);
             let started = Instant::now();
             let client = lifeline_integration::Watched::spawn(&format!("{name} copy {i}"), cmd);
+            starts.push((format!("{name} copy {i}"), client.pid()));
             match wait_watches_named(
                 &bench.agent,
                 client.pid(),
@@ -1207,16 +1219,39 @@ fn client_go_binaries_never_run_here_have_their_first_watches_named() {
     let stderr = bench.agent.stderr();
     let at_start: Vec<&str> = stderr
         .lines()
-        .filter(|l| l.contains("files probed (at start)"))
+        .filter(|l| l.contains("files probed (at start)") || l.contains("inspect_ms"))
         .collect();
-    eprintln!(
-        "probed at start: {} files; the agent's log of them:\n{}",
-        at_start.len(),
-        at_start.join("\n")
-    );
+    eprintln!("the agent's log of the files it probed:\n{}", at_start.join("\n"));
     eprintln!(
         "starts whose first watches went unnamed:\n{}",
         failures.join("\n")
+    );
+    let mut late = Vec::new();
+    let mut after_exec = Vec::new();
+    for (start, pid) in &starts {
+        let pid_field = format!(" pid={pid} ");
+        let probed = stderr
+            .lines()
+            .filter(|l| l.contains("files probed (at start)") && l.contains(&pid_field))
+            .find_map(|l| {
+                l.split(" after_exec_ms=")
+                    .nth(1)?
+                    .split(' ')
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            });
+        match probed {
+            Some(ms) if ms <= PROBED_AFTER_EXEC.as_secs_f64() * 1e3 => after_exec.push(ms),
+            Some(ms) => late.push(format!("{start} (pid {pid}): probed {ms:.0} ms after its exec")),
+            None => late.push(format!("{start} (pid {pid}): not probed at start")),
+        }
+    }
+    after_exec.sort_by(f64::total_cmp);
+    eprintln!("probed after exec (ms, sorted): {after_exec:.0?}");
+    assert!(
+        late.is_empty(),
+        "starts not probed at start within {PROBED_AFTER_EXEC:?}: {late:#?}"
     );
     assert!(
         short.is_empty(),

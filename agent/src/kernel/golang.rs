@@ -9,6 +9,7 @@ use std::{
 
 use super::{
     go_probes::Sites,
+    head_start::HeadStart,
     probed::{ProbedFiles, Runtime, Seen, Visibility},
     programs::Probes,
     uprobes::Links,
@@ -50,7 +51,7 @@ impl Runtime for Go {
     }
 
     /// Only a binary that links client-go: the clients this agent is for, whose first LIST
-    /// and WATCH come 10–25 ms after they start. Any other Go program is probed, as before,
+    /// and WATCH come 15–25 ms after they start. Any other Go program is probed, as before,
     /// when it first connects to an endpoint.
     fn probe_at_start(
         probes: &Mutex<Probes>,
@@ -111,6 +112,8 @@ fn trace(
     if let Some(why) = lock().go_unavailable() {
         return untraceable(format!("the kernel refused the Go-client programs: {why}"));
     }
+    // The kernel's wait before the first uprobe goes in is paid while the binary is read.
+    let head_start = HeadStart::begin();
     let client_go = std::cell::Cell::new(false);
     let wanted = |name: &str| {
         if at_start && !client_go.get() && links_client_go(name) {
@@ -118,6 +121,7 @@ fn trace(
         }
         http2::role(name).is_some()
     };
+    let inspecting = std::time::Instant::now();
     let inspection = match gobin::inspect(exe, &wanted) {
         Ok(i) => i,
         Err(_) if gone() => return None,
@@ -177,7 +181,11 @@ fn trace(
             ));
         }
     };
+    let attaching = std::time::Instant::now();
+    let inspect_ms = (attaching - inspecting).as_secs_f64() * 1e3;
     let attached = lock().attach_go(exe, &sites);
+    let attach_ms = attaching.elapsed().as_secs_f64() * 1e3;
+    drop(head_start);
     match attached {
         Ok(links) => {
             tracing::info!(
@@ -185,6 +193,8 @@ fn trace(
                 go = %inspection.go_version,
                 sites = links.len(),
                 at_start,
+                inspect_ms,
+                attach_ms,
                 "following this Go client's HTTP/2 streams"
             );
             Some(Ok(Some(Binary {

@@ -9,6 +9,7 @@ pub mod events;
 pub mod filter;
 pub mod go_probes;
 pub mod golang;
+pub mod head_start;
 pub mod object;
 pub mod offsets;
 pub mod openssl;

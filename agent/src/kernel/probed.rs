@@ -549,6 +549,7 @@ impl<R: Runtime> ProbedFiles<R> {
                     },
                 );
                 tracing::info!(
+                    pid,
                     kind = R::FILE,
                     files = self.probed().count(),
                     uprobes = self.sites(),

@@ -57,11 +57,12 @@ pub(super) fn attach<'a>(
 }
 
 /// Detaches what [`attach`] attached, last attached first: the probes that start evidence
-/// go before the ones that complete it (see `go_probes::Sites::each`). The kernel takes tens
-/// of milliseconds to remove each uprobe (1.5 s for a Go binary's dozen, measured), so the
-/// links are only taken here and closed on a thread of their own: neither the caller (the
-/// event pump probing a process that has just started, the judgement) nor the next attach
-/// waits for them.
+/// go before the ones that complete it (see `go_probes::Sites::each`). The kernel takes
+/// 60–85 ms to remove each uprobe (1.5 s for a Go binary's dozen, measured), so the links are
+/// only taken here and closed on a thread of their own: the caller (the event pump probing a
+/// process that has just started, the judgement) does not wait for them, but a uprobe
+/// registered meanwhile does (they are not put off: until they are gone, a file probed again
+/// would have each probe twice).
 pub(super) fn detach(ebpf: &mut Ebpf, links: Links) {
     let mut taken: Vec<UProbeLink> = Vec::with_capacity(links.len());
     for (name, link) in links.0.into_iter().rev() {
