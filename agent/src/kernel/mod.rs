@@ -15,6 +15,7 @@ pub mod offsets;
 pub mod openssl;
 pub mod probed;
 pub mod programs;
+pub mod removals;
 pub mod ssl_probes;
 pub mod uprobes;
 

@@ -603,7 +603,10 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::{endpoint::Source, kernel::offsets};
+    use crate::{
+        endpoint::Source,
+        kernel::{offsets, removals},
+    };
 
     fn set(range: std::ops::Range<u32>) -> EndpointSet {
         let mut set = EndpointSet::default();
@@ -652,5 +655,69 @@ mod tests {
             .set_endpoints(&set(max..2 * max))
             .expect("another full map");
         assert_eq!(probes.map_len(), max as usize);
+    }
+
+    /// The links of `probes`' Go-client programs, as the kernel lists them (`bpftool link`):
+    /// the object is this test's own, so every one is on the test's file.
+    fn go_links(probes: &mut Probes) -> usize {
+        let ids: Vec<u32> = go_probes::PROGRAMS
+            .iter()
+            .map(|&name| {
+                program_of::<aya::programs::UProbe>(&mut probes.ebpf, name)
+                    .and_then(|p| p.info().map_err(|source| Error::Program { name, source }))
+                    .expect("the program's id")
+                    .id()
+            })
+            .collect();
+        let out = std::process::Command::new("bpftool")
+            .args(["link", "show", "-j"])
+            .output()
+            .expect("bpftool (cargo xtask setup installs it)");
+        assert!(out.status.success(), "bpftool link show: {out:?}");
+        let shown: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("bpftool's JSON");
+        shown
+            .iter()
+            .filter(|l| l["prog_id"].as_u64().is_some_and(|id| ids.contains(&(id as u32))))
+            .count()
+    }
+
+    #[tokio::test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    async fn a_file_probed_again_while_its_probes_come_off_never_has_them_twice() {
+        let (mut probes, _ring) = Probes::load(
+            &offsets::discover().expect("offsets"),
+            lifeline_common::STREAM_BUDGET,
+        )
+        .expect("load");
+        // A file nobody maps: the kernel registers uprobes on it without reading its code.
+        let dir = std::env::temp_dir().join(format!("lifeline-reprobe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let file = dir.join("client");
+        std::fs::write(&file, vec![0x90u8; 64 << 10]).expect("the file");
+        let sites = Sites {
+            write_header: vec![0x1000],
+            tls_write: vec![0x2000],
+            tls_read: vec![0x3000],
+            frame_header_returns: vec![0x4000, 0x4010, 0x4020],
+        };
+        let n = 6;
+        let links = probes.attach_go(&file, &sites).expect("attach");
+        assert_eq!(go_links(&mut probes), n);
+        // Off (on their own thread, 60-85 ms each) and on again at once.
+        probes.detach_uprobes(links);
+        let started = std::time::Instant::now();
+        let links = probes.attach_go(&file, &sites).expect("attach again");
+        let took = started.elapsed();
+        assert_eq!(go_links(&mut probes), n, "one set, not the old beside the new");
+        assert!(took >= std::time::Duration::from_millis(20), "{took:?}: no wait");
+        probes.detach_uprobes(links);
+        let waited = removals::UNDER_WAY
+            .wait(
+                removals::File::of(&file).expect("the file"),
+                std::time::Duration::from_secs(10),
+            )
+            .expect("removed");
+        assert_eq!(go_links(&mut probes), 0, "all removed after {waited:?}");
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }

@@ -1,6 +1,6 @@
 //! Uprobes on a file, attached all or nothing and detached together: what the Go-client
 //! (`go_probes.rs`) and OpenSSL-client (`ssl_probes.rs`) programs share.
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use aya::{
     programs::{
@@ -10,16 +10,27 @@ use aya::{
     Ebpf,
 };
 
-use super::object::{program_of, Error, Result};
+use super::{
+    object::{program_of, Error, Result},
+    removals::{self, UNDER_WAY},
+};
+
+/// How long an attach waits for the removal of its file's earlier probes (~1.5 s for a Go
+/// binary's dozen, more on a loaded node) before it attaches anyway, said in the log.
+pub const REMOVAL_WAIT_AT_MOST: Duration = Duration::from_secs(5);
 
 /// The uprobes attached to one file; give them back to
 /// [`Probes::detach_uprobes`](super::programs::Probes::detach_uprobes).
 #[derive(Debug)]
-pub struct Links(Vec<(&'static str, UProbeLinkId)>);
+pub struct Links {
+    links: Vec<(&'static str, UProbeLinkId)>,
+    /// The file they are on, if it could be known (then its removal is waited for).
+    file: Option<removals::File>,
+}
 
 impl Links {
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.links.len()
     }
 }
 
@@ -33,20 +44,39 @@ pub(super) fn load(ebpf: &mut Ebpf, names: &[&'static str]) -> Result<()> {
 }
 
 /// Attaches each (program, place) in `file`, for every process that runs or maps it: all or
-/// nothing.
+/// nothing. Waits first for the removal of the file's earlier probes (see `removals.rs`).
 pub(super) fn attach<'a>(
     ebpf: &mut Ebpf,
     file: &Path,
     sites: impl IntoIterator<Item = (&'static str, UProbeAttachLocation<'a>)>,
 ) -> Result<Links> {
-    let mut links = Links(Vec::new());
+    // A file that cannot be looked at is not attached to either: the attach says why.
+    let known = removals::File::of(file).ok();
+    if let Some(known) = known {
+        match UNDER_WAY.wait(known, REMOVAL_WAIT_AT_MOST) {
+            Ok(waited) if waited >= Duration::from_millis(1) => tracing::info!(
+                file = %file.display(),
+                waited_ms = waited.as_secs_f64() * 1e3,
+                "waited for this file's earlier probes to be removed"
+            ),
+            Ok(_) => {}
+            Err(bound) => tracing::warn!(
+                file = %file.display(),
+                "this file's earlier probes are still being removed after {bound:?}: attached anyway, each probe may fire twice until they are gone"
+            ),
+        }
+    }
+    let mut links = Links {
+        links: Vec::new(),
+        file: known,
+    };
     for (name, place) in sites {
         let attached = program_of::<UProbe>(ebpf, name).and_then(|p| {
             p.attach(place, file, UProbeScope::AllProcesses)
                 .map_err(|source| Error::Program { name, source })
         });
         match attached {
-            Ok(link) => links.0.push((name, link)),
+            Ok(link) => links.links.push((name, link)),
             Err(err) => {
                 detach(ebpf, links);
                 return Err(err);
@@ -61,11 +91,14 @@ pub(super) fn attach<'a>(
 /// 60–85 ms to remove each uprobe (1.5 s for a Go binary's dozen, measured), so the links are
 /// only taken here and closed on a thread of their own: the caller (the event pump probing a
 /// process that has just started, the judgement) does not wait for them, but a uprobe
-/// registered meanwhile does (they are not put off: until they are gone, a file probed again
-/// would have each probe twice).
+/// registered meanwhile does, and an attach to the same file waits until they are all gone
+/// (`removals.rs`; they are not put off: until they are gone, a file probed again would have
+/// each probe twice).
 pub(super) fn detach(ebpf: &mut Ebpf, links: Links) {
     let mut taken: Vec<UProbeLink> = Vec::with_capacity(links.len());
-    for (name, link) in links.0.into_iter().rev() {
+    // Under way until every link is closed, on the thread or, without one, here.
+    let removal = links.file.map(|file| UNDER_WAY.begin(file));
+    for (name, link) in links.links.into_iter().rev() {
         match program_of::<UProbe>(ebpf, name).and_then(|p| {
             p.take_link(link)
                 .map_err(|source| Error::Program { name, source })
@@ -76,7 +109,10 @@ pub(super) fn detach(ebpf: &mut Ebpf, links: Links) {
     }
     let closing = std::thread::Builder::new()
         .name("uprobe-detach".into())
-        .spawn(move || taken.into_iter().for_each(drop));
+        .spawn(move || {
+            taken.into_iter().for_each(drop);
+            drop(removal);
+        });
     if let Err(err) = closing {
         tracing::warn!("no thread to detach uprobes on ({err}): they were detached in place");
     }
