@@ -223,7 +223,7 @@ impl Worker {
             self.ctx
                 .metrics
                 .ebpf_records_dropped
-                .with_label_values(&[cause.as_str(), GapScope::Socket { sk: 0, tgid: 0 }.as_str()])
+                .with_label_values(&[cause.as_str(), GapScope::SOCKET])
                 .inc_by(n);
         }
         self.ctx

@@ -82,9 +82,12 @@ pub enum GapScope {
 }
 
 impl GapScope {
+    /// The metrics' label of every [`GapScope::Socket`] loss, whichever socket.
+    pub const SOCKET: &'static str = "socket";
+
     pub fn as_str(self) -> &'static str {
         match self {
-            GapScope::Socket { .. } => "socket",
+            GapScope::Socket { .. } => Self::SOCKET,
             GapScope::Process(_) => "process",
             GapScope::Node => "node",
         }
