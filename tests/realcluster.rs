@@ -1121,7 +1121,7 @@ const FIRST_WATCHES_NAMED: Duration = Duration::from_secs(10);
 /// Between two starts: the agent inspects at most 0.5 new files a second for one container
 /// once 4 are spent (`kernel/probed.rs`), and every start here is the test's container's.
 const START_SPACING: Duration = Duration::from_millis(2100);
-/// From a start's exec to its binary probed, at the latest (measured 8–36 ms here; 18–35 ms in
+/// From a start's exec to its binary probed, at the latest (measured 5–36 ms here; 18–35 ms in
 /// CI before the head start): a start waiting behind anything (another file's probes coming
 /// off, a stalled pump) fails.
 const PROBED_AFTER_EXEC: Duration = Duration::from_millis(250);
@@ -1147,9 +1147,10 @@ type FreshBinary = (
 ///   log), whatever the race: the rates allow one every [`START_SPACING`].
 /// - Every watch it opens is named in the API within [`FIRST_WATCHES_NAMED`] of its start, in
 ///   as many starts as the race is won (`min_named`): the agent has the binary inspected and
-///   probed 8–36 ms after its exec (release build, 2 busy cores; the kernel's wait before the
-///   first uprobe goes in is paid during the inspection, `kernel/head_start.rs`). Measured:
-///   kubectl 20 of 20 in every run, local and CI; the informer 14–19 of 20 here, and fewer under
+///   probed 5–36 ms after its exec (release build, 2 busy cores; the kernel's wait before the
+///   first uprobe goes in, one RCU grace period, ~17 ms beside this cluster, is paid during the
+///   inspection, `kernel/head_start.rs`, and is now the floor). Measured: kubectl 20 of 20 in
+///   every run, local and CI; the informer 9–19 of 20 depending on the machine, and fewer under
 ///   CI's load (3 of 20 there before the head start). kubectl's bound leaves that margin; the
 ///   informer's fails only when none is named. Probed only when they connect, no start had its
 ///   first watches named (they stay unnamed until client-go watches again: 5–10 minutes for

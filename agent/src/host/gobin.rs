@@ -19,7 +19,10 @@
 //! 13.0 MB of functab and `_func`s scanned) the test process that inspects it peaks at 11.5 MB
 //! RSS against 5.9 MB when it inspects nothing, so about 6 MB for the inspection, and takes
 //! 26 to 125 ms with the file in the page cache, 93 ms without (release build, 2 busy shared
-//! cores).
+//! cores). Inspected again and again in one process, with the names checked as UTF-8 a chunk
+//! at a time rather than one by one: kubelet 6.3 ms (9.2 before), the client-go 0.32 informer
+//! (46 MB, 67,089 functions) 2.6 ms (4.4 before); at a process's start, in the agent, the
+//! informer 2.4–5.4 ms (4.0–7.7 before).
 pub mod buildinfo;
 pub mod http2;
 pub mod image;

@@ -228,16 +228,9 @@ fn name_offsets(
     while pos < names.size() {
         let len = CHUNK.min(names.size() - pos);
         let chunk = names.get(pos, len)?.expect("within the region");
-        // Every NUL-terminated name that starts and ends in this chunk.
-        let mut used = 0;
-        while let Some(nul) = memchr::memchr(0, &chunk[used..]) {
-            if let Ok(name) = std::str::from_utf8(&chunk[used..used + nul]) {
-                if wanted(name) {
-                    offsets.push((pos + used as u64, name.to_owned()));
-                }
-            }
-            used += nul + 1;
-        }
+        let used = names_in(chunk, wanted, |at, name| {
+            offsets.push((pos + at as u64, name.to_owned()))
+        });
         if used == 0 {
             if pos + len == names.size() {
                 break; // Padding after the last name.
@@ -252,6 +245,27 @@ fn name_offsets(
     Ok(offsets)
 }
 
+/// Offers `found` every NUL-terminated name in `chunk` that `wanted` accepts, with where it
+/// starts; returns how many bytes the names took (the chunk up to its last NUL). They are
+/// checked as UTF-8 all at once (a NUL ends a character too), one by one only if that fails:
+/// one by one, ~70,000 names (the client-go informer's) were half of the scan, 1.5 of 2.7 ms.
+fn names_in(chunk: &[u8], wanted: &dyn Fn(&str) -> bool, mut found: impl FnMut(usize, &str)) -> usize {
+    let whole = memchr::memrchr(0, chunk).map_or(&[][..], |last| &chunk[..=last]);
+    let text = std::str::from_utf8(whole).ok();
+    let mut used = 0;
+    while let Some(nul) = memchr::memchr(0, &whole[used..]) {
+        let name = match text {
+            Some(text) => Some(&text[used..used + nul]),
+            None => std::str::from_utf8(&whole[used..used + nul]).ok(),
+        };
+        if let Some(name) = name.filter(|name| wanted(name)) {
+            found(used, name);
+        }
+        used += nul + 1;
+    }
+    used
+}
+
 /// A little-endian unsigned integer of `size` (4 or 8) bytes at `at`, if `data` holds it.
 fn read(data: &[u8], at: u64, size: u64) -> Option<u64> {
     let at = usize::try_from(at).ok()?;
@@ -259,4 +273,41 @@ fn read(data: &[u8], at: u64, size: u64) -> Option<u64> {
     let mut buf = [0u8; 8];
     buf[..bytes.len()].copy_from_slice(bytes);
     Some(u64::from_le_bytes(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_in;
+
+    fn scan(chunk: &[u8]) -> (Vec<(usize, String)>, usize) {
+        let mut found = Vec::new();
+        let used = names_in(chunk, &|name| name.ends_with(".Read"), |at, name| {
+            found.push((at, name.to_owned()))
+        });
+        (found, used)
+    }
+
+    #[test]
+    fn names_are_found_where_they_start_up_to_the_last_whole_one() {
+        let chunk = b"runtime.main\0crypto/tls.(*Conn).Read\0os.(*File).Read\0net/http.(*Cli";
+        let (found, used) = scan(chunk);
+        assert_eq!(
+            found,
+            [
+                (13, "crypto/tls.(*Conn).Read".to_string()),
+                (37, "os.(*File).Read".to_string())
+            ]
+        );
+        // The cut name is left for the next chunk.
+        assert_eq!(used, 53);
+        assert_eq!(scan(b"no NUL at all"), (vec![], 0));
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_is_passed_over_and_its_neighbours_still_found() {
+        let chunk = b"a.Read\0bad\xff.Read\0\xe2\x82.Read\0b.Read\0";
+        let (found, used) = scan(chunk);
+        assert_eq!(found, [(0, "a.Read".to_string()), (25, "b.Read".to_string())]);
+        assert_eq!(used, chunk.len());
+    }
 }
