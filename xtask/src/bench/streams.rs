@@ -122,6 +122,9 @@ struct Window {
     client_us_per_event: f64,
     agent_cpu: f64,
     records: f64,
+    /// Frames the agent could not place in their stream (`lost_place`): evidence lost on a
+    /// healthy client, which makes its judgement incomplete while it lasts.
+    lost_place: f64,
     calls: Vec<(String, u64, f64)>,
 }
 
@@ -149,9 +152,10 @@ fn measure(watches: &[Watch], agent: Option<u32>) -> Window {
     };
     let client_cpu = || watches.iter().map(|w| cpu_seconds(w.child.id())).sum::<f64>();
     let records = || metric("lifeline_ebpf_events_total", &["kind=\"stream\""]);
+    let lost_place = || metric("lifeline_ebpf_records_dropped_total", &["cause=\"lost_place\""]);
     let (l0, c0, t0) = (lines(), client_cpu(), Instant::now());
-    let (a0, s0, r0) = agent.map_or((0.0, BTreeMap::new(), 0.0), |p| {
-        (cpu_seconds(p), prog_stats(p), records())
+    let (a0, s0, r0, p0) = agent.map_or((0.0, BTreeMap::new(), 0.0, 0.0), |p| {
+        (cpu_seconds(p), prog_stats(p), records(), lost_place())
     });
     thread::sleep(Duration::from_secs(SECONDS));
     let (l1, c1, secs) = (lines(), client_cpu(), t0.elapsed().as_secs_f64());
@@ -163,6 +167,7 @@ fn measure(watches: &[Watch], agent: Option<u32>) -> Window {
     if let Some(p) = agent {
         w.agent_cpu = (cpu_seconds(p) - a0) / secs;
         w.records = records() - r0;
+        w.lost_place = lost_place() - p0;
         w.calls = per_call(&s0, &prog_stats(p))
             .into_iter()
             .filter(|c| c.0.starts_with("go_"))
@@ -251,12 +256,13 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
                 baseline = (w.events_per_second, w.client_us_per_event);
             }
             eprintln!(
-                "round {round}: {:<44} {:6.0} events/s, client {:6.1} µs/event, agent {:.2} ms/s, {:.0} stream records",
+                "round {round}: {:<44} {:6.0} events/s, client {:6.1} µs/event, agent {:.2} ms/s, {:.0} stream records, {:.0} lost place",
                 observer.label(),
                 w.events_per_second,
                 w.client_us_per_event,
                 w.agent_cpu * 1000.0,
-                w.records
+                w.records,
+                w.lost_place
             );
             let r = ratios.entry(observer).or_default();
             r.0.push(w.events_per_second / baseline.0);
@@ -319,13 +325,13 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
          window). Client CPU is the kubectls' own (all threads) per event they printed."
     ));
     report.line("");
-    report.line("| observer | events/s | vs no agent | client CPU per event | vs no agent | agent CPU | stream records/s |");
-    report.line("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    report.line("| observer | events/s | vs no agent | client CPU per event | vs no agent | agent CPU | stream records/s | frames that lost their place (all windows) |");
+    report.line("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let med = |o: Observer, f: fn(&Window) -> f64| median(windows[&o].iter().map(f).collect());
     for observer in order {
         let (rate_ratio, cpu_ratio) = &ratios[&observer];
         report.line(format!(
-            "| {} | {:.0} | {:.3} | {:.1} µs | {:.3} | {} | {} |",
+            "| {} | {:.0} | {:.3} | {:.1} µs | {:.3} | {} | {} | {} |",
             observer.label(),
             med(observer, |w| w.events_per_second),
             median(rate_ratio.clone()),
@@ -340,6 +346,15 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
                 "—".to_owned()
             } else {
                 format!("{:.0}", med(observer, |w| w.records) / SECONDS as f64)
+            },
+            if observer == Observer::Streams {
+                format!(
+                    "{:.0} of {:.0} records",
+                    windows[&observer].iter().map(|w| w.lost_place).sum::<f64>(),
+                    windows[&observer].iter().map(|w| w.records).sum::<f64>()
+                )
+            } else {
+                "—".to_owned()
             },
         ));
     }
