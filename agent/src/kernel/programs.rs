@@ -619,14 +619,19 @@ mod tests {
         set
     }
 
-    #[tokio::test]
-    #[ignore = "needs root: run by cargo xtask test"]
-    async fn the_endpoint_map_is_all_or_nothing() {
-        let (mut probes, _ring) = Probes::load(
+    /// The programs loaded as the agent loads them (root).
+    fn loaded() -> (Probes, KernelFeed) {
+        Probes::load(
             &offsets::discover().expect("offsets"),
             lifeline_common::STREAM_BUDGET,
         )
-        .expect("load");
+        .expect("load")
+    }
+
+    #[tokio::test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    async fn the_endpoint_map_is_all_or_nothing() {
+        let (mut probes, _ring) = loaded();
         let max = MAX_ENDPOINTS;
         probes.set_endpoints(&set(0..10)).expect("10 endpoints");
         assert_eq!(probes.map_len(), 10);
@@ -684,11 +689,7 @@ mod tests {
     #[tokio::test]
     #[ignore = "needs root: run by cargo xtask test"]
     async fn a_file_probed_again_while_its_probes_come_off_never_has_them_twice() {
-        let (mut probes, _ring) = Probes::load(
-            &offsets::discover().expect("offsets"),
-            lifeline_common::STREAM_BUDGET,
-        )
-        .expect("load");
+        let (mut probes, _ring) = loaded();
         // A file nobody maps: the kernel registers uprobes on it without reading its code.
         let dir = std::env::temp_dir().join(format!("lifeline-reprobe-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a directory");
