@@ -249,6 +249,9 @@ mod tests {
             eprintln!("skipped: needs root");
             return;
         }
+        let _alone = crate::kernel::UPROBE_TESTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let site = Site::of(also_never_called as *const () as usize).expect("the test function's site");
         // Closing the descriptor removes the uprobe (itself a registration, slow: after it).
         let time = |site: &Site| {

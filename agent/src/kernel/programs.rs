@@ -689,6 +689,10 @@ mod tests {
     #[tokio::test]
     #[ignore = "needs root: run by cargo xtask test"]
     async fn a_file_probed_again_while_its_probes_come_off_never_has_them_twice() {
+        // Its removals must not land in the head start test's timings.
+        let _alone = crate::kernel::UPROBE_TESTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (mut probes, _ring) = loaded();
         // A file nobody maps: the kernel registers uprobes on it without reading its code.
         let dir = std::env::temp_dir().join(format!("lifeline-reprobe-{}", std::process::id()));
