@@ -18,7 +18,6 @@
 //! (the next tick), never refused for good.
 use std::{
     collections::{HashMap, HashSet},
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::{Mutex, PoisonError},
     time::{Duration, Instant},
@@ -142,8 +141,8 @@ pub struct Inspections {
 /// A client process: pid and start time (pids are reused).
 pub type Client = (u32, u64);
 
-/// A file, by device and inode.
-type FileId = (u64, u64);
+/// A file, by device and inode: as the kernel keeps its uprobes.
+type FileId = crate::kernel::removals::File;
 
 /// How a client is seen (SPEC "Streams": `visibility`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -328,10 +327,9 @@ impl<R: Runtime> ProbedFiles<R> {
                 }
                 Err(_) => continue,
             };
-            let Ok(meta) = std::fs::metadata(&file) else {
+            let Ok(id) = FileId::of(&file) else {
                 continue;
             };
-            let id = (meta.dev(), meta.ino());
             self.clients.insert(key, Some(id));
             if let Some(File::Probed { unused_since, .. }) = self.files.get_mut(&id) {
                 // In use again: not to be taken for the least recently used this tick.
@@ -482,10 +480,9 @@ impl<R: Runtime> ProbedFiles<R> {
         let Ok(Some(file)) = R::file_of(pid) else {
             return done;
         };
-        let Ok(meta) = std::fs::metadata(&file) else {
+        let Ok(id) = FileId::of(&file) else {
             return done;
         };
-        let id = (meta.dev(), meta.ino());
         if self.files.contains_key(&id)
             || self
                 .passed

@@ -12,8 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// A file as the kernel keeps its uprobes: by device and inode, whatever the path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A file as the kernel keeps its uprobes: by device and inode, whatever the path (also how
+/// `probed.rs` knows its files).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct File {
     dev: u64,
     ino: u64,
