@@ -48,7 +48,8 @@ pub struct Metrics {
     pub ebpf_records_dropped: IntCounterVec,
     pub detection: Histogram,
     /// New files (Go binaries, libssl) the agent met, by kind and what it did:
-    /// probed, failed, refused_rate, refused_bound; evicted counts probes taken off at the bound.
+    /// probed, failed, passed (at start), refused_rate, refused_bound; evicted counts probes taken
+    /// off at the bound.
     pub probe_inspections: IntCounterVec,
     /// Files by kind and state: probed, refused (not inspected for a bound).
     pub probed_files: IntGaugeVec,
@@ -278,7 +279,7 @@ impl Metrics {
                     Opts::new(
                         "lifeline_probe_inspections_total",
                         "New probed files (Go binaries, libssl) by kind and result: probed, failed, \
-                         refused_rate, refused_bound, evicted",
+                         passed (at start, not client-go), refused_rate, refused_bound, evicted",
                     ),
                     &["kind", "result"],
                 ),
@@ -316,6 +317,7 @@ impl Metrics {
         for (result, n) in [
             ("probed", done.probed),
             ("failed", done.failed),
+            ("passed", done.passed),
             ("refused_rate", done.refused_rate),
             ("refused_bound", done.refused_bound),
             ("evicted", done.evicted),

@@ -193,7 +193,7 @@ impl Worker {
         for &(pid, exec) in started {
             let mut go = go.lock().unwrap_or_else(PoisonError::into_inner);
             let done = go.foresee(&self.ctx.probes, pid, exec, Instant::now());
-            if done.probed + done.failed > 0 {
+            if done.probed + done.failed + done.passed > 0 {
                 self.ctx.metrics.count_probed_files("go", done, go.counts());
             }
         }

@@ -130,6 +130,10 @@ pub struct Inspections {
     pub probed: usize,
     /// Inspected, could not be probed.
     pub failed: usize,
+    /// Inspected as its process started ([`ProbedFiles::foresee`]) and passed over: a Go
+    /// program that does not link client-go. Charged to the rates like any inspection; the file
+    /// is inspected again, as any other, if a process of it connects.
+    pub passed: usize,
     /// Not inspected: the rate of new inspections was spent (counted once per file refused).
     pub refused_rate: usize,
     /// Not inspected: [`MAX_PROBED`] files with live clients hold probes (once per file).
@@ -555,7 +559,10 @@ impl<R: Runtime> ProbedFiles<R> {
                     "files probed (at start)"
                 );
             }
-            Some(Ok(None)) => self.pass(id, now),
+            Some(Ok(None)) => {
+                done.passed += 1;
+                self.pass(id, now);
+            }
             Some(Err(why)) => {
                 done.failed += 1;
                 tracing::debug!(pid, "not probed at start: {why}");
@@ -792,10 +799,11 @@ mod tests {
             "the same file: already probed"
         );
         assert_eq!(inspections(&kernel), 1);
+        let other = files.foresee(&kernel, 13, t0, t0);
         assert_eq!(
-            files.foresee(&kernel, 13, t0, t0).probed,
-            0,
-            "a Go program without client-go"
+            (other.probed, other.passed),
+            (0, 1),
+            "a Go program without client-go: looked at, passed over"
         );
         assert_eq!(inspections(&kernel), 2, "looked at once");
         files.foresee(&kernel, 14, t0, t0);
