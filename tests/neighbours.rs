@@ -18,6 +18,9 @@
 //! - a process holding 10,000 open watches (`go-watch` with `GO_WATCH_STREAMS=10000`, over 50
 //!   connections): the agent keeps 2,048 of its streams (`table::streams`'s bound per
 //!   process), its evidence `incomplete` (`stream_bound`), never judged from what it forgot.
+//! - five processes of 1,700 open watches each: each within its own bound, together past the
+//!   node's (8,192): the processes holding the most forget their own streams, the two kubectls
+//!   beside them none, and the agent's memory is measured at that bound.
 //!
 //! Each must leave the stuck client `stale` within `stale_after` + 2 s of its LIST (judged at
 //! the next tick, ≤ 1 s more), the healthy one `healthy` with complete evidence, the agent under
@@ -538,4 +541,94 @@ fn ten_thousand_open_streams_cost_their_own_process_only() {
     );
 
     node.neighbour_costs_only_itself("10,000 open streams", pid, secs(5.0));
+}
+
+/// Five processes of 1,700 open watches each: each below its own bound (2,048), 8,500 together,
+/// past the node's (`table::streams`' 8,192). The fullest give up their own streams (their
+/// evidence `incomplete`, `stream_bound`, never judged from it); the healthy watch and the stuck
+/// LIST, holding one stream each, keep theirs and are judged as without them; the agent's
+/// memory is measured at the node's bound.
+#[test]
+fn five_processes_past_the_nodes_stream_bound_cost_only_the_fullest() {
+    const PROCESSES: usize = 5;
+    const EACH: u64 = 1700;
+    /// `table::streams::MAX_OPEN_PER_NODE`.
+    const NODE_BOUND: usize = 8_192;
+    init!();
+    let _alone = alone();
+    let node = Node::start(&[], &[]);
+    // One after another, a second apart: the fixture apiserver answers some thousands of new
+    // watches a second on this machine's two cores, not all of them at once.
+    let many: Vec<Watched> = (0..PROCESSES)
+        .map(|i| {
+            std::thread::sleep(secs(if i == 0 { 0.0 } else { 1.0 }));
+            node.go_watch("GO_WATCH_STREAMS", &EACH.to_string())
+        })
+        .collect();
+    let open = |w: &Watched| -> u64 {
+        w.lines()
+            .iter()
+            .rev()
+            .find_map(|l| l.text.strip_prefix("open ")?.parse().ok())
+            .unwrap_or(0)
+    };
+    // 1,000 a second each: some 6 s in all; a minute is ten times that.
+    let deadline = Instant::now() + secs(60.0);
+    while many.iter().any(|w| open(w) < EACH) {
+        let now: Vec<u64> = many.iter().map(open).collect();
+        assert!(Instant::now() < deadline, "not all open in 60 s: {now:?}");
+        std::thread::sleep(secs(0.5));
+    }
+    let pids: Vec<u32> = many.iter().map(Watched::pid).collect();
+    let listed = |clients: &[Value]| -> Vec<usize> {
+        pids.iter()
+            .map(|&pid| {
+                find_pid(clients, pid)
+                    .and_then(|c| c["streams"].as_array())
+                    .map_or(0, Vec::len)
+            })
+            .collect()
+    };
+    let clients = node
+        .agent
+        .wait_clients(secs(10.0), "the node's bound reached", |c| {
+            let held: usize = listed(c).iter().sum();
+            (held + 1 >= NODE_BOUND).then(|| c.to_vec())
+        });
+    let held = listed(&clients);
+    let neighbour = format!("{PROCESSES} processes past the node's stream bound");
+    eprintln!(
+        "{neighbour}: {} of their {} streams listed ({held:?})",
+        held.iter().sum::<usize>(),
+        PROCESSES as u64 * EACH
+    );
+    assert!(
+        held.iter().sum::<usize>() < NODE_BOUND,
+        "the node's bound, the healthy watch's stream beside them: {held:?}"
+    );
+    for &pid in &pids {
+        let c = find_pid(&clients, pid).expect("listed");
+        if c["evidence"] == "incomplete" {
+            assert!(
+                c["evidence_reason"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("stream_bound: ")),
+                "{}",
+                c["evidence_reason"]
+            );
+        }
+    }
+    let paid = pids
+        .iter()
+        .filter(|&&pid| find_pid(&clients, pid).is_some_and(|c| c["evidence"] == "incomplete"))
+        .count();
+    assert!(paid > 0, "someone forgot streams: {held:?}");
+
+    node.stuck_client_is_judged_in_time(&neighbour);
+    agent_cost(&node.agent, &neighbour, secs(5.0));
+    let clients = node.agent.clients();
+    for &pid in &pids {
+        let c = find_pid(&clients, pid).expect("listed");
+        assert_eq!(c["state"], "healthy", "never judged from its own gap: {c}");
+    }
 }

@@ -32,8 +32,8 @@ pub enum GapCause {
     /// The kernel's table of losses was full: any connection's records may be missing.
     Unscoped,
     /// Not the kernel's: the connection or its process held more open streams than the table
-    /// keeps (`streams::MAX_OPEN`, `streams::MAX_OPEN_PER_PROCESS`), and some of its own were
-    /// forgotten.
+    /// keeps (`streams::MAX_OPEN`, `streams::MAX_OPEN_PER_PROCESS`), or the node did and it
+    /// held the most (`streams::MAX_OPEN_PER_NODE`), and some of its own were forgotten.
     StreamBound,
     /// The kernel lost its place in the frames a client writes on a connection it was
     /// following (a frame header split across writes, more frames in one write than it

@@ -14,8 +14,8 @@ use std::{
 use super::{
     gaps::{Gap, GapCause},
     streams::{
-        frame, request::Request, Loss, MAX_OPEN_PER_PROCESS, MAX_PENDING, MAX_PENDING_PER_PROCESS,
-        PENDING_TTL,
+        frame, request::Request, Loss, MAX_OPEN_PER_NODE, MAX_OPEN_PER_PROCESS, MAX_PENDING,
+        MAX_PENDING_PER_PROCESS, PENDING_TTL,
     },
     ConnId, ConnectionTable,
 };
@@ -253,29 +253,74 @@ impl ConnectionTable {
     /// A stream of process `tgid` is about to open on connection `id`. At the process's
     /// bound ([`MAX_OPEN_PER_PROCESS`]) one of its own open streams is forgotten first, on
     /// that connection if it holds any, else on the process's fullest: a gap in the evidence
-    /// of that connection (`stream_bound`), never a neighbour's.
+    /// of that connection (`stream_bound`), never a neighbour's. At the node's bound
+    /// ([`MAX_OPEN_PER_NODE`]) the process holding the most open streams gives up one of its
+    /// own the same way (the one opening, if it is among the fullest): a process below it
+    /// never loses a stream to make room.
     fn make_room(&mut self, tgid: u32, id: ConnId, at: Instant) {
         let mut count = self.open_streams.get(&tgid).copied().unwrap_or_default();
-        if count.counted < MAX_OPEN_PER_PROCESS {
-            return;
-        }
-        if count.trusted == 0 {
+        if count.counted >= MAX_OPEN_PER_PROCESS && count.trusted == 0 {
             // The count follows opens, ends and connections leaving; a walk of the table
             // corrects what it may miss (streams of one process written by another), once
             // per RECOUNT_EVERY new streams at the bound: a process opening streams at its
             // bound never makes every stream cost a walk.
             count = OpenCount {
-                counted: self.connections_of(tgid).map(|c| c.streams.open_count()).sum(),
+                counted: self.open_of(tgid),
                 trusted: RECOUNT_EVERY,
             };
             self.open_streams.insert(tgid, count);
-            if count.counted < MAX_OPEN_PER_PROCESS {
-                return;
+        }
+        if count.counted >= MAX_OPEN_PER_PROCESS {
+            let forgot = self.forget_one_of(tgid, Some(id), at);
+            self.open_streams.insert(
+                tgid,
+                OpenCount {
+                    counted: count.counted - usize::from(forgot),
+                    trusted: count.trusted - 1,
+                },
+            );
+        }
+        // The node's bound: the sum over the processes that hold streams (a few hundred at
+        // most, walked only when a stream opens).
+        let total: usize = self.open_streams.values().map(|c| c.counted).sum();
+        if total < MAX_OPEN_PER_NODE {
+            return;
+        }
+        let Some(fullest) = self
+            .open_streams
+            .iter()
+            .max_by_key(|&(&pid, c)| (c.counted, pid == tgid))
+            .map(|(&pid, _)| pid)
+        else {
+            return;
+        };
+        let forgot = self.forget_one_of(fullest, (fullest == tgid).then_some(id), at);
+        // Its count ran ahead of its streams if none was there to forget: counted anew.
+        let open = (!forgot).then(|| self.open_of(fullest));
+        let count = self.open_streams.entry(fullest).or_default();
+        match open {
+            None => count.counted -= 1,
+            Some(open) => {
+                *count = OpenCount {
+                    counted: open,
+                    trusted: RECOUNT_EVERY,
+                }
             }
         }
-        let here = self.conns.get(&id).is_some_and(|c| c.streams.open_count() > 0);
-        let victim = if here {
-            Some(id)
+    }
+
+    /// Process `tgid`'s open streams, all its connections walked.
+    fn open_of(&self, tgid: u32) -> usize {
+        self.connections_of(tgid).map(|c| c.streams.open_count()).sum()
+    }
+
+    /// Forgets one open stream of process `tgid`: on connection `here` (one of the process's
+    /// own) if it holds one, else on the process's fullest connection. A gap in the evidence
+    /// of that connection (`stream_bound`). Whether one was forgotten.
+    fn forget_one_of(&mut self, tgid: u32, here: Option<ConnId>, at: Instant) -> bool {
+        let here = here.filter(|id| self.conns.get(id).is_some_and(|c| c.streams.open_count() > 0));
+        let victim = if here.is_some() {
+            here
         } else {
             self.conns
                 .iter()
@@ -283,20 +328,14 @@ impl ConnectionTable {
                 .max_by_key(|(_, c)| c.streams.open_count())
                 .map(|(v, _)| *v)
         };
-        let mut forgot = false;
-        if let Some(conn) = victim.and_then(|v| self.conns.get_mut(&v)) {
-            forgot = conn.streams.forget_one();
-            if forgot {
-                conn.gap = Some(Gap::extended(conn.gap, GapCause::StreamBound, 1, at));
-            }
+        let Some(conn) = victim.and_then(|v| self.conns.get_mut(&v)) else {
+            return false;
+        };
+        let forgot = conn.streams.forget_one();
+        if forgot {
+            conn.gap = Some(Gap::extended(conn.gap, GapCause::StreamBound, 1, at));
         }
-        self.open_streams.insert(
-            tgid,
-            OpenCount {
-                counted: count.counted - usize::from(forgot),
-                trusted: count.trusted - 1,
-            },
-        );
+        forgot
     }
 }
 
@@ -512,6 +551,83 @@ mod tests {
         assert_eq!(open(&lab, flooder[5]), (501, None));
         let total: usize = [0, 2, 3, 4, 5].map(|c| open(&lab, flooder[c]).0).iter().sum();
         assert_eq!(total, MAX_OPEN_PER_PROCESS - 99);
+    }
+
+    #[test]
+    fn at_the_nodes_stream_bound_the_fullest_process_pays_never_a_smaller_one() {
+        use crate::table::{gaps::GapCause, streams::MAX_OPEN};
+        let mut lab = crate::testkit::Lab::new();
+        let per = MAX_OPEN_PER_PROCESS / MAX_OPEN;
+        let fullest = (MAX_OPEN_PER_NODE / MAX_OPEN_PER_PROCESS) as u32;
+        // Eight processes, each at its own bound on four connections: the node's bound.
+        let mut port = 40000;
+        let mut sks = Vec::new();
+        for tgid in 10..10 + fullest {
+            for c in 0..per as u64 {
+                let sk = u64::from(tgid) << 8 | c;
+                lab.connect(0, sk, port, tgid);
+                port += 1;
+                for i in 0..MAX_OPEN as u32 {
+                    lab.table
+                        .apply_frame(&h2(&lab, 10, (sk, tgid), true, 2 * i + 1, 0));
+                }
+                sks.push((tgid, sk));
+            }
+        }
+        let state = |lab: &crate::testkit::Lab, sk: u64| {
+            let c = lab
+                .table
+                .connections()
+                .find(|c| c.sk == Some(sk))
+                .expect("connection");
+            (c.streams.open_count(), c.gap.map(|g| (g.cause, g.records)))
+        };
+        let held = |lab: &crate::testkit::Lab, tgid: u32| -> usize {
+            sks.iter()
+                .filter(|(t, _)| *t == tgid)
+                .map(|(_, sk)| state(lab, *sk).0)
+                .sum()
+        };
+        for tgid in 10..10 + fullest {
+            assert_eq!(
+                held(&lab, tgid),
+                MAX_OPEN_PER_PROCESS,
+                "nothing forgotten below the bounds"
+            );
+        }
+        // A small neighbour opens ten: it keeps them all; the fullest give up one each.
+        lab.connect(20, 0xbee, 50000, 99);
+        for i in 0..10u32 {
+            lab.table
+                .apply_frame(&h2(&lab, 20, (0xbee, 99), true, 2 * i + 1, 0));
+        }
+        assert_eq!(state(&lab, 0xbee), (10, None), "the neighbour keeps its streams");
+        let counts: Vec<usize> = (10..10 + fullest).map(|t| held(&lab, t)).collect();
+        assert_eq!(counts.iter().sum::<usize>() + 10, MAX_OPEN_PER_NODE, "{counts:?}");
+        let (least, most) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        assert!(
+            most - least <= 1,
+            "the fullest paid, one each in turn: {counts:?}"
+        );
+        let gaps: u64 = sks
+            .iter()
+            .filter_map(|(_, sk)| state(&lab, *sk).1)
+            .map(|(cause, records)| {
+                assert_eq!(cause, GapCause::StreamBound);
+                records
+            })
+            .sum();
+        assert_eq!(gaps, 10, "each forgotten stream said as a gap of its connection");
+        // One of the fullest opening more pays itself, in a tie too: nobody else loses one.
+        let opener = 10 + counts.iter().position(|c| c == most).unwrap() as u32;
+        let &(_, osk) = sks.iter().find(|(t, _)| *t == opener).unwrap();
+        for i in 0..5u32 {
+            lab.table
+                .apply_frame(&h2(&lab, 30, (osk, opener), true, 5001 + 2 * i, 0));
+        }
+        let after: Vec<usize> = (10..10 + fullest).map(|t| held(&lab, t)).collect();
+        assert_eq!(after, counts, "{opener} forgot its own");
+        assert_eq!(state(&lab, 0xbee), (10, None));
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //! known, so they are listed but never judged.
 //!
 //! Bounded: at most [`MAX_OPEN`] open streams per connection (the oldest unknown ones go
-//! first) and [`MAX_OPEN_PER_PROCESS`] per process (`requests.rs`), requests waiting for their HEADERS frame at most [`MAX_PENDING_PER_PROCESS`] a process and
-//! [`MAX_PENDING`] in all (see `requests.rs`).
+//! first), [`MAX_OPEN_PER_PROCESS`] per process and [`MAX_OPEN_PER_NODE`] on the node
+//! (`requests.rs`), requests waiting for their HEADERS frame at most
+//! [`MAX_PENDING_PER_PROCESS`] a process and [`MAX_PENDING`] in all (see `requests.rs`).
 pub mod request;
 
 use std::{
@@ -46,6 +47,12 @@ pub const MAX_OPEN: usize = 512;
 /// [`MAX_OPEN`]; kube-controller-manager holds some hundred). Past it the process's own
 /// streams are forgotten to make room, said as a gap in its evidence (see `requests.rs`).
 pub const MAX_OPEN_PER_PROCESS: usize = 2048;
+/// Open streams kept on the node, all processes together: four processes at
+/// [`MAX_OPEN_PER_PROCESS`], some four times what a node's clients hold (a hundred clients,
+/// kube-controller-manager's hundred streams the most). Past it the process holding the most
+/// forgets one of its own, as at its own bound (see `requests.rs`). The agent's RSS at it:
+/// ~65 MiB (the `neighbours` suite; ~2 KiB a stream with its request and connection).
+pub const MAX_OPEN_PER_NODE: usize = 8_192;
 /// Requests encoded but not yet matched to a HEADERS frame, per table (the node).
 pub const MAX_PENDING: usize = 4096;
 /// The same, per process: a client-go process has one in flight per goroutine writing a
