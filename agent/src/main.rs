@@ -27,6 +27,11 @@ mod serve;
 mod testkit;
 mod times;
 
+/// Tests measure what structures hold (`testkit::heap`).
+#[cfg(test)]
+#[global_allocator]
+static HEAP: testkit::heap::Counting = testkit::heap::Counting;
+
 use app::{check, cli, logging, run};
 use serve::status;
 

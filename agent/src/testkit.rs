@@ -1,6 +1,8 @@
 //! Builders for unit tests: endpoint sets, processes, kernel events and connection tables,
 //! with times relative to one origin, and fake `/proc` trees. One place, so every module's tests build the same
 //! realistic sequences (connect from process context, establish from softirq, ...).
+pub mod heap;
+
 use std::{
     net::SocketAddr,
     os::unix::fs::symlink,

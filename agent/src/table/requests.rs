@@ -184,6 +184,14 @@ impl Pending {
 }
 
 impl ConnectionTable {
+    /// Requests waiting for their HEADERS frame (for tests).
+    #[cfg(test)]
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+impl ConnectionTable {
     /// A request header a Go client encoded.
     pub fn apply_header(&mut self, h: &Header) {
         self.pending.note(h);

@@ -81,7 +81,40 @@ pub(super) fn neighbours_section(report: &mut Report) -> Result {
         report.line(format!("- {}: {}", r.neighbour, r.more.join("; ")));
     }
     report.line("");
+    bounds_memory(report)
+}
+
+/// The agent's memory with every node-level bound of its table and metrics filled at once:
+/// the lines of the unit test that measures it (`agent/src/app/bounds.rs`), whose
+/// assertions hold each figure to its ceiling.
+fn bounds_memory(report: &mut Report) -> Result {
+    let mut cmd = cargo();
+    cmd.args(["test", "-p", "lifeline", "--bin", "lifeline", "--", "--exact"])
+        .arg("app::bounds::memory_at_the_nodes_bounds_of_streams_requests_and_labels")
+        .arg("--nocapture");
+    eprintln!("+ {cmd:?}");
+    let out = run_captured(cmd)?;
+    let figures = memory_figures(&out);
+    if figures.is_empty() {
+        return Err(Failed(format!(
+            "the bounds' memory test printed no figures:\n{out}"
+        )));
+    }
+    report.line("**Memory at the node's bounds** (heap of the table, the judge's snapshot and the metrics, every node-level bound filled at once through the pipeline; `agent/src/app/bounds.rs`):");
+    report.line("");
+    for f in figures {
+        report.line(format!("- {f}"));
+    }
+    report.line("");
     Ok(())
+}
+
+/// The figures of the bounds' memory test's output.
+fn memory_figures(output: &str) -> Vec<&str> {
+    output
+        .lines()
+        .filter_map(|l| l.strip_prefix("memory at the node's bounds: "))
+        .collect()
 }
 
 #[cfg(test)]
@@ -113,5 +146,17 @@ mod tests {
             Some("1.0 % of one core, RSS 50.6 MiB (budget 50 %, bound 96 MiB)")
         );
         assert_eq!(rows[1].more, ["2048 listed over 50 connections"]);
+    }
+
+    #[test]
+    fn the_bounds_memory_figures_are_its_own_lines() {
+        let out = "running 1 test\n\
+            memory at the node's bounds: 4096 requests waiting 3.0 MiB (758 B each)\n\
+            test app::bounds::memory_at ... ok\n\
+            memory at the node's bounds: held 15.2 MiB\n";
+        assert_eq!(
+            memory_figures(out),
+            ["4096 requests waiting 3.0 MiB (758 B each)", "held 15.2 MiB"]
+        );
     }
 }
