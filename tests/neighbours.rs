@@ -21,6 +21,9 @@
 //! - five processes of 1,700 open watches each: each within its own bound, together past the
 //!   node's (8,192): the processes holding the most forget their own streams, the two kubectls
 //!   beside them none, and the agent's memory is measured at that bound.
+//! - sixty-four Go clients, each its own binary, four in each of sixteen containers: the
+//!   node's bound of probed files filled with live clients, the last binary refused by it and
+//!   counted, and the agent's memory measured with the bound full.
 //!
 //! Each must leave the stuck client `stale` within `stale_after` + 2 s of its LIST (judged at
 //! the next tick, ≤ 1 s more), the healthy one `healthy` with complete evidence, the agent under
@@ -631,4 +634,82 @@ fn five_processes_past_the_nodes_stream_bound_cost_only_the_fullest() {
         let c = find_pid(&clients, pid).expect("listed");
         assert_eq!(c["state"], "healthy", "never judged from its own gap: {c}");
     }
+}
+
+/// Sixty-four Go clients, each its own binary (a fresh copy of `go-watch`), four in each of
+/// sixteen containers (cgroups), connected together beside the two kubectls: the node's bound
+/// of probed files (`kernel::probed`: 64 of a kind, 16 per container) filled with live
+/// clients, so the last binary is refused by the bound and counted; the stuck and the healthy
+/// kubectl are judged as without them, and the agent's memory is measured with the bound full.
+#[test]
+fn sixty_four_probed_binaries_fill_the_nodes_bound_and_nothing_more() {
+    const CONTAINERS: usize = 16;
+    const PER_CONTAINER: usize = 4;
+    /// `kernel::probed::MAX_PROBED`.
+    const MAX_PROBED: f64 = 64.0;
+    init!();
+    let _alone = alone();
+    let node = Node::start(&[], &[]);
+    let probed = || node.metric("lifeline_probed_files", "kind=\"go\",state=\"probed\"");
+    let refused_bound = || {
+        node.metric(
+            "lifeline_probe_inspections_total",
+            "kind=\"go\",result=\"refused_bound\"",
+        )
+    };
+    // Every copy written before any runs (a copy written while another thread forks could not
+    // be run: ETXTBSY).
+    let copies = TempDir::new();
+    let cgroups: Vec<ContainerCgroup> = (0..CONTAINERS).map(|_| ContainerCgroup::new()).collect();
+    let mut paths = Vec::new();
+    for c in 0..CONTAINERS {
+        for i in 0..PER_CONTAINER {
+            let path = copies.path().join(format!("go-watch-{c}-{i}"));
+            std::fs::copy(FLOODER, &path).expect("copy the Go client");
+            paths.push((c, path));
+        }
+    }
+    // Each copy moves its shell into its container's cgroup, then runs: the agent sees it start
+    // there, as a container's process.
+    let clients: Vec<Watched> = paths
+        .iter()
+        .map(|(c, path)| {
+            let mut cmd = Command::new("/bin/sh");
+            cmd.arg("-c")
+                .arg(r#"echo $$ > "$0" && exec "$1" "$2" "$3""#)
+                .arg(cgroups[*c].dir.join("cgroup.procs"))
+                .arg(path)
+                .arg(format!("https://{}", node.endpoint))
+                .arg(node.dir.path().join("never"))
+                .env("GO_WATCH_TOKEN", "secret-token-xyz");
+            Watched::spawn("go-watch copy", cmd)
+        })
+        .collect();
+    // The node's rate (16, then 2 a second) and each container's (4, then one every 2 s):
+    // some 30 s for 64 files; three times that.
+    let started = Instant::now();
+    while probed() < MAX_PROBED || refused_bound() < 1.0 {
+        assert!(
+            started.elapsed() < secs(90.0),
+            "{} files probed, {} refused by the bound, in 90 s",
+            probed(),
+            refused_bound()
+        );
+        assert!(probed() <= MAX_PROBED, "{} files probed", probed());
+        std::thread::sleep(secs(0.5));
+    }
+    let neighbour = format!("{} probed Go binaries", MAX_PROBED);
+    eprintln!(
+        "{neighbour}: the bound full after {:.1} s, {} refused by it (kubectl 1.20 and {} copies \
+         with live clients)",
+        started.elapsed().as_secs_f64(),
+        refused_bound(),
+        clients.len()
+    );
+    node.stuck_client_is_judged_in_time(&neighbour);
+    agent_cost(&node.agent, &neighbour, secs(3.0));
+    assert_eq!(probed(), MAX_PROBED, "the bound held");
+    // The agent's exit then takes ~20 s in the kernel: each uprobe's perf event is closed
+    // under the kernel's event mutex, with a grace period of its own (60–85 ms).
+    drop(clients);
 }
