@@ -92,7 +92,7 @@ impl Judge {
                     // that gives up each request at its own timeout (a lease GET with
                     // timeout=10s behind a dead gateway) leaves no single stream unanswered for
                     // stale_after, but its connection answers nothing for that long.
-                    waiting_since: c.waiting(now),
+                    waiting_since: c.waiting(now, judged),
                     stuck: if judged {
                         c.streams.stuck(now, t.stale_after, t.watch_grace, MAX_WATCH)
                     } else {

@@ -159,7 +159,7 @@ impl ConnectionTable {
         for id in &ids {
             if let Some(conn) = self.conns.get_mut(id) {
                 conn.ordered.lost_evidence();
-                conn.streams.lost_evidence();
+                conn.streams.lost_evidence(now);
                 conn.gap = Some(Gap::extended(conn.gap, cause, records, now));
             }
         }

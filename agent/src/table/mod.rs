@@ -213,11 +213,30 @@ pub struct Connection {
 impl Connection {
     /// Since when the client has been waiting for an answer on this connection, seen at
     /// `now`: a request sized as one unanswered, or two small records it initiated that
-    /// nothing matched (see `ordered.rs`).
-    pub fn waiting(&self, now: Instant) -> Option<Instant> {
+    /// nothing matched (see `ordered.rs`). Where its HTTP/2 frames are followed both ways
+    /// (`frames`: the client's streams are judged; and a response to a request it named was
+    /// read on this very connection, so the copy of the HTTP/2 code it uses is probed for
+    /// reads too), a wait that began since they were, and
+    /// since the last loss of its evidence, is told by the frames instead: the first HEADERS
+    /// written since the last frame read. Flow
+    /// control a busy client sends late, which byte order cannot tell from a request or a
+    /// PING, is then no wait (a healthy client with thousands of quiet watches crossed it).
+    pub fn waiting(&self, now: Instant, frames: bool) -> Option<Instant> {
         let mut ordered = self.ordered.clone();
         ordered.settle(now);
-        ordered.waiting()
+        let by_bytes = ordered.waiting();
+        let followed = self
+            .streams
+            .followed_since
+            .filter(|_| frames && !self.streams.http1 && self.streams.responded);
+        let Some(since) = followed else {
+            return by_bytes;
+        };
+        // A wait byte order saw begin before the frames were followed stays its evidence.
+        match (by_bytes.filter(|w| *w < since), self.streams.unanswered_since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Whether its `tcp_info` evidence is current at `now`.

@@ -126,6 +126,13 @@ pub struct Streams {
     pub reading: bool,
     /// A reader's [`frame::READING`] came: another one means frames may have gone unseen.
     reader_seen: bool,
+    /// Since when every frame of this connection is seen both ways: its first
+    /// [`frame::READING`] or [`frame::FRESH`], or the last loss of its evidence after it.
+    pub followed_since: Option<Instant>,
+    /// The first request (a HEADERS frame written) since the client last read a frame the
+    /// kernel reports (HEADERS, DATA, RST_STREAM, GOAWAY): rule A's wait, from frames, where
+    /// byte order can only guess a request from sizes and timing (see `Connection::waiting`).
+    pub unanswered_since: Option<Instant>,
     /// Frames seen each way.
     pub frames_sent: u64,
     pub frames_received: u64,
@@ -201,22 +208,25 @@ impl Streams {
                 self.frames_sent += 1;
             } else {
                 self.frames_received += 1;
+                // Anything the server said answers every request before it.
+                self.unanswered_since = None;
             }
         }
         if frame_type == frame::READING || frame_type == frame::FRESH {
             let mut lost = None;
             if frame_type == frame::READING {
                 if self.reader_seen {
-                    self.lost_evidence();
+                    self.lost_evidence(at);
                     lost = following.then_some(Loss::ReaderForgotten);
                 }
                 self.reader_seen = true;
             }
             self.reading = true;
+            self.followed_since.get_or_insert(at);
             return lost;
         }
         if frame_type == frame::LOST_PLACE {
-            self.lost_evidence();
+            self.lost_evidence(at);
             return following.then_some(Loss::LostPlace);
         }
         if frame_type == frame::GOAWAY {
@@ -235,6 +245,7 @@ impl Streams {
             return None;
         }
         if sent && frame_type == frame::HEADERS && !self.open.contains_key(&id) {
+            self.unanswered_since.get_or_insert(at);
             let whole = self.reading && request.is_some();
             self.insert(Stream {
                 id,
@@ -288,9 +299,13 @@ impl Streams {
         self.open.insert(stream.id, stream);
     }
 
-    /// Events were lost, or the kernel lost its place: what is open now may have ended
-    /// unseen, so none of it is judged again.
-    pub fn lost_evidence(&mut self) {
+    /// Events were lost at `at`, or the kernel lost its place: what is open now may have ended
+    /// unseen, so none of it is judged again, and a wait from frames counts from then on.
+    pub fn lost_evidence(&mut self, at: Instant) {
+        self.unanswered_since = None;
+        if self.followed_since.is_some() {
+            self.followed_since = self.followed_since.max(Some(at));
+        }
         for s in self.open.values_mut() {
             s.whole = false;
         }

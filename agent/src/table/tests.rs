@@ -341,7 +341,7 @@ fn segment(len: u16, sent: u32) -> Change {
 }
 
 fn waiting(lab: &Lab, ms: u64) -> Option<Instant> {
-    lab.table.connections().next().unwrap().waiting(lab.at(ms))
+    lab.table.connections().next().unwrap().waiting(lab.at(ms), false)
 }
 
 #[test]
@@ -420,7 +420,7 @@ fn a_loss_costs_only_the_connections_it_concerned() {
         let mut w: Vec<(u16, bool)> = lab
             .table
             .connections()
-            .map(|c| (c.tuple.local.port(), c.waiting(now).is_some()))
+            .map(|c| (c.tuple.local.port(), c.waiting(now, false).is_some()))
             .collect();
         w.sort();
         w
@@ -837,4 +837,97 @@ fn a_reused_socket_address_is_a_new_connection_never_a_gone_one() {
     let conns: Vec<&Connection> = lab.table.connections().collect();
     assert_eq!(conns.len(), 1);
     assert_eq!((conns[0].tuple.local.port(), conns[0].owner), (40001, Some(8)));
+}
+
+/// A frame of the Go client on socket 0xa (process 7), at `ms`.
+fn h2_frame(
+    lab: &Lab,
+    ms: u64,
+    sent: bool,
+    frame_type: u8,
+    flags: u8,
+    stream_id: u32,
+) -> crate::kernel::events::Frame {
+    crate::kernel::events::Frame {
+        at: lab.at(ms),
+        sk: 0xa,
+        tgid: 7,
+        goroutine: 70,
+        stream_id,
+        frame_type,
+        flags,
+        length: 20,
+        sent,
+        http1: false,
+    }
+}
+
+/// Rule A where a client's HTTP/2 frames are followed: its requests are the HEADERS it
+/// writes. Flow control sent late by a busy client (sized past two keepalive records, over
+/// `REPLY_WITHIN` after the payload it is for) is a request to byte order; the frames say no
+/// request was sent, so no wait. A HEADERS nothing answered is one; a wait byte order saw
+/// begin before the frames were followed stays; after a loss, byte order again until then.
+#[test]
+fn where_frames_are_followed_a_wait_is_a_headers_frame_nothing_answered() {
+    use crate::table::streams::frame;
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.apply(100, 0xa, 40000, segment(1400, 500), 0);
+    let waiting_on = |lab: &Lab, ms: u64| {
+        let c = lab.table.connections().next().unwrap();
+        (c.waiting(lab.at(ms), false), c.waiting(lab.at(ms), true))
+    };
+    // A request before the probes: byte order's wait, the frames not followed yet.
+    lab.apply(1_000, 0xa, 40000, segment(0, 900), 0);
+    assert_eq!(waiting_on(&lab, 1_001), (Some(lab.at(999)), Some(lab.at(999))));
+    // What the client's goroutine encodes before it writes a request's HEADERS.
+    let encode = |lab: &mut Lab, ms: u64, path: &str| {
+        use crate::kernel::events::{Header, HeaderField};
+        for (field, value) in [(HeaderField::Method, "GET"), (HeaderField::Path, path)] {
+            lab.table.apply_header(&Header {
+                at: lab.at(ms),
+                tgid: 7,
+                goroutine: 70,
+                field,
+                value: value.into(),
+                cut: false,
+            });
+        }
+    };
+    // The probes come on: the reader is followed, a new watch is written and answered.
+    lab.table
+        .apply_frame(&h2_frame(&lab, 2_000, false, frame::READING, 0, 0));
+    encode(&mut lab, 2_100, "/api/v1/pods?watch=true&timeoutSeconds=300");
+    lab.table
+        .apply_frame(&h2_frame(&lab, 2_100, true, frame::HEADERS, frame::END_STREAM, 3));
+    assert_eq!(
+        waiting_on(&lab, 2_101).1,
+        Some(lab.at(999)),
+        "the wait from before the frames were followed stays"
+    );
+    lab.apply(2_200, 0xa, 40000, segment(900, 1100), 0);
+    lab.table
+        .apply_frame(&h2_frame(&lab, 2_200, false, frame::HEADERS, 0, 3));
+    assert_eq!(waiting_on(&lab, 2_201), (None, None), "answered");
+    // Flow control for it, sent late and coalesced: byte order waits, the frames do not.
+    lab.apply(5_000, 0xa, 40000, segment(0, 1100 + 120), 0);
+    assert_eq!(waiting_on(&lab, 5_001), (Some(lab.at(4_999)), None));
+    // A request nothing answers: a wait either way (the frames' from its HEADERS).
+    encode(&mut lab, 6_000, "/api/v1/namespaces/default/configmaps/x");
+    lab.table
+        .apply_frame(&h2_frame(&lab, 6_000, true, frame::HEADERS, frame::END_STREAM, 5));
+    lab.apply(6_001, 0xa, 40000, segment(0, 1220 + 300), 0);
+    assert_eq!(waiting_on(&lab, 6_002).1, Some(lab.at(6_000)));
+    // A frame read answers it.
+    lab.apply(7_000, 0xa, 40000, segment(300, 1520), 0);
+    lab.table
+        .apply_frame(&h2_frame(&lab, 7_000, false, frame::HEADERS, 0, 5));
+    assert_eq!(waiting_on(&lab, 7_001).1, None);
+    // The kernel loses its place in the writes at 8 s: a wait byte order saw begin before
+    // then is evidence again, the frames' from then on.
+    lab.apply(7_500, 0xa, 40000, segment(0, 1520 + 400), 0);
+    assert_eq!(waiting_on(&lab, 7_501).1, None);
+    lab.table
+        .apply_frame(&h2_frame(&lab, 8_000, true, frame::LOST_PLACE, 0, 0));
+    assert_eq!(waiting_on(&lab, 8_001).1, Some(lab.at(7_499)));
 }
