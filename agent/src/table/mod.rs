@@ -216,11 +216,11 @@ impl Connection {
     /// nothing matched (see `ordered.rs`). Where its HTTP/2 frames are followed both ways
     /// (`frames`: the client's streams are judged; and a response to a request it named was
     /// read on this very connection, so the copy of the HTTP/2 code it uses is probed for
-    /// reads too), a wait that began since they were, and
-    /// since the last loss of its evidence, is told by the frames instead: the first HEADERS
-    /// written since the last frame read. Flow
-    /// control a busy client sends late, which byte order cannot tell from a request or a
-    /// PING, is then no wait (a healthy client with thousands of quiet watches crossed it).
+    /// reads too), a wait that began since they were, and since the last loss of its
+    /// evidence, is told by the frames instead: the first HEADERS written since the last frame
+    /// read. Flow control a busy client sends late, which byte order cannot tell from a
+    /// request or a PING, is then no wait (a healthy client with thousands of quiet watches
+    /// crossed it).
     pub fn waiting(&self, now: Instant, frames: bool) -> Option<Instant> {
         let mut ordered = self.ordered.clone();
         ordered.settle(now);

@@ -494,6 +494,16 @@ mod tests {
         }
     }
 
+    /// Socket `sk`'s connection: its open streams, and its gap (cause, records) if any.
+    fn open_and_gap(lab: &crate::testkit::Lab, sk: u64) -> (usize, Option<(GapCause, u64)>) {
+        let c = lab
+            .table
+            .connections()
+            .find(|c| c.sk == Some(sk))
+            .expect("connection");
+        (c.streams.open_count(), c.gap.map(|g| (g.cause, g.records)))
+    }
+
     #[test]
     fn a_process_past_its_stream_bound_forgets_its_own_streams_and_says_so() {
         use crate::table::gaps::GapCause;
@@ -504,14 +514,7 @@ mod tests {
             lab.connect(0, *sk, 40000 + i as u16, 7);
         }
         lab.connect(0, 0xb0, 41000, 8);
-        let open = |lab: &crate::testkit::Lab, sk: u64| {
-            let c = lab
-                .table
-                .connections()
-                .find(|c| c.sk == Some(sk))
-                .expect("connection");
-            (c.streams.open_count(), c.gap.map(|g| (g.cause, g.records)))
-        };
+        let open = open_and_gap;
         let mut ids = [1u32; 7];
         let mut start = |lab: &mut crate::testkit::Lab, conn: usize, n: usize, ms: u64| {
             let sk = if conn == 6 { 0xb0 } else { flooder[conn] };
@@ -582,14 +585,7 @@ mod tests {
                 sks.push((tgid, sk));
             }
         }
-        let state = |lab: &crate::testkit::Lab, sk: u64| {
-            let c = lab
-                .table
-                .connections()
-                .find(|c| c.sk == Some(sk))
-                .expect("connection");
-            (c.streams.open_count(), c.gap.map(|g| (g.cause, g.records)))
-        };
+        let state = open_and_gap;
         let held = |lab: &crate::testkit::Lab, tgid: u32| -> usize {
             sks.iter()
                 .filter(|(t, _)| *t == tgid)
