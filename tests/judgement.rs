@@ -1082,6 +1082,111 @@ fn an_openssl_clients_hung_watch_is_stuck_and_a_flowing_one_is_listed() {
     );
 }
 
+/// Keep-alive HTTPS GETs through Python's `ssl` (the system libssl) to the address in argv[1]
+/// for argv[2] requests; prints how many were answered, then the libssl it mapped.
+const TLS_LOOP: &str = r#"
+import http.client, ssl, sys
+host, port = sys.argv[1].rsplit(":", 1)
+conn = http.client.HTTPSConnection(host, int(port), context=ssl._create_unverified_context())
+done = 0
+for _ in range(int(sys.argv[2])):
+    conn.request("GET", "/version")
+    conn.getresponse().read()
+    done += 1
+print("DONE", done)
+print("LIBSSL", next(l.split()[-1] for l in open("/proc/self/maps") if "/libssl.so" in l))
+"#;
+
+/// The libssl file process `pid` maps.
+fn libssl_of(pid: u32) -> String {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).expect("the client's maps");
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|path| path.contains("/libssl.so"))
+        .expect("the client maps a libssl")
+        .to_owned()
+}
+
+/// Issue 26 item 4: a libssl is shared by every process of the node that speaks TLS. With a
+/// python3-kubernetes client followed through it, another python process hammering TLS
+/// through the same file, to a server that is no endpoint, runs none of the agent's probes:
+/// the probes fire for their client processes only. Counted by the kernel (run counts of the
+/// agent's uprobe programs); the client's own calls, counted the same way, show the count
+/// works.
+#[test]
+fn a_process_that_is_no_client_runs_none_of_the_probes_on_its_shared_libssl() {
+    init!();
+    let certs = TempDir::new();
+    let api = ApiServer::start(
+        bin!("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        certs.path(),
+        &[],
+    );
+    let other_certs = TempDir::new();
+    let other = ApiServer::start(
+        bin!("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        other_certs.path(),
+        &[],
+    );
+    let sink = WebhookSink::start();
+    let (agent, dir) = agent(&[api.addr().to_string()], &sink, "", &["--watch-grace", "3s"]);
+    let py = python_client(
+        &api,
+        &dir,
+        &["--resource", "namespaces", "--timeout-seconds", "2"],
+        &[],
+    );
+    release_python_clients(&agent, &dir, &[py.pid()]);
+    py.wait_line(secs(20.0), "the client watching", |l| l.text == "WATCH_START");
+    let _stats = bpf_stats::Stats::enable();
+
+    // The client stopped (still connected, still followed): the probes' runs meanwhile are
+    // the other process's alone.
+    py.signal(libc::SIGSTOP);
+    thread::sleep(secs(0.5));
+    let before = bpf_stats::uprobe_runs(agent.pid());
+    const REQUESTS: usize = 500;
+    let out = Command::new(SYSTEM_PYTHON)
+        .args(["-c", TLS_LOOP, &other.addr().to_string(), &REQUESTS.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("python3");
+    let runs = bpf_stats::uprobe_runs(agent.pid()) - before;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("DONE {REQUESTS}")),
+        "the TLS loop: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let client_libssl = libssl_of(py.pid());
+    assert!(
+        text.contains(&format!("LIBSSL {client_libssl}")),
+        "the TLS loop maps the client's libssl ({client_libssl}): {text}"
+    );
+    assert_eq!(
+        runs, 0,
+        "{REQUESTS} requests (a write and reads each) of a process that is no client ran the probes {runs} times"
+    );
+
+    // The client again: its watches end every 2 s and start again, each through the probes.
+    py.signal(libc::SIGCONT);
+    let before = bpf_stats::uprobe_runs(agent.pid());
+    wait_until(
+        secs(10.0),
+        "the client's own SSL calls counted (else the count is wrong)",
+        || {
+            let runs = bpf_stats::uprobe_runs(agent.pid()) - before;
+            if runs > 0 {
+                Ok(())
+            } else {
+                Err(runs)
+            }
+        },
+    );
+}
+
 /// Issue 23, OpenSSL: a python3-kubernetes LIST whose chunked response began and then
 /// stopped (`--hang-lists pods`: a gateway whose upstream died mid-answer) is stuck once
 /// nothing came for stale_after, named. Neither healthy neighbour crosses the rule: the same

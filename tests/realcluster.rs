@@ -535,10 +535,11 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
         .cp
         .start_scheduler(HELD_SCHEDULER, &format!("https://{}", holding.endpoint));
     // Issue 23: python3-kubernetes behind the same gateway lists events once; the gateway
-    // holds that list mid-answer. Its libssl is the python watch's, probed since the agent
-    // started, so its requests are seen from the first.
+    // holds that list mid-answer. Its libssl is the python watch's, but the probes on it fire
+    // for the processes they were attached for (issue 26): this one's go on once the agent
+    // sees it connected, so it lists events only then (its first requests, two namespace
+    // lists, may go unseen).
     let py_go = bench.cp.dir().join("py-held-go");
-    std::fs::write(&py_go, "").expect("the held python client's go file");
     let py_held = {
         let kubeconfig = bench
             .cp
@@ -552,6 +553,20 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
             .args(["--resource", "events", "--list-once"]);
         Watched::spawn("py-streams.py behind the holding gateway", cmd)
     };
+    let py_pid = py_held.pid();
+    wait_until(
+        secs(30),
+        "the held python client followed through its libssl",
+        || {
+            let (_, body) = http_get(bench.agent.addr, "/api/v1/clients").map_err(|e| e.to_string())?;
+            let clients: Vec<Value> = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            match find_pid(&clients, py_pid) {
+                Some(c) if c["visibility"] == "streams" => Ok(()),
+                c => Err(format!("{c:?}")),
+            }
+        },
+    );
+    std::fs::write(&py_go, "").expect("the held python client's go file");
     let mut findings = Findings::default();
     let expected = bench.expected();
     bench.wait_judged_healthy(&expected, &mut findings);
@@ -646,7 +661,6 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
         &held_label,
         &mut findings,
     );
-    let py_pid = py_held.pid();
     check_held_timing(
         &bench,
         ("the held python client", py_pid),

@@ -20,22 +20,21 @@
 //!   body's terminator (`0\r\n\r\n`: a DATA frame record with END_STREAM), or are any other
 //!   response bytes (a DATA frame record, at most one per second per connection).
 //!
-//! An `SSL *` bound before the probes came (a client whose libssl was probed after it
-//! connected, the usual case for the first client of a library) is bound by the first read
-//! or write system call its thread makes inside an SSL call (`ssl_sys_enter_rw`, attached
-//! only for a while after a libssl is probed and while unbound calls are recent): once per
-//! `SSL *`, watched or not.
+//! An `SSL *` bound before the probes came (a client's probes go on after it connected) is
+//! bound by the first libc `read` or `write` its thread makes inside an SSL call
+//! (`ssl_libc_rw`, attached to that client's libc only for a while after its probes go on and
+//! while its unbound calls are recent): once per `SSL *`, watched or not.
 //!
-//! Cost: the probes fire only in processes that map a probed libssl file (userspace attaches
-//! them per library file of a client). A call on a connection that is not watched costs the
+//! Cost: the probes fire only in the client processes they are attached for (userspace
+//! attaches them per process: a libssl is shared by every process that speaks TLS). A call on a connection that is not watched costs the
 //! uprobe and one hash lookup (`SSL_FDS`, then the descriptor's socket in `SEGMENTS`).
 use core::ffi::c_void;
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_buf},
-    macros::{map, tracepoint, uprobe, uretprobe},
+    macros::{map, uprobe, uretprobe},
     maps::{LruHashMap, PerCpuArray},
-    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    programs::{ProbeContext, RetProbeContext},
 };
 use lifeline_common::{
     direction, header_field, loss_cause, protocol, EventKind, FrameEvent, HeaderEvent, SslCall, SslKey,
@@ -70,8 +69,8 @@ static SSL_FDS: LruHashMap<SslKey, u32> = LruHashMap::with_max_entries(16384, 0)
 const NOT_WATCHED: u32 = u32::MAX;
 
 /// SSL calls in progress on an `SSL *` whose descriptor is not known yet (its `SSL_set_fd`
-/// came before the probes), by thread: the first read or write system call the thread makes
-/// inside the call names the descriptor (`sys_enter_rw`).
+/// came before the probes), by thread: the first libc read or write the thread makes inside
+/// the call names the descriptor (`ssl_libc_rw`).
 #[map]
 static SSL_UNBOUND: LruHashMap<u64, SslCall> = LruHashMap::with_max_entries(4096, 0);
 
@@ -142,24 +141,22 @@ fn unbound(ssl: u64, buf: u64, len: u64, write: bool) {
     let _ = SSL_UNBOUND.insert(bpf_get_current_pid_tgid(), call, 0);
 }
 
-#[tracepoint]
-pub fn ssl_sys_enter_rw(ctx: TracePointContext) -> u32 {
-    let _ = try_ssl_sys_enter_rw(&ctx);
+/// At the client's libc `read(fd, ...)` and `write(fd, ...)` (OpenSSL's socket BIO reads and
+/// writes with these): the descriptor is the first argument. Attached for one client process
+/// at a time (userspace: for a while after its probes go on, and while its unbound calls are
+/// recent), so no other process pays for it.
+#[uprobe]
+pub fn ssl_libc_rw(ctx: ProbeContext) -> u32 {
+    let _ = bind(regs(&ctx).rdi);
     0
 }
 
-/// `syscalls/sys_enter_{read,write}` (OpenSSL's socket BIO reads and writes with these): the
-/// descriptor is the first argument (offset 16, after the common fields and the syscall
-/// number). Every such call on the node pays the tracepoint and one lookup while the program
-/// is attached: userspace attaches it only while unbound calls are recent (see
-/// `agent/src/kernel/openssl.rs`).
-fn try_ssl_sys_enter_rw(ctx: &TracePointContext) -> Option<()> {
+/// Binds the `SSL *` of the thread's unbound SSL call, if any, to descriptor `fd`.
+fn bind(fd: u64) -> Option<()> {
     let thread = bpf_get_current_pid_tgid();
     // SAFETY: copied out at once.
     let call = *unsafe { SSL_UNBOUND.get(thread) }?;
     let _ = SSL_UNBOUND.remove(thread);
-    // SAFETY: the tracepoint's arguments, read by offset.
-    let fd: u64 = unsafe { ctx.read_at(16) }.ok()?;
     let key = SslKey {
         ssl: call.ssl,
         tgid: tgid(),

@@ -34,6 +34,8 @@ mod wait;
 
 /// The fake kube-apiserver itself: everything `ll-apiserver` runs.
 pub mod apiserver;
+/// How often the kernel ran each program of a process, while a test counts.
+pub mod bpf_stats;
 /// Keeping test traffic on this machine while a suite runs, and removing what that takes when
 /// it ends; what a namespace's packet handling looks like, to compare before and after.
 pub mod containment;

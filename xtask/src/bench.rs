@@ -21,7 +21,8 @@
 //!    5 s, against idle ones, as the sampler pays for them.
 //! 5. **Go clients' streams** (`bench/streams.rs`): the Go-client uprobes' cost in the kernel,
 //!    in the agent and to the client, against the connection-only agent, and nothing for a
-//!    process that runs no probed binary.
+//!    process that runs no probed binary. **A process that is no client** (`bench/libssl.rs`),
+//!    hammering TLS through a followed client's libssl: its rate, and the probes' runs.
 //! 6. **Connect storm.** One process connecting to a refusing endpoint as fast as it can for
 //!    10 s: the slowest `/healthz` answer meanwhile, events lost, failures counted against
 //!    refusals seen, RSS growth.
@@ -45,6 +46,7 @@ use crate::{cargo, run, workspace, Failed, Result};
 
 mod busy;
 mod controller;
+mod libssl;
 mod neighbours;
 mod segments;
 mod streams;
@@ -514,12 +516,13 @@ fn machine() -> String {
 
 pub fn bench(only: &[String]) -> Result {
     crate::require_root("the benchmark")?;
-    const SECTIONS: [&str; 10] = [
+    const SECTIONS: [&str; 11] = [
         "churn",
         "segments",
         "tracked",
         "busy",
         "streams",
+        "libssl",
         "controller",
         "burst",
         "storm",
@@ -569,6 +572,9 @@ pub fn bench(only: &[String]) -> Result {
     }
     if chosen("streams") {
         streams::streams_section(&bins, &mut report)?;
+    }
+    if chosen("libssl") {
+        libssl::libssl_section(&bins, &mut report)?;
     }
     if chosen("controller") {
         controller::controller_section(&bins, &mut report)?;

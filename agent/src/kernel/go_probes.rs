@@ -78,7 +78,7 @@ pub(super) fn attach(ebpf: &mut Ebpf, binary: &Path, sites: &Sites) -> Result<Li
     let places = sites
         .each()
         .map(|(name, offset)| (name, UProbeAttachLocation::AbsoluteOffset(offset)));
-    uprobes::attach(ebpf, binary, places)
+    uprobes::attach(ebpf, binary, uprobes::Scope::File, places)
 }
 
 #[cfg(test)]

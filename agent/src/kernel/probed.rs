@@ -1,8 +1,10 @@
 //! The files that clients' probes go on: a Go client's binary (`golang.rs`), an OpenSSL
-//! client's libssl (`openssl.rs`). A file is known by device and inode, so one attachment
-//! serves every process, in any container, that runs or maps it. It is probed when its first
-//! client is seen and its probes come off when no client has used it for [`LINGER`]: tools
-//! that run again and again (a `kubectl` in a script) are followed from their first request.
+//! client's libssl (`openssl.rs`). A file is known by device and inode, and inspected once
+//! for all its clients. A Go binary's probes serve every process, in any container, that runs
+//! it; a libssl, which every process of the node that speaks TLS maps, has probes of its own
+//! for each client process ([`Runtime::join`], [`Runtime::leave`]). A file is probed when its
+//! first client is seen and forgotten when no client has used it for [`LINGER`]: tools that
+//! run again and again (a `kubectl` in a script) are followed from their first request.
 //! A file that could not be probed is looked at again after [`RETRY_UNPROBED`] (a newer file
 //! under the same inode is the same file only if it was rewritten in place). A process that
 //! is not a client pays nothing, and every client whose file is not probed keeps the
@@ -140,6 +142,9 @@ pub struct Inspections {
     pub refused_bound: usize,
     /// Probed files that lost their probes to make room (least recently used, no live client).
     pub evicted: usize,
+    /// Clients added to a file already probed, where probes fire per process
+    /// ([`Runtime::join`]): not an inspection.
+    pub joined: usize,
 }
 
 /// A client process: pid and start time (pids are reused).
@@ -210,6 +215,32 @@ pub trait Runtime {
         crate::host::process::select_cgroup_path(&cgroups).map(str::to_owned)
     }
 
+    /// Whether a file's probes fire per process ([`join`](Self::join), [`leave`](Self::leave)):
+    /// then a client that holds no connection any more keeps its own probes until it exits or
+    /// [`LINGER`] passes (it dials again after an apiserver restart: its next requests are
+    /// seen from the first).
+    const PER_PROCESS: bool = false;
+
+    /// Makes the probes of probed file `probed` fire for client `pid` too, if they fire per
+    /// process (a shared libssl); called on every reconcile for every client of a probed file,
+    /// so it does nothing for a client already added, or one that could not be. Returns
+    /// whether it added `pid`. Probes that serve the whole file (a Go binary) have nothing to do.
+    fn join(_kernel: &Mutex<Self::Kernel>, _probed: &mut Self::Probed, _pid: u32) -> bool {
+        false
+    }
+
+    /// Client `pid` of probed file `probed` exited, or held no connection for [`LINGER`]: its
+    /// own probes, if any, come off.
+    fn leave(_kernel: &Mutex<Self::Kernel>, _probed: &mut Self::Probed, _pid: u32) {}
+
+    /// Whether `client` still runs (the same process: pids are reused).
+    fn alive((pid, start): Client) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| crate::host::process::parse_stat_start_time(&stat))
+            == Some(start)
+    }
+
     /// Its attached uprobes (for logs and the bench).
     fn sites(probed: &Self::Probed) -> usize;
 
@@ -264,6 +295,9 @@ pub struct ProbedFiles<R: Runtime> {
     /// Files looked at when a process started running them and not probed then (not worth it,
     /// or not probeable), with when: not looked at again at start for [`RETRY_UNPROBED`].
     passed: HashMap<FileId, Instant>,
+    /// Where probes fire per process: former clients that hold no connection now, with their
+    /// file and since when (their probes stay; see [`Runtime::PER_PROCESS`]).
+    idle: HashMap<Client, (FileId, Instant)>,
 }
 
 impl<R: Runtime> Default for ProbedFiles<R> {
@@ -289,6 +323,7 @@ impl<R: Runtime> ProbedFiles<R> {
             owner_rate,
             start_rate: Bucket::new(START_INSPECTIONS_PER_SECOND, START_INSPECTION_BURST),
             passed: HashMap::new(),
+            idle: HashMap::new(),
         }
     }
 
@@ -308,6 +343,9 @@ impl<R: Runtime> ProbedFiles<R> {
         clients: &HashSet<Client>,
         now: Instant,
     ) -> Inspections {
+        if R::PER_PROCESS {
+            self.settle_idle(kernel, clients, now);
+        }
         self.clients.retain(|key, _| clients.contains(key));
         self.mark_used(now);
         let mut done = Inspections::default();
@@ -446,6 +484,15 @@ impl<R: Runtime> ProbedFiles<R> {
                 }
             }
         }
+        // Every client of a probed file, whenever it first came: followed (a file probed for
+        // one client of several, after a refusal, has the others added here).
+        for (&(pid, _), id) in &self.clients {
+            if let Some(File::Probed { probed, .. }) = id.and_then(|id| self.files.get_mut(&id)) {
+                if R::join(kernel, probed, pid) {
+                    done.joined += 1;
+                }
+            }
+        }
         self.mark_used(now);
         self.owners.retain(|_, bucket| !bucket.full(now));
         let mut gone = Vec::new();
@@ -573,6 +620,30 @@ impl<R: Runtime> ProbedFiles<R> {
         done
     }
 
+    /// Where probes fire per process: clients that hold no connection any more keep their
+    /// probes, idle; an idle one that exited, or has been idle for [`LINGER`], leaves its file
+    /// (before any new client joins: a pid reused by a new client is free again).
+    fn settle_idle(&mut self, kernel: &Mutex<R::Kernel>, clients: &HashSet<Client>, now: Instant) {
+        for (key, id) in &self.clients {
+            if let (false, Some(id)) = (clients.contains(key), id) {
+                self.idle.insert(*key, (*id, now));
+            }
+        }
+        self.idle.retain(|key, _| !clients.contains(key));
+        let left: Vec<(Client, FileId)> = self
+            .idle
+            .iter()
+            .filter(|(key, (_, since))| now.saturating_duration_since(*since) >= LINGER || !R::alive(**key))
+            .map(|(key, (id, _))| (*key, *id))
+            .collect();
+        for ((pid, start), id) in left {
+            self.idle.remove(&(pid, start));
+            if let Some(File::Probed { probed, .. }) = self.files.get_mut(&id) {
+                R::leave(kernel, probed, pid);
+            }
+        }
+    }
+
     /// Remembers that file `id` was passed over at start.
     fn pass(&mut self, id: FileId, now: Instant) {
         if self.passed.len() >= MAX_PASSED {
@@ -671,6 +742,14 @@ impl<R: Runtime> ProbedFiles<R> {
         })
     }
 
+    /// The probed files, to change.
+    pub fn probed_mut(&mut self) -> impl Iterator<Item = &mut R::Probed> {
+        self.files.values_mut().filter_map(|f| match f {
+            File::Probed { probed, .. } => Some(probed),
+            File::Unprobed { .. } | File::Refused { .. } => None,
+        })
+    }
+
     /// Probed files, and files refused for a bound (`lifeline_probed_files{state}`).
     pub fn counts(&self) -> (usize, usize) {
         let probed = self.probed().count();
@@ -706,6 +785,8 @@ mod tests {
         static FILES: RefCell<HashMap<u32, Option<PathBuf>>> = RefCell::new(HashMap::new());
         /// Each test pid's owner (none: no per-owner rate).
         static OWNERS: RefCell<HashMap<u32, String>> = RefCell::new(HashMap::new());
+        /// A test pid's process start, where it is not the pid (a pid reused).
+        static STARTS: RefCell<HashMap<u32, u64>> = RefCell::new(HashMap::new());
     }
 
     struct Fake;
@@ -1016,6 +1097,136 @@ mod tests {
         assert_eq!(kernel.lock().unwrap().attached, ["b", "d"]);
         assert!(matches!(files.seen((4, 4)), Seen::Probed(n) if n == "d"));
         assert_eq!(files.counts(), (2, 0));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A runtime whose probes fire per process (as OpenSSL's on a shared libssl): the kernel
+    /// lists "file:pid" for each client's own probes.
+    struct PerProcess;
+
+    impl Runtime for PerProcess {
+        type Probed = String;
+        type Kernel = Kernel;
+        const FILE: &'static str = "shared file";
+
+        fn file_of(pid: u32) -> std::io::Result<Option<PathBuf>> {
+            Fake::file_of(pid)
+        }
+
+        fn probe(kernel: &Mutex<Kernel>, file: &Path, pid: u32) -> Option<Result<String, String>> {
+            let name = Fake::probe(kernel, file, pid)?.ok()?;
+            let mut kernel = kernel.lock().unwrap();
+            kernel.attached.retain(|n| *n != name);
+            kernel.attached.push(format!("{name}:{pid}"));
+            Some(Ok(name))
+        }
+
+        fn join(kernel: &Mutex<Kernel>, name: &mut String, pid: u32) -> bool {
+            let own = format!("{name}:{pid}");
+            let mut kernel = kernel.lock().unwrap();
+            if kernel.attached.contains(&own) {
+                return false;
+            }
+            kernel.attached.push(own);
+            true
+        }
+
+        fn leave(kernel: &Mutex<Kernel>, name: &mut String, pid: u32) {
+            let own = format!("{name}:{pid}");
+            kernel.lock().unwrap().attached.retain(|n| *n != own);
+        }
+
+        const PER_PROCESS: bool = true;
+
+        /// A test process runs while it has a file; its start is its pid unless `STARTS` says.
+        fn alive((pid, start): Client) -> bool {
+            let current = STARTS
+                .with(|s| s.borrow().get(&pid).copied())
+                .unwrap_or(u64::from(pid));
+            FILES.with(|f| f.borrow().contains_key(&pid)) && start == current
+        }
+
+        fn sites(_: &String) -> usize {
+            1
+        }
+
+        fn unprobe(kernel: &mut Kernel, name: String) {
+            kernel.attached.retain(|n| !n.starts_with(&format!("{name}:")));
+        }
+    }
+
+    #[test]
+    fn where_probes_fire_per_process_each_client_gets_its_own_and_loses_them_when_it_goes() {
+        let dir = files("per-process", &["a", "b"]);
+        FILES.with(|f| {
+            f.borrow_mut()
+                .extend([(3, Some(dir.join("b"))), (4, Some(dir.join("a")))])
+        });
+        let kernel = Mutex::new(Kernel::default());
+        // One inspection at first: b's clients wait for the rate until the next second.
+        let mut files =
+            ProbedFiles::<PerProcess>::with_bounds(10, Bucket::new(1.0, 1.0), Bucket::new(100.0, 100.0));
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let attached = |kernel: &Mutex<Kernel>| {
+            let mut a = kernel.lock().unwrap().attached.clone();
+            a.sort();
+            a
+        };
+        let done = files.reconcile(&kernel, &clients(&[1, 2, 3]), t0);
+        assert_eq!((done.probed, done.refused_rate, done.joined), (1, 1, 0));
+        assert_eq!(attached(&kernel), ["a:1"]);
+        let done = files.reconcile(&kernel, &clients(&[1, 2, 3]), t0 + s(1));
+        assert_eq!(
+            (done.probed, done.joined),
+            (1, 1),
+            "b probed for one of its clients; the other, refused with it, added in the same tick"
+        );
+        assert_eq!(attached(&kernel), ["a:1", "b:2", "b:3"]);
+        assert_eq!(kernel.lock().unwrap().probes, 2, "one inspection per file");
+
+        let done = files.reconcile(&kernel, &clients(&[1, 3, 4]), t0 + s(2));
+        assert_eq!(
+            (done.probed, done.joined),
+            (0, 1),
+            "a new client of a: added, not inspected"
+        );
+        assert_eq!(
+            attached(&kernel),
+            ["a:1", "a:4", "b:2", "b:3"],
+            "client 2, with no connection now, keeps its probes (it may dial again)"
+        );
+        let done = files.reconcile(&kernel, &clients(&[1, 2, 3, 4]), t0 + s(3));
+        assert_eq!(done, Inspections::default(), "client 2 back: nothing to do");
+        files.reconcile(&kernel, &clients(&[1, 3, 4]), t0 + s(4));
+        FILES.with(|f| f.borrow_mut().remove(&2));
+        files.reconcile(&kernel, &clients(&[1, 3, 4]), t0 + s(5));
+        assert_eq!(
+            attached(&kernel),
+            ["a:1", "a:4", "b:3"],
+            "client 2 exited: its own probes off, its file's others kept"
+        );
+
+        // A pid reused by another process: the old one's probes off, the new one's on.
+        STARTS.with(|s| s.borrow_mut().insert(4, 99));
+        let reused: HashSet<Client> = [(1, 1), (3, 3), (4, 99)].into();
+        let done = files.reconcile(&kernel, &reused, t0 + s(6));
+        assert_eq!(done.joined, 1, "the new process of pid 4 added");
+        assert_eq!(attached(&kernel), ["a:1", "a:4", "b:3"]);
+        assert!(matches!(files.seen((4, 99)), Seen::Probed(n) if n == "a"));
+
+        // A client idle (alive, no connection) for LINGER loses its probes; a file's clients
+        // all gone, nothing of it is attached and the file is forgotten LINGER after.
+        FILES.with(|f| f.borrow_mut().remove(&4));
+        files.reconcile(&kernel, &clients(&[1]), t0 + s(7));
+        assert_eq!(
+            attached(&kernel),
+            ["a:1", "b:3"],
+            "4 exited: off at once; 3 idle: kept"
+        );
+        files.reconcile(&kernel, &clients(&[1]), t0 + s(7) + LINGER);
+        assert_eq!(attached(&kernel), ["a:1"], "3 idle for LINGER: off");
+        assert_eq!(files.counts(), (1, 0), "b unused for LINGER: forgotten");
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -11,7 +11,8 @@
 //! client uprobe sets (`go_probes.rs`, `ssl_probes.rs`) are functions of the eBPF object it
 //! calls, over `uprobes.rs` and `object.rs`; none of them imports this file.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashSet},
+    num::NonZeroU32,
     path::Path,
     sync::atomic::{AtomicU64, Ordering},
 };
@@ -30,7 +31,7 @@ use super::{
     filter::{self, Filter},
     go_probes::{self, Sites},
     object::{program_of, Error, Result},
-    ssl_probes::{self, SyscallLinks},
+    ssl_probes,
     uprobes::{self, Links},
 };
 use crate::endpoint::{Endpoint, EndpointSet};
@@ -182,6 +183,8 @@ pub struct Probes {
     go_loaded: std::result::Result<(), String>,
     /// Whether the OpenSSL-client uprobes loaded (see `ssl_probes.rs`); why not, else.
     ssl_loaded: std::result::Result<(), String>,
+    /// Client processes with OpenSSL-client uprobes of their own attached.
+    ssl_processes: usize,
     ebpf: Ebpf,
 }
 
@@ -246,6 +249,7 @@ impl Probes {
             error_report,
             go_loaded,
             ssl_loaded,
+            ssl_processes: 0,
             ebpf,
         };
         Ok((
@@ -532,31 +536,46 @@ impl Probes {
         self.ssl_loaded.as_ref().err().map(String::as_str)
     }
 
-    /// Attaches every site in `library` (all processes that map it): all or nothing.
-    pub fn attach_ssl(&mut self, library: &Path) -> Result<Links> {
+    /// Attaches every site in `library` for client process `pid` alone: all or nothing. Give
+    /// them back to [`detach_ssl`](Self::detach_ssl).
+    pub fn attach_ssl(&mut self, library: &Path, pid: NonZeroU32) -> Result<Links> {
         if let Err(why) = &self.ssl_loaded {
             return Err(Error::SslUnavailable(why.clone()));
         }
-        ssl_probes::attach(&mut self.ebpf, library)
+        let links = ssl_probes::attach(&mut self.ebpf, library, pid)?;
+        self.ssl_processes += 1;
+        Ok(links)
     }
 
-    /// Attaches the system-call tracepoints that bind older `SSL *`s: all or nothing.
-    pub fn attach_ssl_syscalls(&mut self) -> Result<SyscallLinks> {
-        ssl_probes::attach_syscalls(&mut self.ebpf)
+    /// Client processes with OpenSSL-client uprobes of their own attached.
+    pub fn ssl_processes(&self) -> usize {
+        self.ssl_processes
     }
 
-    pub fn detach_ssl_syscalls(&mut self, links: SyscallLinks) {
-        ssl_probes::detach_syscalls(&mut self.ebpf, links);
+    /// Detaches one process's OpenSSL-client uprobes ([`attach_ssl`](Self::attach_ssl)).
+    pub fn detach_ssl(&mut self, links: Links) {
+        self.ssl_processes = self.ssl_processes.saturating_sub(1);
+        self.detach_uprobes(links);
     }
 
-    /// Whether an SSL call on an `SSL *` of unknown descriptor began at or after `since_ns`
-    /// (kernel monotonic time): the system-call tracepoints would bind it.
-    pub fn ssl_unbound_since(&self, since_ns: u64) -> bool {
+    /// Attaches the probe that binds client process `pid`'s `SSL *`s older than its probes to
+    /// `libc`'s `read` and `write`, for that process alone: all or nothing. Give them back to
+    /// [`detach_uprobes`](Self::detach_uprobes).
+    pub fn attach_ssl_binding(&mut self, libc: &Path, pid: NonZeroU32) -> Result<Links> {
+        if let Err(why) = &self.ssl_loaded {
+            return Err(Error::SslUnavailable(why.clone()));
+        }
+        ssl_probes::attach_binding(&mut self.ebpf, libc, pid)
+    }
+
+    /// The processes with an SSL call on an `SSL *` of unknown descriptor that began at or
+    /// after `since_ns` (kernel monotonic time): their binding probe would bind it.
+    pub fn ssl_unbound_since(&self, since_ns: u64) -> HashSet<u32> {
         ssl_probes::unbound_since(&self.ebpf, since_ns)
     }
 
-    /// Detaches the uprobes of one file ([`attach_go`](Self::attach_go),
-    /// [`attach_ssl`](Self::attach_ssl)).
+    /// Detaches uprobes ([`attach_go`](Self::attach_go),
+    /// [`attach_ssl_binding`](Self::attach_ssl_binding)).
     pub fn detach_uprobes(&mut self, links: Links) {
         uprobes::detach(&mut self.ebpf, links);
     }

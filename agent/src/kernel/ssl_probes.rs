@@ -1,17 +1,14 @@
 //! The OpenSSL-client uprobes (`ebpf/src/openssl.rs`): loaded with the other programs,
-//! attached to one libssl file at a time by symbol, detached when no client maps that file
-//! any more.
-use std::path::Path;
+//! attached by symbol to the libssl of one client process at a time (and, to bind its older
+//! connections, to its libc's `read` and `write` for a while), detached when it goes.
+use std::{collections::HashSet, num::NonZeroU32, path::Path};
 
-use aya::{
-    programs::{trace_point::TracePointLinkId, uprobe::UProbeAttachLocation, TracePoint},
-    Ebpf,
-};
+use aya::{programs::uprobe::UProbeAttachLocation, Ebpf};
 
 use lifeline_common::SslCall;
 
 use super::{
-    object::{program_of, Error, Result},
+    object::Result,
     uprobes::{self, Links},
 };
 
@@ -42,76 +39,49 @@ const PROGRAMS: [&str; 6] = [
     "ssl_read_ret",
 ];
 
-/// Binds an `SSL *` set up before its library was probed to its descriptor (see
-/// `ebpf/src/openssl.rs`); attached while any libssl is probed.
-const SYSCALLS_PROGRAM: &str = "ssl_sys_enter_rw";
-/// The system calls OpenSSL's socket BIO reads and writes with (`readsocket`/`writesocket`).
-const SYSCALLS: [&str; 2] = ["sys_enter_read", "sys_enter_write"];
-
-/// The system-call tracepoints; give them back to
-/// [`Probes::detach_ssl_syscalls`](super::programs::Probes::detach_ssl_syscalls).
-#[derive(Debug)]
-pub struct SyscallLinks(Vec<TracePointLinkId>);
+/// Binds an `SSL *` set up before its process's probes to its descriptor (see
+/// `ebpf/src/openssl.rs`), at the libc functions OpenSSL's socket BIO reads and writes with
+/// (`readsocket`/`writesocket`).
+const BINDING_PROGRAM: &str = "ssl_libc_rw";
+const BINDING_SITES: [&str; 2] = ["read", "write"];
 
 /// Loads the programs (not attached).
 pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
     uprobes::load(ebpf, &PROGRAMS)?;
-    let name = SYSCALLS_PROGRAM;
-    let program: &mut TracePoint = program_of(ebpf, name)?;
-    program.load().map_err(|source| Error::Program { name, source })?;
-    Ok(())
+    uprobes::load(ebpf, &[BINDING_PROGRAM])
 }
 
-/// Attaches every site in `library` (all processes that map it): all or nothing.
-pub(super) fn attach(ebpf: &mut Ebpf, library: &Path) -> Result<Links> {
+/// Attaches every site in `library` for client process `pid` alone: all or nothing. A
+/// libssl is shared by every process on the node that speaks TLS (or every container of one
+/// base image): probed for the whole file, each of them would pay a trap per SSL call
+/// (issue 26).
+pub(super) fn attach(ebpf: &mut Ebpf, library: &Path, pid: NonZeroU32) -> Result<Links> {
     let places = SITES.map(|(name, symbol)| (name, UProbeAttachLocation::Symbol(symbol)));
-    uprobes::attach(ebpf, library, places)
+    uprobes::attach(ebpf, library, uprobes::Scope::Process(pid), places)
 }
 
-/// Attaches the system-call tracepoints that bind older `SSL *`s: all or nothing.
-pub(super) fn attach_syscalls(ebpf: &mut Ebpf) -> Result<SyscallLinks> {
-    let name = SYSCALLS_PROGRAM;
-    let mut links = SyscallLinks(Vec::new());
-    for syscall in SYSCALLS {
-        let attached = program_of::<TracePoint>(ebpf, name).and_then(|p| {
-            p.attach("syscalls", syscall)
-                .map_err(|source| Error::Program { name, source })
-        });
-        match attached {
-            Ok(link) => links.0.push(link),
-            Err(err) => {
-                detach_syscalls(ebpf, links);
-                return Err(err);
-            }
-        }
-    }
-    Ok(links)
+/// Attaches the binding probe to `libc`'s `read` and `write` for client process `pid` alone:
+/// all or nothing.
+pub(super) fn attach_binding(ebpf: &mut Ebpf, libc: &Path, pid: NonZeroU32) -> Result<Links> {
+    let places = BINDING_SITES.map(|symbol| (BINDING_PROGRAM, UProbeAttachLocation::Symbol(symbol)));
+    uprobes::attach(ebpf, libc, uprobes::Scope::Process(pid), places)
 }
 
-pub(super) fn detach_syscalls(ebpf: &mut Ebpf, links: SyscallLinks) {
-    for link in links.0 {
-        if let Ok(p) = program_of::<TracePoint>(ebpf, SYSCALLS_PROGRAM) {
-            if let Err(err) = p.detach(link) {
-                tracing::warn!("detaching {SYSCALLS_PROGRAM}: {err}");
-            }
-        }
-    }
-}
-
-/// Whether an SSL call on an `SSL *` of unknown descriptor began at or after `since_ns`
-/// (kernel monotonic time): the system-call tracepoints would bind it.
-pub(super) fn unbound_since(ebpf: &Ebpf, since_ns: u64) -> bool {
+/// The processes (tgids) with an SSL call on an `SSL *` of unknown descriptor that began at or
+/// after `since_ns` (kernel monotonic time): their binding probe would bind it.
+pub(super) fn unbound_since(ebpf: &Ebpf, since_ns: u64) -> HashSet<u32> {
     let Some(map) = ebpf.map("SSL_UNBOUND") else {
-        return false;
+        return HashSet::new();
     };
     let Ok(calls) = aya::maps::HashMap::<_, u64, SslCall>::try_from(map) else {
-        return false;
+        return HashSet::new();
     };
-    let recent = calls
+    calls
         .iter()
         .filter_map(std::result::Result::ok)
-        .any(|(_, call)| call.at_ns >= since_ns);
-    recent
+        .filter(|(_, call)| call.at_ns >= since_ns)
+        .map(|(thread, _)| (thread >> 32) as u32)
+        .collect()
 }
 
 #[cfg(test)]

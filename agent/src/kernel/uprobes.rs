@@ -1,6 +1,6 @@
 //! Uprobes on a file, attached all or nothing and detached together: what the Go-client
 //! (`go_probes.rs`) and OpenSSL-client (`ssl_probes.rs`) programs share.
-use std::{path::Path, time::Duration};
+use std::{num::NonZeroU32, path::Path, time::Duration};
 
 use aya::{
     programs::{
@@ -43,15 +43,31 @@ pub(super) fn load(ebpf: &mut Ebpf, names: &[&'static str]) -> Result<()> {
     Ok(())
 }
 
-/// Attaches each (program, place) in `file`, for every process that runs or maps it: all or
-/// nothing. Waits first for the removal of the file's earlier probes (see `removals.rs`).
+/// Which processes a file's probes fire for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every process that runs or maps the file (a Go client's binary: its processes are its
+    /// clients).
+    File,
+    /// Process `pid` only: the kernel puts the breakpoints in that process's memory alone, so
+    /// every other process that maps the file (a shared libssl) runs it untouched.
+    Process(NonZeroU32),
+}
+
+/// Attaches each (program, place) in `file`, for the processes of `scope`: all or nothing.
+/// For a whole file, waits first for the removal of the file's earlier probes (see
+/// `removals.rs`); a process's own probes never fire twice for another's.
 pub(super) fn attach<'a>(
     ebpf: &mut Ebpf,
     file: &Path,
+    scope: Scope,
     sites: impl IntoIterator<Item = (&'static str, UProbeAttachLocation<'a>)>,
 ) -> Result<Links> {
-    // A file that cannot be looked at is not attached to either: the attach says why.
-    let known = removals::File::of(file).ok();
+    let (known, scope) = match scope {
+        // A file that cannot be looked at is not attached to either: the attach says why.
+        Scope::File => (removals::File::of(file).ok(), UProbeScope::AllProcesses),
+        Scope::Process(pid) => (None, UProbeScope::OneProcess(pid)),
+    };
     if let Some(known) = known {
         match UNDER_WAY.wait(known, REMOVAL_WAIT_AT_MOST) {
             Ok(waited) if waited >= Duration::from_millis(1) => tracing::info!(
@@ -72,7 +88,7 @@ pub(super) fn attach<'a>(
     };
     for (name, place) in sites {
         let attached = program_of::<UProbe>(ebpf, name).and_then(|p| {
-            p.attach(place, file, UProbeScope::AllProcesses)
+            p.attach(place, file, scope)
                 .map_err(|source| Error::Program { name, source })
         });
         match attached {

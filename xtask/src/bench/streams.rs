@@ -129,7 +129,7 @@ struct Window {
 }
 
 /// Whether the agent says every watch's process has `visibility: streams`.
-fn all_streams(pids: &[u32]) -> bool {
+pub(super) fn all_streams(pids: &[u32]) -> bool {
     let Ok((_, body)) = http_get(AGENT_ADDR, "/api/v1/clients", Duration::from_secs(5)) else {
         return false;
     };
