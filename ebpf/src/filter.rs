@@ -1,8 +1,9 @@
-//! lifeline's first test on every TCP state change and retransmit of the node, attached in
-//! front of the programs in `main.rs`.
+//! lifeline's first test on every TCP state change, retransmit and arriving segment of the node,
+//! attached in front of the programs in `main.rs`.
 //!
-//! It reads one field of the tracepoint record, the destination port, compares it with the
-//! endpoints' ports, and only on a match tail-calls the full program (`TARGETS`). Offset and
+//! It reads one field of the tracepoint record (of the socket, for segments), the destination
+//! port, compares it with the endpoints' ports, and only on a match tail-calls the full program
+//! (`TARGETS`, `SEGMENT_TARGETS`). Offset and
 //! ports are instruction immediates, not map values: the agent writes them into this object's
 //! instructions before each load (`agent/src/kernel/filter.rs`; placeholders below) and loads
 //! a new copy when the set of ports changes. So an unrelated socket costs one load from the
@@ -10,18 +11,19 @@
 //! than the whole test on a busy node (TLB and cache misses; docs/benchmarks.md).
 //!
 //! Placeholders the agent replaces (an unpatched object fails verification: the offsets lie
-//! beyond any tracepoint record):
+//! beyond any tracepoint record, or `struct sock`):
 //! - the record offset of `dport`: 0x7ff0 (`sock/inet_sock_set_state`), 0x7ff2
-//!   (`tcp/tcp_retransmit_skb`), in `ldxh` instructions;
+//!   (`tcp/tcp_retransmit_skb`), in `ldxh` instructions; the socket's `skc_dport`: 0x7ff4
+//!   (`tcp/tcp_probe`, typed: its first argument is the socket);
 //! - the ports: `0x4c4c0000 + slot` for slots 0..8, in `jeq` immediates.
 #![no_std]
 #![no_main]
 #![feature(asm_experimental_arch)]
 
 use aya_ebpf::{
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::ProgramArray,
-    programs::TracePointContext,
+    programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
 
@@ -37,13 +39,13 @@ static TARGETS: ProgramArray = ProgramArray::with_max_entries(2, 0);
 /// filter: no flag to set and test afterwards. The verifier proves the comparisons of unused
 /// slots (placeholders beyond any `u16`) never match and removes them with their jumps.
 macro_rules! tail_call_on_port {
-    ($record:expr, $offset:literal, $index:literal) => {
+    ($record:expr, [$($load:literal),+], $targets:ident, $index:literal) => {
         // SAFETY: reads within the tracepoint record once the agent has patched the offset;
         // `bpf_tail_call(ctx, &TARGETS, index)` (helper 12) takes the context the program got,
         // and returns only when the call fails, clobbering the caller-saved registers.
         unsafe {
             core::arch::asm!(
-                concat!("r2 = *(u16 *)(r1 + ", $offset, ")"),
+                $($load,)+
                 "if r2 == 0x4c4c0000 goto 1f",
                 "if r2 == 0x4c4c0001 goto 11f",
                 "if r2 == 0x4c4c0002 goto 12f",
@@ -75,7 +77,7 @@ macro_rules! tail_call_on_port {
                 "r2 = {targets} ll",
                 concat!("r3 = ", $index),
                 "call 12",
-                targets = sym TARGETS,
+                targets = sym $targets,
                 inout("r1") $record => _,
                 out("r0") _,
                 out("r2") _,
@@ -90,13 +92,37 @@ macro_rules! tail_call_on_port {
 
 #[tracepoint]
 pub fn set_state_filter(ctx: TracePointContext) -> u32 {
-    tail_call_on_port!(ctx.as_ptr(), "0x7ff0", "0");
+    tail_call_on_port!(ctx.as_ptr(), ["r2 = *(u16 *)(r1 + 0x7ff0)"], TARGETS, "0");
     0
 }
 
 #[tracepoint]
 pub fn retransmit_filter(ctx: TracePointContext) -> u32 {
-    tail_call_on_port!(ctx.as_ptr(), "0x7ff2", "1");
+    tail_call_on_port!(ctx.as_ptr(), ["r2 = *(u16 *)(r1 + 0x7ff2)"], TARGETS, "1");
+    0
+}
+
+/// The segment program (`tcp/tcp_probe` as a typed raw tracepoint), by the agent. A map of its
+/// own: a program array holds programs of one type, and this one is a tracing program.
+#[map]
+static SEGMENT_TARGETS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// `tcp/tcp_probe` (typed): the socket is the first argument; its destination port (network
+/// order, at the placeholder offset 0x7ff4 in `struct sock`, which the verifier refuses until
+/// the agent patches it) is compared as the other filters compare theirs. The load through the
+/// typed pointer is checked against the kernel's BTF and made fault-safe by the verifier.
+#[btf_tracepoint(function = "tcp_probe")]
+pub fn segment_filter(ctx: BtfTracePointContext) -> i32 {
+    tail_call_on_port!(
+        ctx.as_ptr(),
+        [
+            "r2 = *(u64 *)(r1 + 0)",
+            "r2 = *(u16 *)(r2 + 0x7ff4)",
+            "r2 = be16 r2"
+        ],
+        SEGMENT_TARGETS,
+        "0"
+    );
     0
 }
 

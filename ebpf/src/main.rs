@@ -9,10 +9,12 @@
 //!   sent by then: requests and answers in their order (see `SegmentEvent`).
 //!
 //! Cost for the node's unrelated traffic: the first test reads one field of the tracepoint
-//! record, or of the socket for segments (the destination port), with a direct load and looks
-//! it up in a port bitmap (`WATCHED_PORTS`, an array map whose lookup the verifier inlines;
-//! the filter in `filter.rs` compares immediates instead where it can); nothing else is read
-//! for a socket whose port no endpoint uses. Only candidates pay for the longest-prefix-match
+//! record, or of the socket for segments (the destination port), with a direct load and
+//! compares it with the endpoints' ports as immediates (the filter in `filter.rs`, which
+//! tail-calls these programs); attached directly (more than 8 ports, or a kernel that refuses
+//! the filter), their own first test looks the port up in a bitmap (`WATCHED_PORTS`, an array
+//! map whose lookup the verifier inlines). Nothing else is read for a socket whose port no
+//! endpoint uses. Only candidates pay for the longest-prefix-match
 //! lookup of the address. Inbound activity is sampled from userspace for tracked sockets only.
 //!
 //! A connect storm from one process is aggregated here (see `CONNECT_BUDGET`) so that it cannot

@@ -1,7 +1,9 @@
 //! The first test in front of the full programs (`ebpf/src/filter.rs`): the destination port
-//! of every TCP state change and retransmit on the node, compared with the endpoints' ports
-//! as instruction immediates. (Segments go to a raw tracepoint, which has no record to patch
-//! an offset into: its own first test is the port bitmap.)
+//! of every TCP state change, retransmit and arriving segment on the node, compared with the
+//! endpoints' ports as instruction immediates. (Segments go to a typed raw tracepoint: the port
+//! is read through its socket argument, at the offset the kernel's BTF gives. Where a kernel
+//! refuses that filter, the segment program is attached directly, its own first test a port
+//! bitmap in a map.)
 //!
 //! aya's Rust eBPF has no CO-RE relocations, and a value read from a map costs a memory access
 //! (on this VM ~12 ns per map page, more than bpftrace's whole one-comparison filter). So this
@@ -13,8 +15,8 @@ use std::collections::BTreeSet;
 
 use aya::{
     maps::ProgramArray,
-    programs::{ProgramError, ProgramFd, TracePoint},
-    Ebpf, EbpfError, EbpfLoader,
+    programs::{BtfTracePoint, ProgramError, ProgramFd, TracePoint},
+    BtfError, Ebpf, EbpfError, EbpfLoader,
 };
 
 /// The filter's object, built from `ebpf/src/filter.rs` by the build script; patched and
@@ -28,6 +30,12 @@ pub const PORT_SLOTS: usize = 8;
 /// Placeholder record offsets of `dport` in the filter's `ldxh` instructions.
 const SET_STATE_DPORT_PLACEHOLDER: i16 = 0x7ff0;
 const RETRANSMIT_DPORT_PLACEHOLDER: i16 = 0x7ff2;
+/// Placeholder offset of `skc_dport` in `struct sock`, in the segment filter's `ldxh`.
+const SEGMENT_DPORT_PLACEHOLDER: i16 = 0x7ff4;
+/// The segment filter, the typed tracepoint it attaches to (`tcp/tcp_probe`), and its map.
+const SEGMENT_FILTER: &str = "segment_filter";
+const SEGMENT_TRACEPOINT: &str = "tcp_probe";
+const SEGMENT_TARGETS: &str = "SEGMENT_TARGETS";
 /// Placeholder port of slot `n` in the filter's `jeq` immediates: this plus `n`.
 const PORT_PLACEHOLDER: i32 = 0x4c4c_0000;
 /// The filter programs, the tracepoints they attach to, and their `TARGETS` index.
@@ -67,6 +75,8 @@ pub enum Error {
     },
     #[error("filter map TARGETS: {0}")]
     Targets(String),
+    #[error("the kernel's BTF, for the segment filter: {0}")]
+    Btf(#[source] BtfError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -74,17 +84,29 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// A loaded and attached filter; dropping it detaches it.
 pub struct Filter {
     ports: BTreeSet<u16>,
+    /// Whether it filters segments too (else the segment program is attached directly).
+    segments: bool,
     _ebpf: Ebpf,
 }
 
+/// The full programs the filter tail-calls (loaded).
+pub struct Targets<'a> {
+    pub set_state: &'a ProgramFd,
+    pub retransmit: &'a ProgramFd,
+    /// The segment program, if the filter is to take segments too.
+    pub segments: Option<&'a ProgramFd>,
+}
+
 impl Filter {
-    /// Patches, loads and attaches the filter for `ports`, tail-calling `targets` (the full
-    /// `inet_sock_set_state` and `tcp_retransmit_skb`, loaded).
+    /// Patches, loads and attaches the filter for `ports`, tail-calling `targets`. The
+    /// `dport_offsets` are the records' (`inet_sock_set_state`, `tcp_retransmit_skb`) and the
+    /// socket's (`skc_dport`). The segment filter is all or nothing on its own: where the
+    /// kernel refuses it, the filter holds the other two ([`segments`](Self::segments) false).
     pub fn attach(
         object: &[u8],
-        dport_offsets: [u32; 2],
+        dport_offsets: [u32; 3],
         ports: &BTreeSet<u16>,
-        targets: [&ProgramFd; 2],
+        targets: Targets,
     ) -> Result<Self> {
         let patched = patch(object, dport_offsets, ports)?;
         let mut ebpf = EbpfLoader::new().btf(None).load(&patched).map_err(Error::Load)?;
@@ -92,7 +114,7 @@ impl Filter {
             .map_mut("TARGETS")
             .ok_or_else(|| Error::Targets("missing".into()))?;
         let mut array = ProgramArray::try_from(map).map_err(|e| Error::Targets(e.to_string()))?;
-        for (index, fd) in targets.into_iter().enumerate() {
+        for (index, fd) in [targets.set_state, targets.retransmit].into_iter().enumerate() {
             array
                 .set(index as u32, fd, 0)
                 .map_err(|e| Error::Targets(e.to_string()))?;
@@ -108,8 +130,21 @@ impl Filter {
                 .attach(category, tracepoint)
                 .map_err(|source| Error::Program { name, source })?;
         }
+        let segments = targets
+            .segments
+            .is_some_and(|target| match attach_segments(&mut ebpf, target) {
+                Ok(()) => true,
+                Err(err) => {
+                    tracing::warn!(
+                        "the segment filter is not usable ({}); the segment program is attached directly",
+                        crate::error::chain(&err)
+                    );
+                    false
+                }
+            });
         Ok(Self {
             ports: ports.clone(),
+            segments,
             _ebpf: ebpf,
         })
     }
@@ -117,13 +152,49 @@ impl Filter {
     pub fn ports(&self) -> &BTreeSet<u16> {
         &self.ports
     }
+
+    /// Whether it filters segments too.
+    pub fn segments(&self) -> bool {
+        self.segments
+    }
 }
 
-/// The filter object with `dport_offsets` (`inet_sock_set_state`, `tcp_retransmit_skb`) and
-/// `ports` written into its placeholders. Unused port slots keep their placeholder: it lies
+/// Loads and attaches the segment filter in front of `target`. Its load needs the kernel's BTF
+/// (~16 ms and ~20 MiB of heap while it is parsed, once per set of ports).
+fn attach_segments(ebpf: &mut Ebpf, target: &ProgramFd) -> Result<()> {
+    let btf = aya::Btf::from_sys_fs().map_err(Error::Btf)?;
+    let name = SEGMENT_FILTER;
+    let program: &mut BtfTracePoint = ebpf
+        .program_mut(name)
+        .ok_or(Error::Elf("the segment filter is missing"))?
+        .try_into()
+        .map_err(|source| Error::Program { name, source })?;
+    program
+        .load(SEGMENT_TRACEPOINT, &btf)
+        .map_err(|source| Error::Program { name, source })?;
+    let map = ebpf
+        .map_mut(SEGMENT_TARGETS)
+        .ok_or_else(|| Error::Targets(format!("{SEGMENT_TARGETS} missing")))?;
+    let mut array = ProgramArray::try_from(map).map_err(|e| Error::Targets(e.to_string()))?;
+    array
+        .set(0, target, 0)
+        .map_err(|e| Error::Targets(format!("{SEGMENT_TARGETS}: {e}")))?;
+    let program: &mut BtfTracePoint = ebpf
+        .program_mut(name)
+        .ok_or(Error::Elf("the segment filter is missing"))?
+        .try_into()
+        .map_err(|source| Error::Program { name, source })?;
+    program
+        .attach()
+        .map_err(|source| Error::Program { name, source })?;
+    Ok(())
+}
+
+/// The filter object with `dport_offsets` (`inet_sock_set_state`, `tcp_retransmit_skb`, the
+/// socket's `skc_dport`) and `ports` written into its placeholders. Unused port slots keep their placeholder: it lies
 /// beyond any `u16`, so the verifier proves those comparisons never match and removes them
 /// before JIT compilation (one watched port costs one comparison, not eight).
-pub fn patch(object: &[u8], dport_offsets: [u32; 2], ports: &BTreeSet<u16>) -> Result<Vec<u8>> {
+pub fn patch(object: &[u8], dport_offsets: [u32; 3], ports: &BTreeSet<u16>) -> Result<Vec<u8>> {
     if ports.len() > PORT_SLOTS {
         return Err(Error::TooManyPorts { count: ports.len() });
     }
@@ -136,11 +207,19 @@ pub fn patch(object: &[u8], dport_offsets: [u32; 2], ports: &BTreeSet<u16>) -> R
             .then_some(o as i16)
             .ok_or(Error::Offset(o))
     };
-    let new_offsets = [offset(dport_offsets[0])?, offset(dport_offsets[1])?];
-    let placeholders = [SET_STATE_DPORT_PLACEHOLDER, RETRANSMIT_DPORT_PLACEHOLDER];
+    let new_offsets = [
+        offset(dport_offsets[0])?,
+        offset(dport_offsets[1])?,
+        offset(dport_offsets[2])?,
+    ];
+    let placeholders = [
+        SET_STATE_DPORT_PLACEHOLDER,
+        RETRANSMIT_DPORT_PLACEHOLDER,
+        SEGMENT_DPORT_PLACEHOLDER,
+    ];
 
     let mut out = object.to_vec();
-    let mut offsets_found = [0usize; 2];
+    let mut offsets_found = [0usize; 3];
     let mut ports_found = [0usize; PORT_SLOTS];
     for (start, len) in code_sections(object)? {
         for at in (start..start + len).step_by(8) {
@@ -163,17 +242,19 @@ pub fn patch(object: &[u8], dport_offsets: [u32; 2], ports: &BTreeSet<u16>) -> R
             }
         }
     }
-    if offsets_found != [1, 1] {
+    if offsets_found != [1, 1, 1] {
         return Err(Error::Sites {
             what: "dport loads",
-            expected: 2,
+            expected: 3,
             found: offsets_found.iter().sum(),
         });
     }
-    if ports_found.iter().any(|n| *n != FILTERS.len()) {
+    // The two tracepoint filters and the segment filter.
+    let filters = FILTERS.len() + 1;
+    if ports_found.iter().any(|n| *n != filters) {
         return Err(Error::Sites {
             what: "port comparisons",
-            expected: PORT_SLOTS * FILTERS.len(),
+            expected: PORT_SLOTS * filters,
             found: ports_found.iter().sum(),
         });
     }
@@ -239,14 +320,17 @@ mod tests {
             return; // AYA_BUILD_SKIP
         }
         let ports = BTreeSet::from([443, 6443]);
-        let patched = patch(object(), [26, 30], &ports).expect("patch");
+        let patched = patch(object(), [26, 30, 12], &ports).expect("patch");
         let all = insns(&patched);
         let loads: Vec<i16> = all
             .iter()
             .filter(|i| i[0] == LDXH)
             .map(|i| i16::from_le_bytes([i[2], i[3]]))
             .collect();
-        assert!(loads.contains(&26) && loads.contains(&30), "{loads:?}");
+        assert!(
+            loads.contains(&26) && loads.contains(&30) && loads.contains(&12),
+            "{loads:?}"
+        );
         let compared: Vec<i32> = all
             .iter()
             .filter(|i| i[0] == JEQ_K)
@@ -254,19 +338,19 @@ mod tests {
             .collect();
         assert_eq!(
             compared.iter().filter(|p| **p == 443).count(),
-            2,
-            "slot 0 of the two filters"
+            3,
+            "slot 0 of the three filters"
         );
-        assert_eq!(compared.iter().filter(|p| **p == 6443).count(), 2, "slot 1");
+        assert_eq!(compared.iter().filter(|p| **p == 6443).count(), 3, "slot 1");
         let unused = (PORT_PLACEHOLDER + 2..PORT_PLACEHOLDER + 8).collect::<Vec<_>>();
         assert_eq!(
             compared.iter().filter(|p| unused.contains(p)).count(),
-            2 * 6,
+            3 * 6,
             "spare slots keep a placeholder that matches no port"
         );
         // Patching only touches instruction fields: the rest of the file is unchanged.
         let differing = object().iter().zip(&patched).filter(|(a, b)| a != b).count();
-        assert!(differing <= 2 * 2 + 2 * 2 * 4, "{differing} bytes changed");
+        assert!(differing <= 3 * 2 + 3 * 2 * 4, "{differing} bytes changed");
     }
 
     #[test]
@@ -274,19 +358,25 @@ mod tests {
         let one = BTreeSet::from([443]);
         let nine: BTreeSet<u16> = (1..=9).collect();
         assert!(matches!(
-            patch(object(), [26, 30], &nine),
+            patch(object(), [26, 30, 12], &nine),
             Err(Error::TooManyPorts { count: 9 })
         ));
         assert!(matches!(
-            patch(object(), [26, 30], &BTreeSet::new()),
+            patch(object(), [26, 30, 12], &BTreeSet::new()),
             Err(Error::NoPorts)
         ));
-        assert!(matches!(patch(object(), [27, 30], &one), Err(Error::Offset(27))));
         assert!(matches!(
-            patch(object(), [26, 9000], &one),
+            patch(object(), [27, 30, 12], &one),
+            Err(Error::Offset(27))
+        ));
+        assert!(matches!(
+            patch(object(), [26, 9000, 12], &one),
             Err(Error::Offset(9000))
         ));
-        assert!(matches!(patch(b"not an elf", [26, 30], &one), Err(Error::Elf(_))));
+        assert!(matches!(
+            patch(b"not an elf", [26, 30, 12], &one),
+            Err(Error::Elf(_))
+        ));
     }
 
     #[test]
@@ -294,8 +384,8 @@ mod tests {
         if object().is_empty() {
             return;
         }
-        let once = patch(object(), [26, 30], &BTreeSet::from([443])).expect("patch");
-        let err = patch(&once, [26, 30], &BTreeSet::from([443])).expect_err("nothing left to patch");
+        let once = patch(object(), [26, 30, 12], &BTreeSet::from([443])).expect("patch");
+        let err = patch(&once, [26, 30, 12], &BTreeSet::from([443])).expect_err("nothing left to patch");
         assert!(matches!(err, Error::Sites { found: 0, .. }), "{err}");
     }
 }

@@ -159,6 +159,9 @@ impl Attachment {
     pub fn describe(&self) -> String {
         match self {
             Attachment::None => "nothing attached".into(),
+            Attachment::Filter(f) if f.segments() => {
+                format!("filter on ports {:?} in front, segments included", f.ports())
+            }
             Attachment::Filter(f) => format!("filter on ports {:?} in front", f.ports()),
             Attachment::Direct(_) => "full programs attached directly".into(),
         }
@@ -297,7 +300,6 @@ impl Probes {
     /// them, else the full programs directly; nothing when there is no port. A new attachment
     /// goes in before the old one comes out, so no event is missed in between.
     fn attach_for(&mut self, ports: &BTreeSet<u16>) -> Result<()> {
-        self.attach_segments(!ports.is_empty())?;
         let current = match &self.attachment {
             Attachment::Filter(f) => Some(f.ports()),
             _ => None,
@@ -324,6 +326,10 @@ impl Probes {
                 }
             }
         };
+        // The segment program directly unless the new filter takes segments: attached before
+        // the old filter goes, detached once the new one is in.
+        let filtered = matches!(&next, Attachment::Filter(f) if f.segments());
+        self.attach_segments(!ports.is_empty() && !filtered)?;
         let old = std::mem::replace(&mut self.attachment, next);
         if let Attachment::Direct(links) = old {
             self.detach_direct(links)?;
@@ -342,13 +348,17 @@ impl Probes {
                 .fd()
                 .map_err(|source| filter::Error::Program { name, source })
         };
-        let offsets = [self.offsets.set_state.dport, self.offsets.retransmit.dport];
-        Filter::attach(
-            filter::FILTER_OBJECT,
-            offsets,
-            ports,
-            [fd(TRACEPOINTS[0].0)?, fd(TRACEPOINTS[1].0)?],
-        )
+        let offsets = [
+            self.offsets.set_state.dport,
+            self.offsets.retransmit.dport,
+            self.offsets.segment.skc_dport,
+        ];
+        let targets = filter::Targets {
+            set_state: fd(TRACEPOINTS[0].0)?,
+            retransmit: fd(TRACEPOINTS[1].0)?,
+            segments: fd(SEGMENTS).ok(),
+        };
+        Filter::attach(filter::FILTER_OBJECT, offsets, ports, targets)
     }
 
     /// Attaches the segment program (`on`) or detaches it; nothing when it already is so.
@@ -679,6 +689,38 @@ mod tests {
             .set_endpoints(&set(max..2 * max))
             .expect("another full map");
         assert_eq!(probes.map_len(), max as usize);
+    }
+
+    /// Issue 26: segments go through the port filter (no map touched for an unrelated one)
+    /// wherever the kernel takes it, as the other tracepoints do; past the filter's ports,
+    /// every program is attached directly, and back within them the filter takes over again,
+    /// the direct segment program detached.
+    #[tokio::test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    async fn segments_go_through_the_port_filter_and_directly_past_its_ports() {
+        let (mut probes, _ring) = loaded();
+        probes.set_endpoints(&set(0..1)).expect("one port");
+        assert_eq!(
+            probes.attachment(),
+            "filter on ports {443} in front, segments included"
+        );
+        assert!(
+            probes.segments.is_none(),
+            "the segment program is not attached directly"
+        );
+        let mut many = set(0..1);
+        for port in 1..=filter::PORT_SLOTS as u16 {
+            many.insert(
+                Endpoint::exact(Ipv4Addr::LOCALHOST.into(), 20000 + port),
+                Source::Config,
+            );
+        }
+        probes.set_endpoints(&many).expect("nine ports");
+        assert_eq!(probes.attachment(), "full programs attached directly");
+        assert!(probes.segments.is_some(), "the segment program attached directly");
+        probes.set_endpoints(&set(0..1)).expect("one port again");
+        assert!(probes.attachment().ends_with("segments included"));
+        assert!(probes.segments.is_none());
     }
 
     /// The links of `probes`' Go-client programs, as the kernel lists them (`bpftool link`):
