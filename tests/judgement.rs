@@ -939,6 +939,16 @@ fn every_go_release_s_hung_watch_is_stuck_and_named() {
     drop(running);
 }
 
+/// `ll-apiserver` on a free port of 127.0.0.1, its certificates in `certs`, with `flags`.
+fn local_apiserver(certs: &TempDir, flags: &[&str]) -> ApiServer {
+    ApiServer::start(
+        bin!("ll-apiserver"),
+        "127.0.0.1:0".parse().unwrap(),
+        certs.path(),
+        flags,
+    )
+}
+
 /// A python3-kubernetes client (`tests/clients/py-streams.py`) against `ll-apiserver`: `args`
 /// and `env` as the script takes them. After its first list it waits for
 /// [`release_python_clients`].
@@ -992,12 +1002,7 @@ const WATCH_GRACE: f64 = 3.0;
 fn an_openssl_clients_hung_watch_is_stuck_and_a_flowing_one_is_listed() {
     init!();
     let certs = TempDir::new();
-    let api = ApiServer::start(
-        bin!("ll-apiserver"),
-        "127.0.0.1:0".parse().unwrap(),
-        certs.path(),
-        &["--hang-watches", "pods"],
-    );
+    let api = local_apiserver(&certs, &["--hang-watches", "pods"]);
     let sink = WebhookSink::start();
     let grace = format!("{WATCH_GRACE}s");
     let (agent, dir) = agent(&[api.addr().to_string()], &sink, "", &["--watch-grace", &grace]);
@@ -1117,19 +1122,9 @@ fn libssl_of(pid: u32) -> String {
 fn a_process_that_is_no_client_runs_none_of_the_probes_on_its_shared_libssl() {
     init!();
     let certs = TempDir::new();
-    let api = ApiServer::start(
-        bin!("ll-apiserver"),
-        "127.0.0.1:0".parse().unwrap(),
-        certs.path(),
-        &[],
-    );
+    let api = local_apiserver(&certs, &[]);
     let other_certs = TempDir::new();
-    let other = ApiServer::start(
-        bin!("ll-apiserver"),
-        "127.0.0.1:0".parse().unwrap(),
-        other_certs.path(),
-        &[],
-    );
+    let other = local_apiserver(&other_certs, &[]);
     let sink = WebhookSink::start();
     let (agent, dir) = agent(&[api.addr().to_string()], &sink, "", &["--watch-grace", "3s"]);
     let py = python_client(
@@ -1196,12 +1191,7 @@ fn a_process_that_is_no_client_runs_none_of_the_probes_on_its_shared_libssl() {
 fn an_openssl_clients_list_held_mid_answer_is_stuck_and_finished_ones_are_not() {
     init!();
     let certs = TempDir::new();
-    let api = ApiServer::start(
-        bin!("ll-apiserver"),
-        "127.0.0.1:0".parse().unwrap(),
-        certs.path(),
-        &["--hang-lists", "pods", "--chunk-lists", "events"],
-    );
+    let api = local_apiserver(&certs, &["--hang-lists", "pods", "--chunk-lists", "events"]);
     let sink = WebhookSink::start();
     let (agent, dir) = agent(&[api.addr().to_string()], &sink, "", &[]);
     let idle = format!("{}", STALE + 3.0);
@@ -1257,12 +1247,7 @@ fn no_token_and_no_body_byte_of_an_openssl_client_leaves_the_kernel() {
     const TOKEN: &str = "secret-token-xyz";
     const DATA: &str = "secret-data-xyz";
     let certs = TempDir::new();
-    let api = ApiServer::start(
-        bin!("ll-apiserver"),
-        "127.0.0.1:0".parse().unwrap(),
-        certs.path(),
-        &[],
-    );
+    let api = local_apiserver(&certs, &[]);
     let sink = WebhookSink::start();
     let (agent, dir) = agent(&[api.addr().to_string()], &sink, "", &["--watch-grace", "3s"]);
     let py = python_client(

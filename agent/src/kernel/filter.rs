@@ -164,12 +164,14 @@ impl Filter {
 fn attach_segments(ebpf: &mut Ebpf, target: &ProgramFd) -> Result<()> {
     let btf = aya::Btf::from_sys_fs().map_err(Error::Btf)?;
     let name = SEGMENT_FILTER;
-    let program: &mut BtfTracePoint = ebpf
-        .program_mut(name)
-        .ok_or(Error::Elf("the segment filter is missing"))?
-        .try_into()
-        .map_err(|source| Error::Program { name, source })?;
-    program
+    fn program(ebpf: &mut Ebpf) -> Result<&mut BtfTracePoint> {
+        let name = SEGMENT_FILTER;
+        ebpf.program_mut(name)
+            .ok_or(Error::Elf("the segment filter is missing"))?
+            .try_into()
+            .map_err(|source| Error::Program { name, source })
+    }
+    program(ebpf)?
         .load(SEGMENT_TRACEPOINT, &btf)
         .map_err(|source| Error::Program { name, source })?;
     let map = ebpf
@@ -179,12 +181,7 @@ fn attach_segments(ebpf: &mut Ebpf, target: &ProgramFd) -> Result<()> {
     array
         .set(0, target, 0)
         .map_err(|e| Error::Targets(format!("{SEGMENT_TARGETS}: {e}")))?;
-    let program: &mut BtfTracePoint = ebpf
-        .program_mut(name)
-        .ok_or(Error::Elf("the segment filter is missing"))?
-        .try_into()
-        .map_err(|source| Error::Program { name, source })?;
-    program
+    program(ebpf)?
         .attach()
         .map_err(|source| Error::Program { name, source })?;
     Ok(())

@@ -8,12 +8,15 @@
 //! probes' runs meanwhile (bpf_stats), and the client's own runs afterwards (the count works).
 use std::{
     collections::BTreeMap,
-    process::Stdio,
     thread,
     time::{Duration, Instant},
 };
 
-use super::{median, per_call, prog_stats, streams::all_streams, Bins, Lab, Report, WATCHED_PORT};
+use super::{
+    median, per_call, prog_stats,
+    streams::{all_streams, python_rate, PYTHON_CLIENT},
+    Bins, Lab, Report, WATCHED_PORT,
+};
 use crate::{workspace, Failed, Result};
 
 /// The server that is no endpoint.
@@ -30,18 +33,6 @@ while True:
     c.getresponse().read()
     time.sleep(0.2)
 "#;
-/// Keep-alive HTTPS GETs over one connection for ARGV[3] seconds; prints `done N`.
-const OTHER: &str = r#"
-import http.client, ssl, sys, time
-c = http.client.HTTPSConnection(sys.argv[1], int(sys.argv[2]), context=ssl._create_unverified_context())
-n, end = 0, time.monotonic() + float(sys.argv[3])
-while time.monotonic() < end:
-    c.request("GET", "/version")
-    c.getresponse().read()
-    n += 1
-print("done", n)
-"#;
-
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Observer {
     None,
@@ -70,20 +61,7 @@ fn ssl_runs(before: &BTreeMap<u32, (u64, u64)>, after: &BTreeMap<u32, (u64, u64)
 
 /// Runs the other process: requests per second.
 fn other(lab: &Lab) -> Result<f64> {
-    let port = OTHER_PORT.to_string();
-    let out = lab
-        .in_ns("python3")
-        .args(["-c", OTHER, "127.0.0.1", &port, SECONDS])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Failed(format!("python3: {e}")))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let n: f64 = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| Failed(format!("the other python process said {text:?}")))?;
-    Ok(n / SECONDS.parse::<f64>().expect("seconds"))
+    python_rate(lab, PYTHON_CLIENT, OTHER_PORT, SECONDS)
 }
 
 /// One window: the other process's rate, the probes' runs meanwhile, and the client's own

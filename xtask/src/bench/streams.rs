@@ -38,7 +38,7 @@ const ROUNDS: usize = 3;
 /// Seconds of the python client per observer.
 const PYTHON_SECONDS: &str = "5";
 /// Keep-alive HTTPS GETs over one connection for ARGV[3] seconds; prints `done N`.
-const PYTHON_CLIENT: &str = r#"
+pub(super) const PYTHON_CLIENT: &str = r#"
 import http.client, ssl, sys, time
 c = http.client.HTTPSConnection(sys.argv[1], int(sys.argv[2]), context=ssl._create_unverified_context())
 n, end = 0, time.monotonic() + float(sys.argv[3])
@@ -178,10 +178,16 @@ fn measure(watches: &[Watch], agent: Option<u32>) -> Window {
 
 /// Runs the python client in the namespace: requests per second.
 fn python(lab: &Lab) -> Result<f64> {
-    let port = WATCHED_PORT.to_string();
+    python_rate(lab, PYTHON_CLIENT, WATCHED_PORT, PYTHON_SECONDS)
+}
+
+/// Runs `script` (keep-alive requests to 127.0.0.1:`port` for `seconds`, printing `done N`)
+/// with python3 in the namespace: requests per second.
+pub(super) fn python_rate(lab: &Lab, script: &str, port: u16, seconds: &str) -> Result<f64> {
+    let port = port.to_string();
     let out = lab
         .in_ns("python3")
-        .args(["-c", PYTHON_CLIENT, "127.0.0.1", &port, PYTHON_SECONDS])
+        .args(["-c", script, "127.0.0.1", &port, seconds])
         .stdin(Stdio::null())
         .output()
         .map_err(|e| Failed(format!("python3: {e}")))?;
@@ -191,7 +197,7 @@ fn python(lab: &Lab) -> Result<f64> {
         .nth(1)
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| Failed(format!("the python client said {text:?}")))?;
-    Ok(n / PYTHON_SECONDS.parse::<f64>().expect("seconds"))
+    Ok(n / seconds.parse::<f64>().expect("seconds"))
 }
 
 /// Starts an agent for `observer` (None for no agent) and waits until it follows the watches
