@@ -1,9 +1,10 @@
 //! Which OpenSSL clients' requests are followed: the OpenSSL-client uprobes (`ssl_probes.rs`)
 //! go on the libssl file a client process maps (python-kubernetes through Python's `ssl`,
 //! curl), attached for each client process alone, from when the agent sees it connected until
-//! it exits or has held no connection for `probed::LINGER` (at most [`MAX_FOLLOWED`] at once). A libssl is shared by every process of the node
-//! that speaks TLS: the kernel puts a process's breakpoints in that process's memory only, so
-//! the others run the library untouched (issue 26). `probed.rs` keeps which files are probed.
+//! it exits or has held no connection for `probed::LINGER` (at most [`MAX_FOLLOWED`] at once).
+//! A libssl is shared by every process of the node that speaks TLS: the kernel puts a
+//! process's breakpoints in that process's memory only, so the others run the library
+//! untouched (issue 26). `probed.rs` keeps which files are probed.
 //! Clients that link OpenSSL statically (node) or use another TLS stack keep the
 //! connection-level judgement.
 use std::{
