@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use lifeline_common::{EventKind, ExecEvent};
 
-use crate::{bump, counter, EVENTS};
+use crate::{bump, counter, EVENTS, URGENT_WAKEUP};
 
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
@@ -24,7 +24,7 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
         kind: EventKind::Exec as u32,
         tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
     });
-    entry.submit(0);
+    entry.submit(URGENT_WAKEUP);
     bump(counter::SENT);
     0
 }

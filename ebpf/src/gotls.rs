@@ -31,7 +31,7 @@ use lifeline_common::{
     StreamKey, FRAME_COALESCE_NS, HEADER_VALUE_MAX,
 };
 
-use crate::{bump, counter, lost, stream_budget, EVENTS, OFFSETS, SEGMENTS};
+use crate::{bump, counter, lost, stream_budget, EVENTS, OFFSETS, SEGMENTS, URGENT_WAKEUP};
 
 /// HTTP/2 frame types (RFC 9113 §6).
 const DATA: u8 = 0;
@@ -260,7 +260,7 @@ fn send_frame(sk: u64, goroutine: u64, frame_type: u8, flags: u8, stream_id: u32
         protocol: protocol::HTTP2,
         _pad: [0; 4],
     });
-    entry.submit(0);
+    entry.submit(URGENT_WAKEUP);
     bump(counter::SENT);
 }
 
@@ -317,7 +317,7 @@ fn try_go_write_header(ctx: &ProbeContext) -> Option<()> {
             (*event).value_len = 0;
         }
     }
-    entry.submit(0);
+    entry.submit(URGENT_WAKEUP);
     bump(counter::SENT);
     Some(())
 }

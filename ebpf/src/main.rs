@@ -26,6 +26,7 @@
 #![feature(asm_experimental_arch)]
 
 use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE},
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
     maps::{
@@ -174,6 +175,32 @@ static SOFT_ERRORS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(4096, 0)
 /// plain hash (not LRU), so one socket's state is never evicted by another's.
 #[map]
 static SEGMENTS: HashMap<u64, SegmentState> = HashMap::with_max_entries(65536, 0);
+
+/// Submit flags for a segment record, which nothing waits for: no wakeup, since the pump
+/// drains the ring at least every `DRAIN_EVERY` (agent's `app/pump.rs`) and a wakeup costs an
+/// interrupt and a context switch, more than the rest of the program and the record's handling
+/// together; unless the ring is a quarter full, where waiting could lose records.
+///
+/// Every other record is submitted with [`URGENT_WAKEUP`]: connects, state changes,
+/// retransmits and execs, which something waits for, and stream records, because the pump
+/// applies a drain's socket records before its stream records, which is ring order only while
+/// each stream record is drained as it comes (the segments before it are older).
+#[inline(always)]
+pub(crate) fn lazy_wakeup() -> u64 {
+    let pending = EVENTS.query(u64::from(BPF_RB_AVAIL_DATA));
+    let size = EVENTS.query(u64::from(BPF_RB_RING_SIZE));
+    u64::from(if pending >= size / 4 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    })
+}
+
+/// Submit flags for a record the pump must see at once: a forced wakeup. The kernel's default
+/// wakes a reader only when it has read everything before the record, which a lazily submitted
+/// record left unread (see [`lazy_wakeup`]) would prevent for up to `DRAIN_EVERY`. When the ring
+/// was empty both are the same; behind a backlog the kernel coalesces the wakeups it queues.
+pub(crate) const URGENT_WAKEUP: u64 = BPF_RB_FORCE_WAKEUP as u64;
 
 fn bump(index: u32) {
     if let Some(count) = COUNTERS.get_ptr_mut(index) {
@@ -433,7 +460,7 @@ fn emit(kind: EventKind, w: &Watched, old_state: u32, new_state: u32, owner: Opt
         daddr: w.dest.daddr,
         comm,
     });
-    entry.submit(0);
+    entry.submit(URGENT_WAKEUP);
     bump(counter::SENT);
 }
 
@@ -867,7 +894,7 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
         saddr,
         daddr,
     });
-    entry.submit(0);
+    entry.submit(lazy_wakeup());
     bump(counter::SENT);
     Ok(())
 }

@@ -51,6 +51,13 @@ pub const BATCH: usize = 1024;
 pub const OWNER_TTL: Duration = Duration::from_secs(1);
 /// Owners cached at most (processes that connected within [`OWNER_TTL`]).
 const OWNER_CACHE_MAX: usize = 4096;
+/// Longest a record may wait in the ring. Segment records do not wake the pump (ebpf
+/// `lazy_wakeup`): nothing waits for one sooner, since the once-a-second judgement times them
+/// by their kernel timestamps, and a wakeup per segment cost a busy node's 600 answers a second
+/// a context switch each, most of the agent's CPU. Every other record forces a wakeup
+/// (`URGENT_WAKEUP`), even behind unread segments, so a drain still applies records in ring
+/// order: the socket records it applies first are older than the stream record that woke it.
+pub const DRAIN_EVERY: Duration = Duration::from_millis(250);
 /// How often aggregated failures and counters are read (and the stop flag checked when no
 /// event comes).
 pub const TICK: Duration = Duration::from_secs(1);
@@ -134,7 +141,7 @@ impl Worker {
                 self.tick(now);
                 next_tick = now + TICK;
             }
-            let wait = next_tick.saturating_duration_since(now);
+            let wait = next_tick.saturating_duration_since(now).min(DRAIN_EVERY);
             match wait_readable(&self.feed.events, wait) {
                 Ok(true) => self.drain(),
                 Ok(false) => {}

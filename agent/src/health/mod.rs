@@ -37,6 +37,7 @@ use std::{
 
 use serde::Serialize;
 
+use crate::endpoint::Endpoint;
 use crate::table::{
     facts::{LossCause, Rhythm},
     streams::Stuck,
@@ -131,7 +132,9 @@ impl fmt::Display for State {
 pub struct ConnectionFacts {
     /// The connection's local address: which socket a reset would destroy.
     pub local: SocketAddr,
-    pub endpoint: String,
+    /// Formatted only where a verdict names it: the facts are built for every connection
+    /// every second.
+    pub endpoint: Endpoint,
     /// Last inbound payload, or when the connection was first seen if none arrived yet.
     pub last_payload: Instant,
     /// The first request (outbound payload) that no inbound payload has answered yet.
@@ -361,7 +364,7 @@ impl<K: std::hash::Hash + Eq + Clone> HealthEngine<K> {
 fn any_endpoint(obs: &Observation) -> Option<String> {
     obs.established
         .first()
-        .map(|c| c.endpoint.clone())
+        .map(|c| c.endpoint.to_string())
         .or_else(|| obs.loss.as_ref().map(|l| l.endpoint.clone()))
         .or_else(|| obs.attempts.first().map(|a| a.endpoint.clone()))
 }
@@ -435,7 +438,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
                 secs(t.blackhole_after)
             ),
             evidence: since + t.blackhole_after,
-            endpoint: Some(conn.endpoint.clone()),
+            endpoint: Some(conn.endpoint.to_string()),
             suspects: vec![conn.local],
         };
     }
@@ -459,7 +462,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
             state: State::Stale,
             reason: format!("{} (stream {} to {})", s.description, s.stream, conn.endpoint),
             evidence: s.evidence,
-            endpoint: Some(conn.endpoint.clone()),
+            endpoint: Some(conn.endpoint.to_string()),
             suspects: readable
                 .iter()
                 .filter(|c| !c.stuck.is_empty())
@@ -481,7 +484,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
                 secs(t.stale_after)
             ),
             evidence: since + t.stale_after,
-            endpoint: Some(conn.endpoint.clone()),
+            endpoint: Some(conn.endpoint.to_string()),
             suspects: readable
                 .iter()
                 .filter(|c| c.waiting_since.is_some_and(|w| overdue(w, t.stale_after, now)))
@@ -506,7 +509,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
                 secs(silent),
             ),
             evidence: last_activity + limit,
-            endpoint: Some(freshest.endpoint.clone()),
+            endpoint: Some(freshest.endpoint.to_string()),
             suspects: readable.iter().map(|c| c.local).collect(),
         };
     }
@@ -527,7 +530,7 @@ fn judge(t: &Thresholds, obs: &Observation, recent_failures: &[&Failure], now: I
             ),
         },
         evidence: now,
-        endpoint: Some(freshest.endpoint.clone()),
+        endpoint: Some(freshest.endpoint.to_string()),
         suspects: Vec::new(),
     }
 }

@@ -13,11 +13,13 @@ fn setup() -> (HealthEngine<u32>, Clock) {
 }
 
 const EP: &str = "10.0.0.1:6443";
+const EP_ADDR: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1)), 6443);
 
 fn conn(last_payload: Instant) -> ConnectionFacts {
     ConnectionFacts {
         local: "10.0.0.2:40000".parse().unwrap(),
-        endpoint: EP.into(),
+        endpoint: Endpoint::exact(EP_ADDR.ip(), EP_ADDR.port()),
         last_payload,
         waiting_since: None,
         stalled_since: None,

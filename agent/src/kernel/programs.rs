@@ -723,6 +723,136 @@ mod tests {
         assert!(probes.segments.is_none());
     }
 
+    /// Issue 26 item 6: a segment record waits in the ring for the pump's next drain
+    /// (`app::pump::DRAIN_EVERY`) instead of waking the reader, and a connect's record wakes
+    /// it at once, even behind the unread segment (the kernel's default wakeup would not).
+    #[tokio::test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    async fn a_segment_does_not_wake_the_reader_and_a_connect_does_behind_it() {
+        use std::{
+            io::Write,
+            net::{TcpListener, TcpStream},
+            os::fd::AsRawFd,
+            time::{Duration, Instant},
+        };
+
+        use crate::kernel::events::{decode_record, Change, MonotonicClock, Record};
+
+        /// Waits in poll(2) for the ring, as the pump does: whether it had data, and when it
+        /// returned.
+        fn wait(feed: &KernelFeed, timeout: Duration) -> (bool, Duration) {
+            let mut fd = libc::pollfd {
+                fd: feed.events.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let started = Instant::now();
+            // SAFETY: one valid pollfd for the duration of the call.
+            let n = unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as i32) };
+            (n == 1, started.elapsed())
+        }
+        /// The ring's wakeups, edge-triggered: unread data makes it ready once, then only a
+        /// wakeup does.
+        struct Epoll(std::os::fd::OwnedFd);
+        impl Epoll {
+            fn new(feed: &KernelFeed) -> Self {
+                use std::os::fd::FromRawFd;
+                // SAFETY: plain system calls; the new descriptor is owned at once.
+                let epoll = Self(unsafe {
+                    let fd = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+                    assert!(fd >= 0, "epoll_create1: {}", std::io::Error::last_os_error());
+                    std::os::fd::OwnedFd::from_raw_fd(fd)
+                });
+                let mut interest = libc::epoll_event {
+                    events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+                    u64: 0,
+                };
+                // SAFETY: both descriptors live; the event is ours.
+                let rc = unsafe {
+                    libc::epoll_ctl(
+                        epoll.0.as_raw_fd(),
+                        libc::EPOLL_CTL_ADD,
+                        feed.events.as_raw_fd(),
+                        &mut interest,
+                    )
+                };
+                assert_eq!(rc, 0, "epoll_ctl: {}", std::io::Error::last_os_error());
+                // The data already unread makes it ready once: taken here.
+                let _ = epoll.wait_edge(Duration::ZERO);
+                epoll
+            }
+            /// When a wakeup came within `timeout`, if one did.
+            fn wait_edge(&self, timeout: Duration) -> Option<Duration> {
+                let mut ready = libc::epoll_event { events: 0, u64: 0 };
+                let started = Instant::now();
+                // SAFETY: one event slot of ours, a live descriptor.
+                let n = unsafe {
+                    libc::epoll_wait(self.0.as_raw_fd(), &mut ready, 1, timeout.as_millis() as i32)
+                };
+                (n == 1).then(|| started.elapsed())
+            }
+        }
+        /// Reads the ring empty: whether it held a segment and a connect's record.
+        fn drain(feed: &mut KernelFeed, clock: &MonotonicClock) -> (bool, bool) {
+            let (mut segment, mut connect) = (false, false);
+            while let Some(item) = feed.events.next() {
+                if let Ok(Record::Socket(ev)) = decode_record(&item, clock) {
+                    segment |= matches!(ev.change, Change::Segment { .. });
+                    connect |= !matches!(ev.change, Change::Segment { .. } | Change::Retransmit { .. });
+                }
+            }
+            (segment, connect)
+        }
+
+        let (mut probes, mut feed) = loaded();
+        let clock = MonotonicClock::new();
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen");
+        let port = listener.local_addr().expect("its address").port();
+        let mut endpoints = EndpointSet::default();
+        endpoints.insert(Endpoint::exact(Ipv4Addr::LOCALHOST.into(), port), Source::Config);
+        probes.set_endpoints(&endpoints).expect("the endpoint");
+        let _client = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
+        let (mut server, _) = listener.accept().expect("accept");
+        std::thread::sleep(Duration::from_millis(100));
+        let (_, connected) = drain(&mut feed, &clock);
+        assert!(connected, "the connect's records");
+
+        // An answer arrives: its segment record is written without waking the reader, which
+        // sleeps its whole timeout and finds it on return, as the pump's drain does.
+        let answer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            server.write_all(&[b'x'; 200]).expect("an answer");
+            server
+        });
+        let (had_data, slept) = wait(&feed, Duration::from_millis(1500));
+        let _server = answer.join().expect("the answer");
+        assert!(had_data, "the segment is in the ring after {slept:?}");
+        assert!(
+            slept >= Duration::from_millis(1400),
+            "woken after {slept:?} by a segment"
+        );
+
+        // Unread, it would keep the kernel's default wakeup from waking the reader for the next
+        // record; a connect's record wakes it all the same.
+        let connecting = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect again")
+        });
+        // poll(2) returns at once while data is unread: wait on the ring's wakeups alone.
+        let epoll = Epoll::new(&feed);
+        let woken = epoll.wait_edge(Duration::from_millis(1500));
+        let _second = connecting.join().expect("the second connect");
+        assert!(
+            woken.is_some_and(|after| after < Duration::from_millis(1000)),
+            "the connect woke the reader: {woken:?}"
+        );
+        let (segment, connect) = drain(&mut feed, &clock);
+        assert!(
+            segment && connect,
+            "both records read: segment {segment}, connect {connect}"
+        );
+    }
+
     /// The links of `probes`' Go-client programs, as the kernel lists them (`bpftool link`):
     /// the object is this test's own, so every one is on the test's file.
     fn go_links(probes: &mut Probes) -> usize {
