@@ -73,6 +73,11 @@ pub struct RunArgs {
     /// (what they cost is measured against this in `cargo xtask bench`).
     #[arg(long)]
     pub no_go_probes: bool,
+    /// Never hold a starting client-go process still while its probes go in (a ptrace-stop
+    /// of ~20 ms at its binary's first start); without the hold, a client whose first
+    /// requests beat the probes has its first watches unnamed until it watches again.
+    #[arg(long)]
+    pub no_hold_at_start: bool,
     /// Stream records (request headers and frames the client uprobes read) each process may
     /// send per second; beyond it the kernel drops its records and its evidence is
     /// `incomplete` (rate_limited) until it slows, so one process's flood costs its own

@@ -285,7 +285,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         if args.no_go_probes || kernel.go_unavailable().is_some() {
             None
         } else {
-            match kernel.attach_exec() {
+            match kernel.attach_exec(!args.no_hold_at_start) {
                 Ok(()) => Some(go.clone()),
                 Err(err) => {
                     tracing::warn!(

@@ -4,6 +4,7 @@
 pub mod container;
 pub mod exits;
 pub mod gobin;
+pub mod hold;
 pub mod netns;
 pub mod privileges;
 pub mod prober;

@@ -191,7 +191,8 @@ pub const REQUIREMENTS: [Requirement; 7] = [
         without: Without::Blind(Blind::OtherNetns),
     },
     Requirement {
-        purpose: "read /proc/<pid>/fd of other processes to find who holds a socket",
+        purpose: "read /proc/<pid>/fd of other processes to find who holds a socket (and hold a \
+                  starting client-go process still while its probes go in)",
         any_of: &[&[Cap::SysPtrace]],
         without: Without::Blind(Blind::SocketOwners),
     },

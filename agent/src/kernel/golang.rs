@@ -18,6 +18,7 @@ use crate::host::gobin::{
     self,
     http2::{self, Role},
 };
+use crate::host::hold::Held;
 
 /// Go clients, probed in their binary.
 pub struct Go;
@@ -115,9 +116,31 @@ fn trace(
     // The kernel's wait before the first uprobe goes in is paid while the binary is read.
     let head_start = HeadStart::begin();
     let client_go = std::cell::Cell::new(false);
+    // A client-go process is held still from the moment its binary is known to be one until
+    // its probes are in: its first requests wait for them.
+    let hold = at_start && lock().holds_starts();
+    let held: std::cell::RefCell<Option<(Held, std::time::Instant)>> = Default::default();
     let wanted = |name: &str| {
         if at_start && !client_go.get() && links_client_go(name) {
             client_go.set(true);
+            if hold {
+                let since = std::time::Instant::now();
+                match Held::hold(pid) {
+                    Ok(h) => *held.borrow_mut() = Some((h, since)),
+                    Err(err) => {
+                        // Said once (ptrace refused is refused for every start), then per start.
+                        static SAID: std::sync::Once = std::sync::Once::new();
+                        SAID.call_once(|| {
+                            tracing::warn!(
+                                pid,
+                                "a starting client-go process could not be held while its probes go in \
+                                 (its first requests may go unseen): {err}"
+                            );
+                        });
+                        tracing::debug!(pid, "not held while probed: {err}");
+                    }
+                }
+            }
         }
         http2::role(name).is_some()
     };
@@ -186,6 +209,11 @@ fn trace(
     let attached = lock().attach_go(exe, &sites);
     let attach_ms = attaching.elapsed().as_secs_f64() * 1e3;
     drop(head_start);
+    let (held_threads, held_ms) = held.take().map_or((0, 0.0), |(h, since)| {
+        let threads = h.threads();
+        drop(h);
+        (threads, since.elapsed().as_secs_f64() * 1e3)
+    });
     match attached {
         Ok(links) => {
             tracing::info!(
@@ -195,6 +223,8 @@ fn trace(
                 at_start,
                 inspect_ms,
                 attach_ms,
+                held_threads,
+                held_ms,
                 "following this Go client's HTTP/2 streams"
             );
             Some(Ok(Some(Binary {

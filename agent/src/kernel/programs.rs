@@ -188,6 +188,9 @@ pub struct Probes {
     ssl_loaded: std::result::Result<(), String>,
     /// Client processes with OpenSSL-client uprobes of their own attached.
     ssl_processes: usize,
+    /// Whether a process whose binary is probed as it starts is held still until its probes
+    /// are in (`host/hold.rs`); set by [`attach_exec`](Self::attach_exec).
+    hold_starts: bool,
     ebpf: Ebpf,
 }
 
@@ -253,6 +256,7 @@ impl Probes {
             go_loaded,
             ssl_loaded,
             ssl_processes: 0,
+            hold_starts: false,
             ebpf,
         };
         Ok((
@@ -525,12 +529,20 @@ impl Probes {
     }
 
     /// Attaches the exec tracepoint ([`go_probes::EXEC`]): from then on the pump hears of
-    /// every process that begins running a program.
-    pub fn attach_exec(&mut self) -> Result<()> {
+    /// every process that begins running a program. With `hold`, a process whose binary is
+    /// probed as it starts is held still until its probes are in.
+    pub fn attach_exec(&mut self, hold: bool) -> Result<()> {
         if let Err(why) = &self.go_loaded {
             return Err(Error::GoUnavailable(why.clone()));
         }
-        go_probes::attach_exec(&mut self.ebpf)
+        go_probes::attach_exec(&mut self.ebpf)?;
+        self.hold_starts = hold;
+        Ok(())
+    }
+
+    /// Whether a process whose binary is probed as it starts is held still meanwhile.
+    pub fn holds_starts(&self) -> bool {
+        self.hold_starts
     }
 
     /// Attaches every site in `binary` (all processes that run it): all or nothing.

@@ -1,0 +1,178 @@
+//! Holding a starting process still while its probes go in.
+//!
+//! A client-go binary sends its first LIST and WATCH 15–25 ms after its exec, and putting a
+//! binary's uprobes in takes the kernel one RCU grace period after a quiet spell (~17 ms beside
+//! a busy cluster, `kernel/head_start.rs`): a race the agent loses now and then, and a lost
+//! race leaves that start's first watches unnamed for 5–10 minutes. So once a starting
+//! process is known to run client-go, each of its threads is stopped with ptrace
+//! (`PTRACE_SEIZE` + `PTRACE_INTERRUPT`: a ptrace-stop, which its parent does not see, unlike
+//! `SIGSTOP`, and which sends it no signal) until the attach is done, then let go
+//! (`PTRACE_DETACH`). The process starts that much later, once per new binary; nothing of it
+//! is read or changed.
+//!
+//! All calls for a process must come from the one thread that seized it (ptrace's tracer is a
+//! thread), so a [`Held`] is dropped on the thread that made it (it is not `Send`). A thread
+//! that took a signal while held is let go with that signal, so nothing is lost. Threads that
+//! start while others are being stopped are found by listing `/proc/<pid>/task` again until it
+//! holds no thread not yet stopped (a stopped thread starts none).
+use std::{collections::HashMap, io, marker::PhantomData};
+
+/// Rounds of listing a process's threads before giving up on one that keeps starting more.
+const MAX_ROUNDS: usize = 16;
+/// `PTRACE_EVENT_STOP`: the stop `PTRACE_INTERRUPT` asks for (`include/uapi/linux/ptrace.h`).
+const EVENT_STOP: i32 = 128;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("/proc/{pid}/task: {source}")]
+    Threads { pid: u32, source: io::Error },
+    #[error("ptrace seize of thread {tid} of process {pid}: {source}")]
+    Seize { pid: u32, tid: i32, source: io::Error },
+    #[error("process {pid} kept starting threads through {MAX_ROUNDS} rounds")]
+    Restless { pid: u32 },
+}
+
+/// A process whose threads are stopped; dropping it lets them go.
+pub struct Held {
+    pid: u32,
+    /// Each stopped thread, with the signal it is to be let go with (0: none).
+    threads: HashMap<i32, i32>,
+    /// Only the seizing thread may let go.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Held {
+    /// Stops every thread of process `pid`. Err (having let go what it stopped) when the
+    /// kernel refuses (no `CAP_SYS_PTRACE`, Yama's `ptrace_scope` 3, a process traced already)
+    /// or the process will not be still; the caller then goes on without holding it.
+    pub fn hold(pid: u32) -> Result<Self, Error> {
+        let mut held = Self {
+            pid,
+            threads: HashMap::new(),
+            _not_send: PhantomData,
+        };
+        for _ in 0..MAX_ROUNDS {
+            let tids = threads(pid).map_err(|source| Error::Threads { pid, source })?;
+            let new: Vec<i32> = tids
+                .into_iter()
+                .filter(|t| !held.threads.contains_key(t))
+                .collect();
+            if new.is_empty() {
+                return Ok(held);
+            }
+            let mut seized = Vec::with_capacity(new.len());
+            for tid in new {
+                match seize(tid) {
+                    Ok(()) => seized.push(tid),
+                    // It exited between the listing and the seize.
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(source) => {
+                        // Those seized are let go once stopped (a running tracee cannot be).
+                        for tid in seized {
+                            if let Some(signal) = wait_stopped(tid) {
+                                held.threads.insert(tid, signal);
+                            }
+                        }
+                        return Err(Error::Seize { pid, tid, source });
+                    }
+                }
+            }
+            for tid in seized {
+                if let Some(signal) = wait_stopped(tid) {
+                    held.threads.insert(tid, signal);
+                }
+            }
+        }
+        Err(Error::Restless { pid })
+    }
+
+    /// How many threads are held.
+    pub fn threads(&self) -> usize {
+        self.threads.len()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut dying = Vec::new();
+        for (&tid, &signal) in &self.threads {
+            // SAFETY: PTRACE_DETACH of a tracee of this thread, in a ptrace-stop.
+            let r = unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, signal as libc::c_long) };
+            if r != 0 {
+                tracing::debug!(
+                    pid = self.pid,
+                    tid,
+                    "letting go of a held thread: {}",
+                    io::Error::last_os_error()
+                );
+                dying.push(tid);
+            }
+        }
+        // Only SIGKILL takes a thread out of its stop: it is dying, and once dead it waits for
+        // its tracer (its parent hears of it only after), so it is reaped here: the other
+        // threads first, for the leader is reaped only once they are.
+        dying.sort_by_key(|&tid| tid == self.pid as i32);
+        for tid in dying {
+            let mut status = 0;
+            // SAFETY: as in wait_stopped.
+            unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        }
+    }
+}
+
+/// The thread ids of process `pid`.
+fn threads(pid: u32) -> io::Result<Vec<i32>> {
+    let mut tids = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        if let Some(tid) = entry?.file_name().to_str().and_then(|s| s.parse().ok()) {
+            tids.push(tid);
+        }
+    }
+    Ok(tids)
+}
+
+/// Seizes thread `tid` and asks it to stop.
+fn seize(tid: i32) -> io::Result<()> {
+    // SAFETY: ptrace requests with no pointers.
+    unsafe {
+        if libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Waits until seized thread `tid` stops: Some(the signal to let it go with), or None when it
+/// exited instead. The stop comes as the thread next leaves the kernel, or at once if it
+/// sleeps interruptibly.
+fn wait_stopped(tid: i32) -> Option<i32> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status it was given.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        if r == -1 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return None;
+        }
+        if !libc::WIFSTOPPED(status) {
+            return None;
+        }
+        // A signal-delivery stop (no event): the signal is passed on when the thread is let go.
+        // The interrupt's own stop, or a group stop, passes nothing on.
+        let signal = if status >> 16 == 0 {
+            libc::WSTOPSIG(status)
+        } else {
+            debug_assert!(status >> 16 == EVENT_STOP);
+            0
+        };
+        return Some(signal);
+    }
+}
+
+#[cfg(test)]
+mod tests;
