@@ -13,13 +13,14 @@ fn setup() -> (HealthEngine<u32>, Clock) {
 }
 
 const EP: &str = "10.0.0.1:6443";
-const EP_ADDR: std::net::SocketAddr =
-    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1)), 6443);
 
 fn conn(last_payload: Instant) -> ConnectionFacts {
     ConnectionFacts {
         local: "10.0.0.2:40000".parse().unwrap(),
-        endpoint: Endpoint::exact(EP_ADDR.ip(), EP_ADDR.port()),
+        endpoint: {
+            let addr: std::net::SocketAddr = EP.parse().unwrap();
+            Endpoint::exact(addr.ip(), addr.port())
+        },
         last_payload,
         waiting_since: None,
         stalled_since: None,

@@ -111,8 +111,9 @@ pub(super) fn busy_section(bins: &Bins, report: &mut Report) -> Result {
             let (c0, from) = (cpu_seconds(agent), log_size());
             thread::sleep(Duration::from_secs(SECONDS));
             let per_second = (cpu_seconds(agent) - c0) / SECONDS as f64;
+            let per_connection_us = per_second * 1e6 / CONNECTIONS as f64;
             if busy {
-                busy_figure = Some(per_second * 1e6 / CONNECTIONS as f64);
+                busy_figure = Some(per_connection_us);
             }
             let span = (from, log_size());
             let sampling = sampling_us_per_socket(&log, span, SECONDS as f64, CONNECTIONS);
@@ -120,7 +121,7 @@ pub(super) fn busy_section(bins: &Bins, report: &mut Report) -> Result {
                 "| {label} | {CONNECTIONS} {} | {:.2} ms/s | {:.2} µs/s | {} | {:.0} | {} MiB |",
                 if busy { "busy" } else { "idle" },
                 per_second * 1000.0,
-                per_second * 1e6 / CONNECTIONS as f64,
+                per_connection_us,
                 sampling.map_or("?".into(), |us| format!("{us:.2} µs/s")),
                 sampled_per_second(&log, span, SECONDS as f64),
                 status_kib(agent, "VmRSS") / 1024,
