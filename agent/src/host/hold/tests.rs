@@ -23,20 +23,26 @@ impl Drop for Killed {
 }
 
 /// A python3 process with four threads spinning, that writes `usr1` to `file` when SIGUSR1
-/// comes.
+/// comes; returned once its threads have started (its handler is in before them).
 fn spinner(file: &std::path::Path) -> Killed {
     let script = "import signal, sys, threading\n\
                   signal.signal(signal.SIGUSR1, lambda *_: open(sys.argv[1], 'w').write('usr1'))\n\
                   def spin():\n    while True: pass\n\
                   for _ in range(3): threading.Thread(target=spin, daemon=True).start()\n\
                   spin()\n";
-    Command::new("python3")
+    let child = Command::new("python3")
         .args(["-c", script])
         .arg(file)
         .stdin(Stdio::null())
         .spawn()
         .map(Killed)
-        .expect("python3 (installed by `cargo xtask setup`)")
+        .expect("python3 (installed by `cargo xtask setup`)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while super::threads(child.id()).map_or(0, |t| t.len()) < 4 {
+        assert!(Instant::now() < deadline, "the spinner never started its threads");
+        thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
 
 /// Each thread's state letter and the process's CPU ticks (user + system) from /proc.
@@ -62,12 +68,6 @@ fn a_held_process_stands_still_and_runs_on_with_its_signals_once_let_go() {
     let _ = std::fs::remove_file(&file);
     let child = spinner(&file);
     let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while super::threads(pid).map_or(0, |t| t.len()) < 4 {
-        assert!(Instant::now() < deadline, "the spinner never started its threads");
-        thread::sleep(Duration::from_millis(20));
-    }
-    // Python installs its handler before it starts the threads.
 
     let held = Held::hold(pid).expect("the spinner held");
     assert_eq!(held.threads(), 4, "every thread is held");
@@ -183,11 +183,6 @@ fn a_signal_taken_as_the_thread_is_seized_is_passed_on() {
     let _ = std::fs::remove_file(&file);
     let child = spinner(&file);
     let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while super::threads(pid).map_or(0, |t| t.len()) < 4 {
-        assert!(Instant::now() < deadline, "the spinner never started its threads");
-        thread::sleep(Duration::from_millis(20));
-    }
     let tid = pid as i32;
     // SAFETY: ptrace and tgkill of our own child's main thread.
     unsafe {
