@@ -860,9 +860,10 @@ fn a_go_clients_list_held_mid_answer_is_stuck_and_named() {
 /// and their `MANIFEST`.
 const GO_MATRIX: &str = "/var/tmp/lifeline-go/clients";
 
-/// The Go release matrix (issue 23): `tests/clients/go-watch`, a standard-library watch
-/// client, built by each Go toolchain Debian ships, stripped, as an executable and as a PIE
-/// (the list is `xtask/src/gomatrix.rs`; adding a release is one line there). All run at once
+/// The Go release matrix (issue 23): `tests/clients/go-watch`, a watch client, built by each
+/// Go toolchain Debian ships, stripped, with the standard library's HTTP/2 client as an
+/// executable and as a PIE, and with `golang.org/x/net/http2`'s (the list is
+/// `xtask/src/gomatrix.rs`; adding a release is one line there). All run at once
 /// against one agent and an apiserver whose pod watches hang: each is followed (visibility
 /// `streams`, its own Go release in the reason), and then, over a new connection, watches pods with
 /// `timeoutSeconds=3`: that watch is stuck within deadline + grace and named, and the token, the

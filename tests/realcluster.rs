@@ -1258,6 +1258,7 @@ fn client_go_binaries_never_run_here_have_their_first_watches_named() {
         ),
     ];
     let mut failures = Vec::new();
+    let mut unlisted = Vec::new();
     let mut short = Vec::new();
     let mut starts = Vec::new();
     for (name, original, args, resources, min_named) in binaries {
@@ -1278,7 +1279,12 @@ fn client_go_binaries_never_run_here_have_their_first_watches_named() {
                 resources,
                 started + FIRST_WATCHES_NAMED,
             ) {
-                Ok(after) => named.push(after.as_secs_f64()),
+                Ok(after) => {
+                    named.push(after.as_secs_f64());
+                    if let Err(why) = status_names_watches(&bench.agent, client.pid(), resources) {
+                        unlisted.push(format!("{name} copy {i}: {why}"));
+                    }
+                }
                 Err(why) => failures.push(format!("{name} copy {i}: {why}")),
             }
             drop(client);
@@ -1337,6 +1343,34 @@ fn client_go_binaries_never_run_here_have_their_first_watches_named() {
         "too few fresh starts had their first watches named: {short:?}\n{}",
         failures.join("\n")
     );
+    assert!(unlisted.is_empty(), "{}", unlisted.join("\n"));
+}
+
+/// What an operator reads: `lifeline status -o wide` has a row of client `pid` for a watch of
+/// each of `resources`.
+fn status_names_watches(agent: &Agent, pid: u32, resources: &[&str]) -> Result<(), String> {
+    let out = Command::new(lifeline_integration::lifeline_bin())
+        .args(["status", "-o", "wide", "--server"])
+        .arg(format!("http://{}", agent.addr))
+        .output()
+        .map_err(|e| format!("lifeline status: {e}"))?;
+    let table = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some(&pid.to_string()))
+        .collect();
+    let missing: Vec<&&str> = resources
+        .iter()
+        .filter(|r| !rows.iter().any(|l| l.contains(&format!(" watch {r} "))))
+        .collect();
+    match (out.status.success(), missing.is_empty()) {
+        (true, true) => Ok(()),
+        _ => Err(format!(
+            "`lifeline status -o wide` ({}) names no watch of {missing:?} for pid {pid}:\n{table}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )),
+    }
 }
 
 /// Waits until client `pid` is listed with a watch of each of `resources` named; Ok(how long

@@ -1,5 +1,7 @@
-// go-watch: a watch client of the standard library only, built by each Go toolchain of the
-// Go release matrix (`cargo xtask setup`, `xtask/src/gomatrix.rs`). Over an HTTP/2 TLS
+// go-watch: a watch client built by each Go toolchain of the Go release matrix (`cargo xtask
+// setup`, `xtask/src/gomatrix.rs`), twice: with the standard library's HTTP/2 client
+// (`transport_std.go`) and with golang.org/x/net/http2's (`transport_xnet.go`, beside the
+// standard library's own copy in the same binary). Over an HTTP/2 TLS
 // connection it watches nodes (re-watching when a watch ends) and, once the file named by its
 // second argument exists, over a new connection (one that begins under the agent's probes, as
 // a new process's would), pods with `timeoutSeconds=3` and a label selector (whose value must
@@ -19,7 +21,6 @@
 package main
 
 import (
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -37,10 +38,7 @@ func main() {
 	server, trigger, token := os.Args[1], os.Args[2], os.Getenv("GO_WATCH_TOKEN")
 	// Each client its own transport, so its own connection.
 	newClient := func() *http.Client {
-		return &http.Client{Transport: &http.Transport{
-			TLSClientConfig:   &tls.Config{InsecureSkipVerify: true},
-			ForceAttemptHTTP2: true,
-		}}
+		return &http.Client{Transport: newTransport()}
 	}
 	watch := func(client *http.Client, path string) {
 		resp := get(client, server, token, path)
