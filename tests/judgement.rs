@@ -859,13 +859,17 @@ fn a_go_clients_list_held_mid_answer_is_stuck_and_named() {
 /// Where `cargo xtask setup` (`xtask/src/gomatrix.rs`) writes the Go release matrix's clients
 /// and their `MANIFEST`.
 const GO_MATRIX: &str = "/var/tmp/lifeline-go/clients";
+/// The matrix's quiet spell, seconds: past the end of each client's first nodes watch (60 s).
+const QUIET_MINUTE: f64 = 70.0;
 
 /// The Go release matrix (issue 23): `tests/clients/go-watch`, a watch client, built by each
 /// Go toolchain Debian ships, stripped, with the standard library's HTTP/2 client as an
 /// executable and as a PIE, and with `golang.org/x/net/http2`'s (the list is
 /// `xtask/src/gomatrix.rs`; adding a release is one line there). All run at once
 /// against one agent and an apiserver whose pod watches hang: each is followed (visibility
-/// `streams`, its own Go release in the reason), and then, over a new connection, watches pods with
+/// `streams`, its own Go release in the reason), is healthy with nothing stuck through a quiet
+/// minute in which its nodes watch ends and is named when sent again, and then, over a new
+/// connection, watches pods with
 /// `timeoutSeconds=3`: that watch is stuck within deadline + grace and named, and the token, the
 /// selector's value and the pods' data leave in no output. (A connection older than the probes
 /// whose reader waits in a read entered before them is not judged: docs/states-and-streams.md.)
@@ -900,6 +904,38 @@ fn every_go_release_s_hung_watch_is_stuck_and_named() {
         assert!(why.contains(&format!("({go}.")), "{file}: {probed}");
         eprintln!("{file}: {why}");
     }
+    // A quiet minute: each client's nodes watch (timeoutSeconds=60) ends and is sent again;
+    // every client stays healthy with nothing stuck, and has its nodes watch named (the first
+    // one, sent before its probes went on, is not; its successor is).
+    let quiet = std::time::Instant::now();
+    let mut named = std::collections::BTreeSet::new();
+    while quiet.elapsed() < secs(QUIET_MINUTE) {
+        let clients = agent.clients();
+        for (client, file, _, _) in &running {
+            let c = find_pid(&clients, client.pid()).cloned().unwrap_or_default();
+            let streams = c["streams"].as_array().cloned().unwrap_or_default();
+            assert!(
+                c["state"] == "healthy" && streams.iter().all(|s| s["stuck"] == false),
+                "{file} in a quiet minute: {c}"
+            );
+            if streams
+                .iter()
+                .any(|s| s["kind"] == "watch" && s["resource"] == "nodes")
+            {
+                named.insert(*file);
+            }
+        }
+        std::thread::sleep(secs(1.0));
+    }
+    let unnamed: Vec<&str> = running
+        .iter()
+        .map(|r| r.1)
+        .filter(|f| !named.contains(f))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "no nodes watch named in a quiet minute: {unnamed:?}"
+    );
     let started = SystemTime::now();
     for (_, _, _, trigger) in &running {
         std::fs::write(trigger, "").expect("trigger");
