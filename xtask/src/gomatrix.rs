@@ -103,36 +103,51 @@ fn beside(path: &Path) -> PathBuf {
 /// A GOPATH holding the x/net and x/text of Debian's `suite` (`usr/share/gocode`), extracted
 /// once.
 fn gopath(suite: &str) -> Result<PathBuf> {
-    let dir = Path::new(ROOT).join(format!("gopath-{suite}"));
-    let gocode = dir.join("usr/share/gocode");
-    if gocode.join("src/golang.org/x/net/http2").is_dir() && gocode.join("src/golang.org/x/text").is_dir() {
-        return Ok(gocode);
-    }
-    let partial = beside(&dir);
-    let _ = fs::remove_dir_all(&partial);
-    let release = crate::debian::Release::open(suite)?;
-    for package in ["golang-golang-x-net-dev", "golang-golang-x-text-dev"] {
-        release.extract(package, &partial)?;
-    }
-    let _ = fs::remove_dir_all(&dir);
-    fs::rename(&partial, &dir).map_err(|e| Failed(format!("{}: {e}", dir.display())))?;
-    Ok(gocode)
+    let packages = ["golang-golang-x-net-dev", "golang-golang-x-text-dev"].map(String::from);
+    let complete = ["src/golang.org/x/net/http2", "src/golang.org/x/text"];
+    extracted(
+        suite,
+        &format!("gopath-{suite}"),
+        &packages,
+        "usr/share/gocode",
+        &complete,
+    )
 }
 
 /// GOROOT of Go `version` from `suite`, extracted once.
 pub fn toolchain(suite: &str, version: &str) -> Result<PathBuf> {
-    let dir = Path::new(ROOT).join(format!("go-{version}"));
-    let goroot = dir.join(format!("usr/lib/go-{version}"));
-    if goroot.join("bin/go").exists() && goroot.join("src/net/http").exists() {
-        return Ok(goroot);
+    let packages = ["go", "src"].map(|p| format!("golang-{version}-{p}"));
+    let goroot = format!("usr/lib/go-{version}");
+    extracted(
+        suite,
+        &format!("go-{version}"),
+        &packages,
+        &goroot,
+        &["bin/go", "src/net/http"],
+    )
+}
+
+/// The directory `inside` of Debian `suite`'s `packages` extracted into `ROOT/name`: kept
+/// from an earlier run when each of its `complete` paths exists, extracted again otherwise.
+fn extracted(
+    suite: &str,
+    name: &str,
+    packages: &[String],
+    inside: &str,
+    complete: &[&str],
+) -> Result<PathBuf> {
+    let dir = Path::new(ROOT).join(name);
+    let found = dir.join(inside);
+    if complete.iter().all(|p| found.join(p).exists()) {
+        return Ok(found);
     }
     let partial = beside(&dir);
     let _ = fs::remove_dir_all(&partial);
     let release = crate::debian::Release::open(suite)?;
-    for package in ["go", "src"] {
-        release.extract(&format!("golang-{version}-{package}"), &partial)?;
+    for package in packages {
+        release.extract(package, &partial)?;
     }
     let _ = fs::remove_dir_all(&dir);
     fs::rename(&partial, &dir).map_err(|e| Failed(format!("{}: {e}", dir.display())))?;
-    Ok(goroot)
+    Ok(found)
 }

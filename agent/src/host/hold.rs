@@ -15,7 +15,12 @@
 //! that took a signal while held is let go with that signal, so nothing is lost. Threads that
 //! start while others are being stopped are found by listing `/proc/<pid>/task` again until it
 //! holds no thread not yet stopped (a stopped thread starts none).
-use std::{collections::HashMap, io, marker::PhantomData};
+use std::{
+    collections::HashMap,
+    io,
+    marker::PhantomData,
+    time::{Duration, Instant},
+};
 
 /// Rounds of listing a process's threads before giving up on one that keeps starting more.
 const MAX_ROUNDS: usize = 16;
@@ -37,6 +42,8 @@ pub struct Held {
     pid: u32,
     /// Each stopped thread, with the signal it is to be let go with (0: none).
     threads: HashMap<i32, i32>,
+    /// When the first thread was seized.
+    since: Instant,
     /// Only the seizing thread may let go.
     _not_send: PhantomData<*const ()>,
 }
@@ -49,6 +56,7 @@ impl Held {
         let mut held = Self {
             pid,
             threads: HashMap::new(),
+            since: Instant::now(),
             _not_send: PhantomData,
         };
         for _ in 0..MAX_ROUNDS {
@@ -67,28 +75,38 @@ impl Held {
                     // It exited between the listing and the seize.
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                     Err(source) => {
-                        // Those seized are let go once stopped (a running tracee cannot be).
-                        for tid in seized {
-                            if let Some(signal) = wait_stopped(tid) {
-                                held.threads.insert(tid, signal);
-                            }
-                        }
+                        // Those seized are let go (by the drop) once stopped.
+                        held.settle(seized);
                         return Err(Error::Seize { pid, tid, source });
                     }
                 }
             }
-            for tid in seized {
-                if let Some(signal) = wait_stopped(tid) {
-                    held.threads.insert(tid, signal);
-                }
-            }
+            held.settle(seized);
         }
         Err(Error::Restless { pid })
     }
 
+    /// Records each seized thread once it has stopped (a running tracee cannot be let go).
+    fn settle(&mut self, seized: Vec<i32>) {
+        for tid in seized {
+            if let Some(signal) = wait_stopped(tid) {
+                self.threads.insert(tid, signal);
+            }
+        }
+    }
+
     /// How many threads are held.
+    #[cfg(test)]
     pub fn threads(&self) -> usize {
         self.threads.len()
+    }
+
+    /// Lets the process go: how many threads were held, and for how long (the first seize to
+    /// the last detach).
+    pub fn release(self) -> (usize, Duration) {
+        let (threads, since) = (self.threads.len(), self.since);
+        drop(self);
+        (threads, since.elapsed())
     }
 }
 

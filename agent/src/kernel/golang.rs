@@ -119,14 +119,13 @@ fn trace(
     // A client-go process is held still from the moment its binary is known to be one until
     // its probes are in: its first requests wait for them.
     let hold = at_start && lock().holds_starts();
-    let held: std::cell::RefCell<Option<(Held, std::time::Instant)>> = Default::default();
+    let held: std::cell::RefCell<Option<Held>> = Default::default();
     let wanted = |name: &str| {
         if at_start && !client_go.get() && links_client_go(name) {
             client_go.set(true);
             if hold {
-                let since = std::time::Instant::now();
                 match Held::hold(pid) {
-                    Ok(h) => *held.borrow_mut() = Some((h, since)),
+                    Ok(h) => *held.borrow_mut() = Some(h),
                     Err(err) => {
                         // Said once (ptrace refused is refused for every start), then per start.
                         static SAID: std::sync::Once = std::sync::Once::new();
@@ -209,10 +208,9 @@ fn trace(
     let attached = lock().attach_go(exe, &sites);
     let attach_ms = attaching.elapsed().as_secs_f64() * 1e3;
     drop(head_start);
-    let (held_threads, held_ms) = held.take().map_or((0, 0.0), |(h, since)| {
-        let threads = h.threads();
-        drop(h);
-        (threads, since.elapsed().as_secs_f64() * 1e3)
+    let (held_threads, held_ms) = held.take().map_or((0, 0.0), |h| {
+        let (threads, held_for) = h.release();
+        (threads, held_for.as_secs_f64() * 1e3)
     });
     match attached {
         Ok(links) => {

@@ -50,8 +50,11 @@ fn threads_and_ticks(pid: u32) -> (Vec<char>, u64) {
     let mut states = Vec::new();
     for tid in super::threads(pid).expect("the spinner's threads") {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap();
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        states.push(after.chars().next().unwrap());
+        states.push(
+            crate::host::process::parse_stat(&stat)
+                .expect("a thread's stat")
+                .state,
+        );
     }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
@@ -194,6 +197,7 @@ fn a_signal_taken_as_the_thread_is_seized_is_passed_on() {
     let held = Held {
         pid,
         threads: [(tid, libc::SIGUSR1)].into(),
+        since: Instant::now(),
         _not_send: std::marker::PhantomData,
     };
     thread::sleep(Duration::from_millis(100));
