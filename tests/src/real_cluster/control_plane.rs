@@ -179,6 +179,9 @@ impl Drop for RunDir {
                 "(kept {} for inspection: logs, configs, etcd data)",
                 self.0.display()
             );
+            if let Some(headlines) = super::findings::take_headlines() {
+                eprintln!("----- the failure, again -----\n{headlines}");
+            }
         } else {
             super::unmount_all_under(&self.0);
             let _ = fs::remove_dir_all(&self.0);
