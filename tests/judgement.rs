@@ -894,33 +894,34 @@ fn every_go_release_s_hung_watch_is_stuck_and_named() {
     let f = StreamFixture::start(&["--hang-watches", "pods"], &["--watch-grace", "3s"]);
     let (agent, sink, dir, endpoint) = (&f.agent, &f.sink, &f.dir, &f.endpoint);
     // The agent probes at most 16 binaries for one owner (a cgroup; MAX_PROBED_PER_OWNER), as
-    // a node of many containers needs; the x/net clients run in a container cgroup of their
-    // own, joined before their exec, so no owner here holds more than 14. (All 21 in the root
-    // cgroup: the 17th was refused for that bound, the agent right and the test wrong.)
-    let xnet_owner = ContainerCgroup::new();
+    // a node of many containers needs: each variant (exe, pie, xnet) runs in a container
+    // cgroup of its own, joined before its exec, one binary per Go release in each. (All 21
+    // of seven releases in the root cgroup: the 17th was refused for that bound, the agent
+    // right and the test wrong.)
+    let owners: std::collections::BTreeMap<&str, ContainerCgroup> = clients
+        .iter()
+        .filter_map(|(file, _)| file.rsplit_once('-'))
+        .map(|(_, variant)| (variant, ContainerCgroup::new()))
+        .collect();
     let running: Vec<(Watched, &str, &str, std::path::PathBuf)> = clients
         .iter()
         .map(|(file, go)| {
             let trigger = dir.path().join(format!("{file}.go"));
             let client = std::path::Path::new(GO_MATRIX).join(file);
-            let mut cmd = if file.ends_with("-xnet") {
-                let mut sh = Command::new("sh");
-                sh.args(["-c", "echo $$ > \"$0/cgroup.procs\" && exec \"$@\""])
-                    .arg(&xnet_owner.dir)
-                    .arg(&client);
-                sh
-            } else {
-                Command::new(&client)
-            };
-            cmd.arg(format!("https://{endpoint}"))
+            let owner = file.rsplit_once('-').map(|(_, variant)| &owners[variant]);
+            let mut cmd = Command::new("sh");
+            cmd.args(["-c", "echo $$ > \"$0/cgroup.procs\" && exec \"$@\""])
+                .arg(&owner.expect("a variant in the file's name").dir)
+                .arg(&client)
+                .arg(format!("https://{endpoint}"))
                 .arg(&trigger)
                 .env("GO_WATCH_TOKEN", "secret-token-xyz");
             (Watched::spawn(file, cmd), file.as_str(), go.as_str(), trigger)
         })
         .collect();
     // The agent probes 4 new binaries of one owner at once, then one every 2 s
-    // (`kernel/probed.rs`, OWNER_BURST, OWNER_INSPECTIONS_PER_SECOND): 14 clients in the root
-    // cgroup take it ~20 s, more than one client's wait allows once the quiet minute follows.
+    // (`kernel/probed.rs`, OWNER_BURST, OWNER_INSPECTIONS_PER_SECOND): the 8 of one cgroup
+    // take it ~10 s, the cgroups one after another at worst.
     let all_followed = std::time::Instant::now() + secs(30.0 + 2.0 * running.len() as f64);
     for (client, file, go, _) in &running {
         let within = all_followed.saturating_duration_since(std::time::Instant::now());
@@ -999,7 +1000,7 @@ fn every_go_release_s_hung_watch_is_stuck_and_named() {
         }
     }
     drop(running);
-    drop(xnet_owner);
+    drop(owners);
 }
 
 /// `ll-apiserver` on a free port of 127.0.0.1, its certificates in `certs`, with `flags`.

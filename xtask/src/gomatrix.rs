@@ -23,12 +23,13 @@ pub const CLIENTS: &str = "/var/tmp/lifeline-go/clients";
 
 /// Each Go release Debian ships (register ABI, 1.17+), the suite that has it, and the suite
 /// whose x/net it is built with (the backports have none of their own).
-const RELEASES: [(&str, &str, &str); 7] = [
+const RELEASES: [(&str, &str, &str); 8] = [
     ("bookworm", "1.19", "bookworm"),
     ("bookworm-backports", "1.21", "bookworm"),
     ("bookworm-backports", "1.22", "bookworm"),
     ("bookworm-backports", "1.23", "bookworm"),
     ("trixie", "1.24", "trixie"),
+    ("trixie-backports", "1.25", "trixie"),
     ("sid", "1.26", "sid"),
     ("sid", "1.27", "sid"),
 ];
