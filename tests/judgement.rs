@@ -623,7 +623,7 @@ while True:\n    c, _ = l.accept()\n    c.setsockopt(socket.SOL_SOCKET, socket.S
 }
 
 /// The fixture apiserver with a pod whose labels are a secret's stand-in, `hang` among its
-/// flags (`--hang-watches pods`, `--hang-lists pods`), and the agent watching it with
+/// flags (`--hang-watches pods`, `--hang-lists pods`, `--watch-timeout 300s`), and the agent watching it with
 /// `flags`: what the Go stream tests share.
 struct StreamFixture {
     sink: WebhookSink,
@@ -699,7 +699,8 @@ impl StreamFixture {
 }
 
 /// Streams (issues 16, 23): each real Go client below (stripped: the uprobes go on the
-/// functions found in its `.gopclntab`; adding one is one line) watches pods with
+/// functions found in its `.gopclntab`; adding one is one line) holds a quiet minute watching
+/// nodes (healthy, nothing stuck, the watch named), then watches pods with
 /// `timeoutSeconds=3` through an apiserver whose pod watches hang (headers and the initial
 /// events, then nothing, never the end). The watch is `stuck` once its own deadline and
 /// `watch_grace` (3 s) have passed, the client `stale` with a reason naming the stream, the
@@ -732,7 +733,12 @@ fn go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves(kubectl_path: &
         std::path::Path::new(kubectl_path).exists(),
         "{kubectl_path} is missing: run `cargo xtask setup`"
     );
-    let f = StreamFixture::start(&["--hang-watches", "pods"], &["--watch-grace", "3s"]);
+    // Watches end after 300 s, not the fixture's 60 s: `kubectl get --watch` exits when its
+    // watch ends, and its nodes watch is held through a quiet minute.
+    let f = StreamFixture::start(
+        &["--hang-watches", "pods", "--watch-timeout", "300s"],
+        &["--watch-grace", "3s"],
+    );
     let (agent, sink) = (&f.agent, &f.sink);
     let kubectl = |args: &[&str]| f.kubectl(kubectl_path, args);
     // The first kubectl: its binary gets the probes (they stay while it runs).
@@ -746,6 +752,9 @@ fn go_clients_hung_watch_is_stuck_and_named_and_no_secret_leaves(kubectl_path: &
             .contains(&format!("({go}")),
         "{probed} / {c}"
     );
+    // A quiet minute for its nodes watch, open (kubectl sends no timeoutSeconds) and silent:
+    // healthy with nothing stuck, the watch named (it was probed as it started).
+    hold_a_quiet_minute(agent, &[(nodes.pid(), "kubectl get nodes --watch")]);
 
     let pods = kubectl(&[
         "get",
@@ -868,6 +877,41 @@ const GO_MATRIX: &str = "/var/tmp/lifeline-go/clients";
 /// The matrix's quiet spell, seconds: past the end of each client's first nodes watch (60 s).
 const QUIET_MINUTE: f64 = 70.0;
 
+/// A quiet minute ([`QUIET_MINUTE`]) for each of `clients` (pid, name), all watching nodes on
+/// the fixture, which sends nothing on an open watch: healthy with nothing stuck at every
+/// poll (each second), though far past stale_after, and its nodes watch named at some poll.
+fn hold_a_quiet_minute(agent: &Agent, clients: &[(u32, &str)]) {
+    let quiet = std::time::Instant::now();
+    let mut named = std::collections::BTreeSet::new();
+    while quiet.elapsed() < secs(QUIET_MINUTE) {
+        let listed = agent.clients();
+        for (pid, name) in clients {
+            let c = find_pid(&listed, *pid).cloned().unwrap_or_default();
+            let streams = c["streams"].as_array().cloned().unwrap_or_default();
+            assert!(
+                c["state"] == "healthy" && streams.iter().all(|s| s["stuck"] == false),
+                "{name} in a quiet minute: {c}"
+            );
+            if streams
+                .iter()
+                .any(|s| s["kind"] == "watch" && s["resource"] == "nodes")
+            {
+                named.insert(*name);
+            }
+        }
+        std::thread::sleep(secs(1.0));
+    }
+    let unnamed: Vec<&str> = clients
+        .iter()
+        .map(|c| c.1)
+        .filter(|name| !named.contains(name))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "no nodes watch named in a quiet minute: {unnamed:?}"
+    );
+}
+
 /// The Go release matrix (issue 23): `tests/clients/go-watch`, a watch client, built by each
 /// Go toolchain Debian ships, stripped, with the standard library's HTTP/2 client as an
 /// executable and as a PIE, and with `golang.org/x/net/http2`'s (the list is
@@ -933,35 +977,8 @@ fn every_go_release_s_hung_watch_is_stuck_and_named() {
     // A quiet minute: each client's nodes watch (timeoutSeconds=60) ends and is sent again;
     // every client stays healthy with nothing stuck, and has its nodes watch named (the first
     // one, sent before its probes went on, is not; its successor is).
-    let quiet = std::time::Instant::now();
-    let mut named = std::collections::BTreeSet::new();
-    while quiet.elapsed() < secs(QUIET_MINUTE) {
-        let clients = agent.clients();
-        for (client, file, _, _) in &running {
-            let c = find_pid(&clients, client.pid()).cloned().unwrap_or_default();
-            let streams = c["streams"].as_array().cloned().unwrap_or_default();
-            assert!(
-                c["state"] == "healthy" && streams.iter().all(|s| s["stuck"] == false),
-                "{file} in a quiet minute: {c}"
-            );
-            if streams
-                .iter()
-                .any(|s| s["kind"] == "watch" && s["resource"] == "nodes")
-            {
-                named.insert(*file);
-            }
-        }
-        std::thread::sleep(secs(1.0));
-    }
-    let unnamed: Vec<&str> = running
-        .iter()
-        .map(|r| r.1)
-        .filter(|f| !named.contains(f))
-        .collect();
-    assert!(
-        unnamed.is_empty(),
-        "no nodes watch named in a quiet minute: {unnamed:?}"
-    );
+    let quiet: Vec<(u32, &str)> = running.iter().map(|r| (r.0.pid(), r.1)).collect();
+    hold_a_quiet_minute(agent, &quiet);
     let started = SystemTime::now();
     for (_, _, _, trigger) in &running {
         std::fs::write(trigger, "").expect("trigger");
