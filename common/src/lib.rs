@@ -116,6 +116,10 @@ pub mod protocol {
 /// one per second is enough to know that the stream is alive.
 pub const FRAME_COALESCE_NS: u64 = 1_000_000_000;
 
+/// Where Go's `readFrameHeader(buf, r)` keeps `buf`'s pointer, above RSP, at the error check
+/// after its read (every Go release read so far: `agent/src/host/gobin/call_check.rs`).
+pub const GO_FRAME_BUF_SLOT: u64 = 0x50;
+
 /// Longest `:path` value the kernel copies (a longer one is cut, and says so by its length).
 pub const HEADER_VALUE_MAX: usize = 512;
 

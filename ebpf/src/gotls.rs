@@ -2,7 +2,7 @@
 //! read from the client's own plaintext without keeping any of it.
 //!
 //! Go's ABI (1.17+, amd64) passes arguments and results in registers (RAX, RBX, RCX, RDI,
-//! RSI, R8, ...) and keeps the running goroutine in R14. Four probes, attached by userspace to
+//! RSI, R8, ...) and keeps the running goroutine in R14. The probes, attached by userspace to
 //! the functions it found in the binary's `.gopclntab` (stripped binaries included):
 //!
 //! - `go_write_header`, at `(*ClientConn).writeHeader(name, value string)` of Go's HTTP/2
@@ -11,8 +11,11 @@
 //! - `go_tls_write`, at `crypto/tls.(*Conn).Write(b []byte)`: the frame headers in `b` (type,
 //!   flags, stream, length; never a payload), for watched sockets only.
 //! - `go_tls_read`, at `crypto/tls.(*Conn).Read`: which watched socket the goroutine reads.
-//! - `go_frame_header`, at each RET of `readFrameHeader` (uretprobes break Go's moving
-//!   stacks): the header of each frame the client read, in the result registers.
+//! - `go_frame_read`, in `readFrameHeader` where it tests the error of its read: the header of
+//!   each frame the client read, in the buffer it read it into. Where that place is not found,
+//!   `go_frame_header`, at each RET of `readFrameHeader` (uretprobes break Go's moving
+//!   stacks): the header in the result registers. A probe on a RET costs the client ~16 times
+//!   the trap of one on that jump (`host/gobin/prologue.rs`).
 //!
 //! A descriptor leads to its socket through the task's file table; a socket counts when the
 //! segment program already keeps it (`SEGMENTS`): an established connection to an endpoint.
@@ -28,7 +31,7 @@ use aya_ebpf::{
 };
 use lifeline_common::{
     direction, header_field, loss_cause, protocol, EventKind, FrameEvent, GoroutineKey, HeaderEvent,
-    StreamKey, FRAME_COALESCE_NS, HEADER_VALUE_MAX,
+    StreamKey, FRAME_COALESCE_NS, GO_FRAME_BUF_SLOT, HEADER_VALUE_MAX,
 };
 
 use crate::{bump, counter, lost, stream_budget, EVENTS, OFFSETS, SEGMENTS, URGENT_WAKEUP};
@@ -378,16 +381,46 @@ fn try_go_frame_header(ctx: &ProbeContext) -> Option<()> {
     if r.r8 != 0 || r.rax & 0xff != 1 {
         return None;
     }
+    let (length, stream_id) = (r.rdi as u32, r.rsi as u32 & 0x7fff_ffff);
+    frame_received(r.r14, r.rbx as u8, r.rcx as u8, length, stream_id)
+}
+
+#[uprobe]
+pub fn go_frame_read(ctx: ProbeContext) -> u32 {
+    let _ = try_go_frame_read(&ctx);
+    0
+}
+
+/// In `readFrameHeader`, at the jump that tests the error of its `io.ReadFull(r, buf[:9])`
+/// (userspace attaches it there only where `buf`, the first argument, is kept at
+/// `GO_FRAME_BUF_SLOT` above RSP: `host/gobin/call_check.rs`): the error's type word in RBX
+/// (0: none), the frame header in `buf`.
+fn try_go_frame_read(ctx: &ProbeContext) -> Option<()> {
+    let r = regs(ctx);
+    if r.rbx != 0 {
+        return None;
+    }
+    let buf = user_u64(r.rsp + GO_FRAME_BUF_SLOT)?;
+    let mut header = [0u8; 9];
+    // SAFETY: bpf_probe_read_user_buf tolerates any address.
+    unsafe { bpf_probe_read_user_buf(buf as *const u8, &mut header) }.ok()?;
+    let length = u32::from(header[0]) << 16 | u32::from(header[1]) << 8 | u32::from(header[2]);
+    let stream_id = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+    frame_received(r.r14, header[3], header[4], length, stream_id)
+}
+
+/// A frame header the client of goroutine `goroutine` read: HEADERS, RST_STREAM and GOAWAY
+/// are sent, DATA coalesced per stream (`FRAME_COALESCE_NS`), the rest ignored.
+#[inline(always)]
+fn frame_received(goroutine: u64, frame_type: u8, flags: u8, length: u32, stream_id: u32) -> Option<()> {
     let key = GoroutineKey {
-        goroutine: r.r14,
+        goroutine,
         tgid: tgid(),
         _pad: 0,
     };
     // SAFETY: a map value, used by this call only (a goroutine runs on one CPU at a time).
     let reader = unsafe { &mut *READERS.get_ptr_mut(key)? };
     let sk = reader.sk;
-    let (frame_type, flags) = (r.rbx as u8, r.rcx as u8);
-    let (length, stream_id) = (r.rdi as u32, r.rsi as u32 & 0x7fff_ffff);
     match frame_type {
         HEADERS | RST_STREAM | GOAWAY => {}
         DATA => {
@@ -429,7 +462,7 @@ fn try_go_frame_header(ctx: &ProbeContext) -> Option<()> {
     }
     send_frame(
         sk,
-        r.r14,
+        goroutine,
         frame_type,
         flags,
         stream_id,

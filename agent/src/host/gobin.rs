@@ -24,10 +24,12 @@
 //! (46 MB, 67,089 functions) 2.6 ms (4.4 before); at a process's start, in the agent, the
 //! informer 2.4–5.4 ms (4.0–7.7 before).
 pub mod buildinfo;
+pub mod call_check;
 pub mod http2;
 pub mod image;
 pub mod moduledata;
 pub mod pclntab;
+pub mod prologue;
 pub mod returns;
 pub mod table;
 pub mod window;
@@ -55,8 +57,13 @@ pub struct Function {
     pub entry: u64,
     /// The next function's entry (the range includes this function's INT3 padding).
     pub end: u64,
-    /// The entry's file offset: what a uprobe is attached at.
+    /// The entry's file offset.
     pub entry_offset: u64,
+    /// The file offset where an entry probe goes: the stack check's jump, which the kernel
+    /// emulates, if the function opens with one, else the entry (see [`prologue`]).
+    pub entry_probe_offset: u64,
+    /// The error check after its first call, the jump as a file offset (see [`call_check`]).
+    pub call_check: Option<call_check::CallCheck>,
     /// The file offset of each RET instruction, in address order (never empty).
     pub returns: Vec<u64>,
 }
@@ -154,11 +161,18 @@ fn read(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection, Proble
         if returns.is_empty() {
             return Err(Problem::NoReturn { name, entry, end });
         }
+        let entry_probe_offset = entry_offset + (prologue::cheapest_entry(&code, entry) - entry);
+        let call_check = call_check::find(&code, entry).map(|check| call_check::CallCheck {
+            jump: entry_offset + (check.jump - entry),
+            ..check
+        });
         functions.push(Function {
             name,
             entry,
             end,
             entry_offset,
+            entry_probe_offset,
+            call_check,
             returns,
         });
     }
@@ -233,6 +247,37 @@ mod tests {
                 .collect();
             assert!(!returns.is_empty(), "{name}: objdump shows no RET");
             assert_eq!(function.returns, returns, "{name}");
+            // The entry probe on the stack check's jump, as objdump shows it, where there is one.
+            let probe = disassembly.early_jump.map_or(function.entry_offset, |jump| {
+                function.entry_offset + (jump - disassembly.entry)
+            });
+            assert_eq!(function.entry_probe_offset, probe, "{name}: entry probe");
+            if !name.contains("readFrameHeader") {
+                assert_ne!(
+                    function.entry_probe_offset, function.entry_offset,
+                    "{name}: no stack check found"
+                );
+            }
+            // The error check after the first call, as objdump shows it; in readFrameHeader
+            // with `buf` where the frame probe reads it.
+            let check = disassembly
+                .check_after_first_call
+                .map(|jump| function.entry_offset + (jump - disassembly.entry));
+            if name.contains("readFrameHeader") {
+                assert!(check.is_some(), "{name}: objdump shows no check after the read");
+                assert_eq!(
+                    function.call_check.map(|c| c.first_argument),
+                    Some(lifeline_common::GO_FRAME_BUF_SLOT),
+                    "{name}"
+                );
+            }
+            if function.call_check.is_some() {
+                assert_eq!(
+                    function.call_check.map(|c| c.jump),
+                    check,
+                    "{name}: check after the first call"
+                );
+            }
             for ret in &function.returns {
                 assert_eq!(file[*ret as usize], 0xc3, "{name}: RET at {ret:#x}");
             }
@@ -461,13 +506,15 @@ mod tests {
             );
             for f in &found.functions {
                 println!(
-                    "  {} entry {:#x} end {:#x} offset {:#x}, {} RETs at {:x?}",
+                    "  {} entry {:#x} end {:#x} offset {:#x} (probed at {:#x}), {} RETs at {:x?}, check after the first call {:x?}",
                     f.name,
                     f.entry,
                     f.end,
                     f.entry_offset,
+                    f.entry_probe_offset,
                     f.returns.len(),
-                    f.returns
+                    f.returns,
+                    f.call_check
                 );
             }
             let names: Vec<&str> = found.functions.iter().map(|f| f.name.as_str()).collect();

@@ -17,7 +17,8 @@ pub const WRITE_HEADER: &str = "go_write_header";
 pub const TLS_WRITE: &str = "go_tls_write";
 pub const TLS_READ: &str = "go_tls_read";
 pub const FRAME_HEADER: &str = "go_frame_header";
-pub const PROGRAMS: [&str; 4] = [WRITE_HEADER, TLS_WRITE, TLS_READ, FRAME_HEADER];
+pub const FRAME_READ: &str = "go_frame_read";
+pub const PROGRAMS: [&str; 5] = [WRITE_HEADER, TLS_WRITE, TLS_READ, FRAME_HEADER, FRAME_READ];
 
 /// Where in one binary each program goes: file offsets.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -28,7 +29,10 @@ pub struct Sites {
     pub tls_write: Vec<u64>,
     /// Entry of `crypto/tls.(*Conn).Read`.
     pub tls_read: Vec<u64>,
-    /// Every RET of `readFrameHeader` (both copies).
+    /// The error check after `readFrameHeader`'s read, in each copy where it was found
+    /// (`host::gobin::call_check`: a probe there costs the client a sixteenth of one on a RET).
+    pub frame_header_reads: Vec<u64>,
+    /// Every RET of the copies of `readFrameHeader` where it was not.
     pub frame_header_returns: Vec<u64>,
 }
 
@@ -36,12 +40,13 @@ impl Sites {
     /// Every (program, offset), in the order they are attached. The client runs while they
     /// are attached one by one, and a stream is judged once its connection's reads are
     /// followed (`READING`, `FRESH`) and its request was named: so the probes that see its
-    /// end (`FRAME_HEADER`) and name it (`WRITE_HEADER`) come first, the ones that start the
+    /// end (`FRAME_READ`, `FRAME_HEADER`) and name it (`WRITE_HEADER`) come first, the ones that start the
     /// evidence (`TLS_READ`, then `TLS_WRITE`, which also says `FRESH`) last. The other way
     /// round, a request sent between the last two attachments had its response unseen and
     /// was called stuck (CI, kube-controller-manager probed during its start-up).
     fn each(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         [
+            (FRAME_READ, &self.frame_header_reads),
             (FRAME_HEADER, &self.frame_header_returns),
             (WRITE_HEADER, &self.write_header),
             (TLS_READ, &self.tls_read),
@@ -93,12 +98,14 @@ mod tests {
             write_header: vec![1, 2],
             tls_write: vec![3],
             tls_read: vec![4],
+            frame_header_reads: vec![8],
             frame_header_returns: vec![5, 6, 7],
         };
         let order: Vec<_> = sites.each().collect();
         assert_eq!(
             order,
             [
+                (FRAME_READ, 8),
                 (FRAME_HEADER, 5),
                 (FRAME_HEADER, 6),
                 (FRAME_HEADER, 7),

@@ -169,7 +169,7 @@ fn trace(
             .functions
             .iter()
             .filter(|f| http2::role(&f.name) == Some(role))
-            .map(|f| f.entry_offset)
+            .map(|f| f.entry_probe_offset)
             .collect()
     };
     let (tls_write, tls_read) = (entries(Role::TlsWrite), entries(Role::TlsRead));
@@ -181,11 +181,16 @@ fn trace(
             write_header,
             read_frame_header,
         } => Sites {
-            write_header: write_header.iter().map(|f| f.entry_offset).collect(),
+            write_header: write_header.iter().map(|f| f.entry_probe_offset).collect(),
             tls_write,
             tls_read,
+            frame_header_reads: read_frame_header
+                .iter()
+                .filter_map(|f| frame_read_site(f))
+                .collect(),
             frame_header_returns: read_frame_header
                 .iter()
+                .filter(|f| frame_read_site(f).is_none())
                 .flat_map(|f| f.returns.iter().copied())
                 .collect(),
         },
@@ -236,6 +241,15 @@ fn trace(
             crate::error::chain(&err)
         )),
     }
+}
+
+/// Where `go_frame_read` goes in a copy of `readFrameHeader`: the error check after its read,
+/// if `buf` is kept where the program reads it (see `host::gobin::call_check`).
+fn frame_read_site(read_frame_header: &gobin::Function) -> Option<u64> {
+    read_frame_header
+        .call_check
+        .filter(|check| check.first_argument == lifeline_common::GO_FRAME_BUF_SLOT)
+        .map(|check| check.jump)
 }
 
 /// Go 1.17 and later pass arguments in registers on amd64.

@@ -145,6 +145,8 @@ mod tests {
             entry: 0x1000,
             end: 0x1100,
             entry_offset: 0x1000,
+            entry_probe_offset: 0x1004,
+            call_check: None,
             returns: vec![0x10f0],
         }
     }

@@ -36,6 +36,10 @@ pub struct Disassembly {
     pub bytes: Vec<u8>,
     /// The addresses of its RET instructions.
     pub returns: Vec<u64>,
+    /// The address of a conditional jump among its first four instructions (the stack check's).
+    pub early_jump: Option<u64>,
+    /// The address of `JNE` right after the first `CALL` and a `TESTQ BX, BX`.
+    pub check_after_first_call: Option<u64>,
 }
 
 /// The testdata binaries, built with Go on first use into `target/gobin-test` (Go builds are
@@ -173,8 +177,12 @@ pub fn objdump(binary: &Path, name: &str) -> Disassembly {
         end: 0,
         bytes: Vec::new(),
         returns: Vec::new(),
+        early_jump: None,
+        check_after_first_call: None,
     };
-    for line in lines {
+    // The instructions since the first CALL, while looking for its check.
+    let mut since_call = None::<usize>;
+    for (index, line) in lines.enumerate() {
         assert!(!line.starts_with("TEXT"), "objdump matched more than {name}");
         // "  file.go:12\t0x5e8880\t\t493b6610\t\tCMPQ 0x10(R14), SP\t"
         let fields: Vec<&str> = line
@@ -201,6 +209,19 @@ pub fn objdump(binary: &Path, name: &str) -> Disassembly {
         }
         if instruction == "RET" || instruction.starts_with("RET ") {
             found.returns.push(address);
+        }
+        if index < 4 && instruction.starts_with('J') && !instruction.starts_with("JMP") {
+            found.early_jump.get_or_insert(address);
+        }
+        match since_call {
+            None if instruction.starts_with("CALL ") => since_call = Some(0),
+            Some(0) if instruction == "TESTQ BX, BX" => since_call = Some(1),
+            Some(1) if instruction.starts_with("JNE ") => {
+                found.check_after_first_call = Some(address);
+                since_call = Some(2);
+            }
+            Some(0 | 1) => since_call = Some(2),
+            _ => {}
         }
     }
     found.end = found.entry + found.bytes.len() as u64;
