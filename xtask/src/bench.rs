@@ -19,10 +19,12 @@
 //!    the connections the agent lists.
 //! 4. **Busy connections** (`bench/busy.rs`): 3,000 connections that each receive payload every
 //!    5 s, against idle ones, as the sampler pays for them.
-//! 5. **Go clients' streams** (`bench/streams.rs`): the Go-client uprobes' cost in the kernel,
-//!    in the agent and to the client, against the connection-only agent, and nothing for a
-//!    process that runs no probed binary. **A process that is no client** (`bench/libssl.rs`),
-//!    hammering TLS through a followed client's libssl: its rate, and the probes' runs.
+//! 5. **What a uprobe hit costs** (`bench/traps.rs`), by the instruction it replaces: emulated
+//!    or single-stepped. **Go clients' streams** (`bench/streams.rs`): the Go-client uprobes'
+//!    cost in the kernel, in the agent and to the client, against the connection-only agent,
+//!    and nothing for a process that runs no probed binary. **A process that is no client**
+//!    (`bench/libssl.rs`), hammering TLS through a followed client's libssl: its rate, and the
+//!    probes' runs.
 //! 6. **Connect storm.** One process connecting to a refusing endpoint as fast as it can for
 //!    10 s: the slowest `/healthz` answer meanwhile, events lost, failures counted against
 //!    refusals seen, RSS growth.
@@ -50,6 +52,7 @@ mod libssl;
 mod neighbours;
 mod segments;
 mod streams;
+mod traps;
 
 /// Seconds of churn per observer and round.
 const CHURN_SECONDS: u64 = 5;
@@ -516,11 +519,12 @@ fn machine() -> String {
 
 pub fn bench(only: &[String]) -> Result {
     crate::require_root("the benchmark")?;
-    const SECTIONS: [&str; 11] = [
+    const SECTIONS: [&str; 12] = [
         "churn",
         "segments",
         "tracked",
         "busy",
+        "traps",
         "streams",
         "libssl",
         "controller",
@@ -569,6 +573,9 @@ pub fn bench(only: &[String]) -> Result {
     }
     if chosen("busy") {
         busy::busy_section(&bins, &mut report)?;
+    }
+    if chosen("traps") {
+        traps::traps_section(&mut report)?;
     }
     if chosen("streams") {
         streams::streams_section(&bins, &mut report)?;

@@ -1,8 +1,9 @@
 //! Go clients' streams: what the uprobes on a Go client's `crypto/tls` and HTTP/2 framer cost.
-//! Several `kubectl get pods -w` (Go 1.19, stripped, as built for Kubernetes 1.20) watch the
-//! fixture apiserver, which changes a pod every 10 ms: a DATA frame per event on every watch.
-//! The same kubectl processes run throughout; in interleaved rounds nobody observes them, the
-//! connection-only agent (`--no-go-probes`) does, or the agent with its Go probes does.
+//! Several `kubectl get pods -w` watch the fixture apiserver, which changes a pod every 10 ms:
+//! a DATA frame per event on every watch; first kubectl 1.20 (Go 1.19, stripped, as built for
+//! Kubernetes 1.20), then the image's kubectl 1.32 (Go 1.23). The same kubectl processes run
+//! through each one's rounds; in interleaved rounds nobody observes them, the connection-only
+//! agent (`--no-go-probes`) does, or the agent with its Go probes does.
 //! Printed: the clients' events per second and CPU per event against no observer, the kernel's
 //! cost per probed call (`kernel.bpf_stats_enabled`), the agent's CPU per stream record over
 //! the connection-only agent's; then a client that runs no probed binary (python's OpenSSL,
@@ -26,7 +27,24 @@ use super::{
 };
 use crate::{workspace, Failed, Result};
 
-const KUBECTL: &str = "/opt/lifeline-kubectl-1.20/usr/bin/kubectl";
+/// A kubectl whose `get pods -w` is measured.
+struct Kubectl {
+    path: &'static str,
+    /// What it is, for the report.
+    label: &'static str,
+}
+
+/// Issue 26 item 2: the kubectl of Kubernetes 1.20 and the image's kubectl 1.32.
+const KUBECTLS: [Kubectl; 2] = [
+    Kubectl {
+        path: "/opt/lifeline-kubectl-1.20/usr/bin/kubectl",
+        label: "kubectl 1.20: Go 1.19, stripped",
+    },
+    Kubectl {
+        path: "/usr/lib/google-cloud-sdk/bin/kubectl.1.32",
+        label: "the image's kubectl 1.32: Go 1.23",
+    },
+];
 /// Watches at once (each its own kubectl process and connection).
 const WATCHES: usize = 4;
 const EVENT_INTERVAL: &str = "10ms";
@@ -34,7 +52,7 @@ const EVENT_INTERVAL: &str = "10ms";
 const PER_CALL_GOAL_NS: f64 = 1000.0;
 /// Seconds measured per observer and round.
 const SECONDS: u64 = 10;
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 6;
 /// Seconds of the python client per observer.
 const PYTHON_SECONDS: &str = "5";
 /// Keep-alive HTTPS GETs over one connection for ARGV[3] seconds; prints `done N`.
@@ -80,17 +98,17 @@ struct Watch {
 }
 
 impl Watch {
-    fn start(lab: &Lab) -> Result<Watch> {
+    fn start(lab: &Lab, kubectl: &str) -> Result<Watch> {
         let server = format!("https://127.0.0.1:{WATCHED_PORT}");
         let mut child = lab
-            .in_ns(KUBECTL)
+            .in_ns(kubectl)
             .args(["--server", &server, "--insecure-skip-tls-verify", "--token", "x"])
             .args(["get", "pods", "-w"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| Failed(format!("{KUBECTL}: {e}")))?;
+            .map_err(|e| Failed(format!("{kubectl}: {e}")))?;
         let lines = Arc::new(AtomicU64::new(0));
         let out = child.stdout.take().expect("piped");
         let counted = lines.clone();
@@ -221,9 +239,25 @@ fn observe(lab: &mut Lab, bins: &Bins, observer: Observer, pids: &[u32]) -> Resu
     Ok(Some(agent))
 }
 
+/// What the rounds of one kubectl measured, per observer: its windows, and each window's
+/// events/s and client CPU per event against the round's no-agent window.
+struct Measured {
+    windows: BTreeMap<Observer, Vec<Window>>,
+    ratios: BTreeMap<Observer, (Vec<f64>, Vec<f64>)>,
+}
+
+/// The python client's requests/s beside one observer, the Go probes' calls meanwhile, and
+/// whether kubectl's binary was still probed (None: no agent).
+type PythonRow = (Observer, f64, u64, Option<bool>);
+
+const ORDER: [Observer; 3] = [Observer::None, Observer::Connections, Observer::Streams];
+
 pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
-    if !std::path::Path::new(KUBECTL).is_file() {
-        return Err(Failed(format!("{KUBECTL} is missing: run `cargo xtask setup`")));
+    if let Some(missing) = KUBECTLS.iter().find(|k| !std::path::Path::new(k.path).is_file()) {
+        return Err(Failed(format!(
+            "{} is missing: run `cargo xtask setup`",
+            missing.path
+        )));
     }
     let mut lab = Lab::new()?;
     let certs = std::env::temp_dir().join(format!("llbench-{}-certs", std::process::id()));
@@ -235,34 +269,59 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
     server.args(["--event-interval", EVENT_INTERVAL, "--watch-timeout", "1h"]);
     lab.spawn(&mut server)?;
     thread::sleep(Duration::from_secs(2));
-    let watches = (0..WATCHES)
-        .map(|_| Watch::start(&lab))
-        .collect::<Result<Vec<_>>>()?;
-    let pids: Vec<u32> = watches.iter().map(|w| w.child.id()).collect();
-    thread::sleep(Duration::from_secs(3));
 
-    let order = [Observer::None, Observer::Connections, Observer::Streams];
+    report.line("## Go clients' streams");
+    report.line("");
+    let mut python_rows = Vec::new();
+    for (index, kubectl) in KUBECTLS.iter().enumerate() {
+        let watches = (0..WATCHES)
+            .map(|_| Watch::start(&lab, kubectl.path))
+            .collect::<Result<Vec<_>>>()?;
+        let pids: Vec<u32> = watches.iter().map(|w| w.child.id()).collect();
+        thread::sleep(Duration::from_secs(3));
+        let measured = rounds(&mut lab, bins, kubectl, &watches, &pids)?;
+        report_rounds(report, kubectl, &measured);
+        if index == 0 {
+            python_rows = python_beside(&mut lab, bins, &watches, &pids)?;
+        }
+    }
+    let _ = fs::remove_dir_all(&certs);
+    report_python(report, python_rows);
+    Ok(())
+}
+
+/// The interleaved rounds of one kubectl's watches.
+fn rounds(
+    lab: &mut Lab,
+    bins: &Bins,
+    kubectl: &Kubectl,
+    watches: &[Watch],
+    pids: &[u32],
+) -> Result<Measured> {
     let mut windows: BTreeMap<Observer, Vec<Window>> = BTreeMap::new();
     let mut ratios: BTreeMap<Observer, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for round in 0..ROUNDS {
-        let mut baseline = (f64::NAN, f64::NAN);
+        // Each round starts with another observer: a client whose cost per event drifts (its
+        // heap grows, the machine's other work comes and goes) favours no observer.
+        let mut order = ORDER;
+        order.rotate_left(round % ORDER.len());
+        let mut measured = BTreeMap::new();
         for observer in order {
-            let agent = observe(&mut lab, bins, observer, &pids)?;
-            let w = measure(&watches, agent);
+            let agent = observe(lab, bins, observer, pids)?;
+            let w = measure(watches, agent);
             if let Some(a) = agent {
                 lab.stop(a);
             }
             if w.events_per_second < 1.0 {
                 return Err(Failed(format!(
-                    "round {round}, {}: the kubectl watches printed no event (did they exit?)",
+                    "{}, round {round}, {}: the kubectl watches printed no event (did they exit?)",
+                    kubectl.path,
                     observer.label()
                 )));
             }
-            if observer == Observer::None {
-                baseline = (w.events_per_second, w.client_us_per_event);
-            }
             eprintln!(
-                "round {round}: {:<44} {:6.0} events/s, client {:6.1} µs/event, agent {:.2} ms/s, {:.0} stream records, {:.0} lost place",
+                "{}, round {round}: {:<44} {:6.0} events/s, client {:6.1} µs/event, agent {:.2} ms/s, {:.0} stream records, {:.0} lost place",
+                kubectl.label,
                 observer.label(),
                 w.events_per_second,
                 w.client_us_per_event,
@@ -270,34 +329,44 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
                 w.records,
                 w.lost_place
             );
+            measured.insert(observer, w);
+        }
+        let baseline = (
+            measured[&Observer::None].events_per_second,
+            measured[&Observer::None].client_us_per_event,
+        );
+        for (observer, w) in measured {
             let r = ratios.entry(observer).or_default();
             r.0.push(w.events_per_second / baseline.0);
             r.1.push(w.client_us_per_event / baseline.1);
             windows.entry(observer).or_default().push(w);
         }
     }
+    Ok(Measured { windows, ratios })
+}
 
-    // A client that runs no probed binary: the kubectls stopped (still connected, their binary
-    // still probed), a python OpenSSL client's requests against each observer.
-    for w in &watches {
+/// A client that runs no probed binary: the kubectls stopped (still connected, their binary
+/// still probed), a python OpenSSL client's requests against each observer.
+fn python_beside(lab: &mut Lab, bins: &Bins, watches: &[Watch], pids: &[u32]) -> Result<Vec<PythonRow>> {
+    for w in watches {
         w.signal(libc::SIGSTOP);
     }
     let mut python_rows = Vec::new();
-    for observer in order {
+    for observer in ORDER {
         let agent = match observer {
             Observer::None => None,
             // Probes still attached to kubectl's binary while it is stopped.
-            _ => observe(&mut lab, bins, observer, &[])?,
+            _ => observe(lab, bins, observer, &[])?,
         };
         if observer == Observer::Streams {
             // The stopped kubectls are followed (their probes attached) before python runs.
             let deadline = Instant::now() + Duration::from_secs(30);
-            while !all_streams(&pids) && Instant::now() < deadline {
+            while !all_streams(pids) && Instant::now() < deadline {
                 thread::sleep(Duration::from_millis(500));
             }
         }
         let before = agent.map(prog_stats);
-        let rate = python(&lab)?;
+        let rate = python(lab)?;
         let go_calls: u64 = match (agent, before) {
             (Some(a), Some(b)) => per_call(&b, &prog_stats(a))
                 .iter()
@@ -306,7 +375,7 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
                 .sum(),
             _ => 0,
         };
-        let attached = agent.map(|_| all_streams(&pids));
+        let attached = agent.map(|_| all_streams(pids));
         if let Some(a) = agent {
             lab.stop(a);
         }
@@ -316,25 +385,28 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
         );
         python_rows.push((observer, rate, go_calls, attached));
     }
-    for w in &watches {
+    for w in watches {
         w.signal(libc::SIGCONT);
     }
-    let _ = fs::remove_dir_all(&certs);
+    Ok(python_rows)
+}
 
-    report.line("## Go clients' streams");
-    report.line("");
+/// One kubectl's table and the kernel's cost per probed call.
+fn report_rounds(report: &mut Report, kubectl: &Kubectl, measured: &Measured) {
+    let Measured { windows, ratios } = measured;
     report.line(format!(
-        "{WATCHES} `kubectl get pods -w` (kubectl 1.20: Go 1.19, stripped) on the fixture \
+        "{WATCHES} `kubectl get pods -w` ({}) on the fixture \
          apiserver, which changes a pod every {EVENT_INTERVAL} (a DATA frame per event on every \
          watch, one output line per event); the same processes throughout, {SECONDS} s per \
-         observer, {ROUNDS} interleaved rounds (medians; ratios against the round's no-agent \
-         window). Client CPU is the kubectls' own (all threads) per event they printed."
+         observer, {ROUNDS} interleaved rounds, each starting with another observer (medians; \
+         ratios against the round's no-agent window). Client CPU is the kubectls' own (all threads) per event they printed.",
+        kubectl.label
     ));
     report.line("");
     report.line("| observer | events/s | vs no agent | client CPU per event | vs no agent | agent CPU | stream records/s | frames that lost their place (all windows) |");
     report.line("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let med = |o: Observer, f: fn(&Window) -> f64| median(windows[&o].iter().map(f).collect());
-    for observer in order {
+    for observer in ORDER {
         let (rate_ratio, cpu_ratio) = &ratios[&observer];
         report.line(format!(
             "| {} | {:.0} | {:.3} | {:.1} µs | {:.3} | {} | {} | {} |",
@@ -412,6 +484,9 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
             }
         ));
     }
+}
+
+fn report_python(report: &mut Report, python_rows: Vec<PythonRow>) {
     report.line("");
     report.line(format!(
         "A client that runs no probed binary: python's `http.client` over OpenSSL, keep-alive \
@@ -442,5 +517,4 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
         ));
     }
     report.line("");
-    Ok(())
 }
