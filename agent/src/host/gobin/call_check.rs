@@ -29,7 +29,8 @@ pub fn find(code: &[u8], entry: u64) -> Option<CallCheck> {
     let mut instruction = Instruction::default();
     // Bytes RSP is below its value at entry.
     let mut depth = 0u64;
-    let mut spilled = None::<u64>;
+    // The spill's offset from RSP, and RSP's depth then.
+    let mut spilled = None::<(u64, u64)>;
     for _ in 0..LOOK_AHEAD {
         if !decoder.can_decode() {
             return None;
@@ -54,7 +55,7 @@ pub fn find(code: &[u8], entry: u64) -> Option<CallCheck> {
             // The argument slot above the return address: RSP at entry + 8.
             let argument_slot = depth + 8;
             match (slot == argument_slot, instruction.op1_register() == Register::RAX) {
-                (true, true) => spilled = Some(slot),
+                (true, true) => spilled = Some((slot, depth)),
                 (true, false) => return None,
                 (false, _) => {}
             }
@@ -63,7 +64,8 @@ pub fn find(code: &[u8], entry: u64) -> Option<CallCheck> {
     if instruction.mnemonic() != Mnemonic::Call {
         return None;
     }
-    let first_argument = spilled?;
+    // From RSP after the prologue, wherever in it the spill came.
+    let first_argument = spilled.map(|(slot, then)| slot + (depth - then))?;
     decoder.decode_out(&mut instruction);
     let tests_rbx = instruction.mnemonic() == Mnemonic::Test
         && instruction.op0_register() == Register::RBX
@@ -133,6 +135,10 @@ mod tests {
         };
         assert_eq!(find(&code(GO_1_23), 0x618aa0), expected(0x618b08));
         assert_eq!(find(&code(GO_1_19), 0x5e8880), expected(0x5e88f1));
+        // The spill before the frame is allocated: push rbp; mov [rsp+0x10], rax;
+        // sub rsp, 0x40; call; test rbx, rbx; jne.
+        let early = code("55 4889442410 4883ec40 e800000000 4885db 0f8500000000");
+        assert_eq!(find(&early, 0x1000), expected(0x1000 + 1 + 5 + 4 + 5 + 3));
     }
 
     #[test]
