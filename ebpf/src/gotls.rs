@@ -381,8 +381,9 @@ fn try_go_frame_header(ctx: &ProbeContext) -> Option<()> {
     if r.r8 != 0 || r.rax & 0xff != 1 {
         return None;
     }
+    let reader = reader_of(r.r14)?;
     let (length, stream_id) = (r.rdi as u32, r.rsi as u32 & 0x7fff_ffff);
-    frame_received(r.r14, r.rbx as u8, r.rcx as u8, length, stream_id)
+    frame_received(reader, r.r14, r.rbx as u8, r.rcx as u8, length, stream_id)
 }
 
 #[uprobe]
@@ -394,32 +395,47 @@ pub fn go_frame_read(ctx: ProbeContext) -> u32 {
 /// In `readFrameHeader`, at the jump that tests the error of its `io.ReadFull(r, buf[:9])`
 /// (userspace attaches it there only where `buf`, the first argument, is kept at
 /// `GO_FRAME_BUF_SLOT` above RSP: `host/gobin/call_check.rs`): the error's type word in RBX
-/// (0: none), the frame header in `buf`.
+/// (0: none), the frame header in `buf`. The goroutine's reader is looked up before any user
+/// memory is read: a frame of a connection that is not watched costs that lookup only.
 fn try_go_frame_read(ctx: &ProbeContext) -> Option<()> {
     let r = regs(ctx);
     if r.rbx != 0 {
         return None;
     }
+    let reader = reader_of(r.r14)?;
     let buf = user_u64(r.rsp + GO_FRAME_BUF_SLOT)?;
     let mut header = [0u8; 9];
     // SAFETY: bpf_probe_read_user_buf tolerates any address.
     unsafe { bpf_probe_read_user_buf(buf as *const u8, &mut header) }.ok()?;
     let length = u32::from(header[0]) << 16 | u32::from(header[1]) << 8 | u32::from(header[2]);
     let stream_id = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
-    frame_received(r.r14, header[3], header[4], length, stream_id)
+    frame_received(reader, r.r14, header[3], header[4], length, stream_id)
 }
 
-/// A frame header the client of goroutine `goroutine` read: HEADERS, RST_STREAM and GOAWAY
-/// are sent, DATA coalesced per stream (`FRAME_COALESCE_NS`), the rest ignored.
+/// What goroutine `goroutine` of this process last read: a watched connection (None: none).
 #[inline(always)]
-fn frame_received(goroutine: u64, frame_type: u8, flags: u8, length: u32, stream_id: u32) -> Option<()> {
+fn reader_of(goroutine: u64) -> Option<&'static mut Reader> {
     let key = GoroutineKey {
         goroutine,
         tgid: tgid(),
         _pad: 0,
     };
     // SAFETY: a map value, used by this call only (a goroutine runs on one CPU at a time).
-    let reader = unsafe { &mut *READERS.get_ptr_mut(key)? };
+    READERS.get_ptr_mut(key).map(|reader| unsafe { &mut *reader })
+}
+
+/// A frame header the client of goroutine `goroutine` read from `reader`'s connection:
+/// HEADERS, RST_STREAM and GOAWAY are sent, DATA coalesced per stream (`FRAME_COALESCE_NS`),
+/// the rest ignored.
+#[inline(always)]
+fn frame_received(
+    reader: &mut Reader,
+    goroutine: u64,
+    frame_type: u8,
+    flags: u8,
+    length: u32,
+    stream_id: u32,
+) -> Option<()> {
     let sk = reader.sk;
     match frame_type {
         HEADERS | RST_STREAM | GOAWAY => {}

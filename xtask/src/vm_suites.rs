@@ -66,7 +66,7 @@ pub const CHOSEN: [(&str, &[&str]); 2] = [
 ];
 
 /// The Go client the stream test runs (static: one file), where the test looks for it.
-const KUBECTL: &str = "/opt/lifeline-kubectl-1.20/usr/bin/kubectl";
+const KUBECTL: &str = crate::setup::KUBECTL_1_20;
 /// The fixture apiserver the stream test starts, beside the agent (`sibling_bin`).
 const APISERVER: &str = "ll-apiserver";
 

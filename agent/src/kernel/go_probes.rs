@@ -40,10 +40,10 @@ impl Sites {
     /// Every (program, offset), in the order they are attached. The client runs while they
     /// are attached one by one, and a stream is judged once its connection's reads are
     /// followed (`READING`, `FRESH`) and its request was named: so the probes that see its
-    /// end (`FRAME_READ`, `FRAME_HEADER`) and name it (`WRITE_HEADER`) come first, the ones that start the
-    /// evidence (`TLS_READ`, then `TLS_WRITE`, which also says `FRESH`) last. The other way
-    /// round, a request sent between the last two attachments had its response unseen and
-    /// was called stuck (CI, kube-controller-manager probed during its start-up).
+    /// end (`FRAME_READ`, `FRAME_HEADER`) and name it (`WRITE_HEADER`) come first, the ones
+    /// that start the evidence (`TLS_READ`, then `TLS_WRITE`, which also says `FRESH`) last.
+    /// The other way round, a request sent between the last two attachments had its response
+    /// unseen and was called stuck (CI, kube-controller-manager probed during its start-up).
     fn each(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         [
             (FRAME_READ, &self.frame_header_reads),

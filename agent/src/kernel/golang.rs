@@ -180,20 +180,23 @@ fn trace(
         http2::Client::Recognised {
             write_header,
             read_frame_header,
-        } => Sites {
-            write_header: write_header.iter().map(|f| f.entry_probe_offset).collect(),
-            tls_write,
-            tls_read,
-            frame_header_reads: read_frame_header
-                .iter()
-                .filter_map(|f| frame_read_site(f))
-                .collect(),
-            frame_header_returns: read_frame_header
-                .iter()
-                .filter(|f| frame_read_site(f).is_none())
-                .flat_map(|f| f.returns.iter().copied())
-                .collect(),
-        },
+        } => {
+            // Each copy of readFrameHeader is probed at its read's check, or else at its RETs.
+            let (mut frame_header_reads, mut frame_header_returns) = (Vec::new(), Vec::new());
+            for f in &read_frame_header {
+                match frame_read_site(f) {
+                    Some(site) => frame_header_reads.push(site),
+                    None => frame_header_returns.extend_from_slice(&f.returns),
+                }
+            }
+            Sites {
+                write_header: write_header.iter().map(|f| f.entry_probe_offset).collect(),
+                tls_write,
+                tls_read,
+                frame_header_reads,
+                frame_header_returns,
+            }
+        }
         http2::Client::Unrecognised { found } => {
             return untraceable(format!(
                 "{}: HTTP/2 client code not recognised: found {}",

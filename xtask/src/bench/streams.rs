@@ -25,6 +25,7 @@ use std::{
 use super::{
     cpu_seconds, http_get, median, metric, per_call, prog_stats, Bins, Lab, Report, AGENT_ADDR, WATCHED_PORT,
 };
+use crate::setup::{KUBECTL_1_20, KUBECTL_1_32_ITSELF};
 use crate::{workspace, Failed, Result};
 
 /// A kubectl whose `get pods -w` is measured.
@@ -37,11 +38,11 @@ struct Kubectl {
 /// Issue 26 item 2: the kubectl of Kubernetes 1.20 and the image's kubectl 1.32.
 const KUBECTLS: [Kubectl; 2] = [
     Kubectl {
-        path: "/opt/lifeline-kubectl-1.20/usr/bin/kubectl",
+        path: KUBECTL_1_20,
         label: "kubectl 1.20: Go 1.19, stripped",
     },
     Kubectl {
-        path: "/usr/lib/google-cloud-sdk/bin/kubectl.1.32",
+        path: KUBECTL_1_32_ITSELF,
         label: "the image's kubectl 1.32: Go 1.23",
     },
 ];
