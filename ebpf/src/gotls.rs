@@ -26,7 +26,7 @@ use aya_ebpf::{
         bpf_probe_read_user, bpf_probe_read_user_buf,
     },
     macros::{map, uprobe},
-    maps::LruHashMap,
+    maps::{Array, LruHashMap},
     programs::ProbeContext,
 };
 use lifeline_common::{
@@ -34,7 +34,7 @@ use lifeline_common::{
     StreamKey, FRAME_COALESCE_NS, GO_FRAME_BUF_SLOT, HEADER_VALUE_MAX,
 };
 
-use crate::{bump, counter, lost, stream_budget, EVENTS, OFFSETS, SEGMENTS, URGENT_WAKEUP};
+use crate::{bump, counter, lost, segment_ends, stream_budget, EVENTS, OFFSETS, SEGMENTS, URGENT_WAKEUP};
 
 /// HTTP/2 frame types (RFC 9113 §6).
 const DATA: u8 = 0;
@@ -58,11 +58,32 @@ const MAX_FRAME: u32 = (1 << 24) - 1;
 
 /// What each goroutine last read: the watched connection under its `*tls.Conn` (Go's HTTP/2
 /// read loop reads only one), and the stream whose DATA it last reported: a read of the same
-/// connection again, or a DATA frame of that stream within `FRAME_COALESCE_NS`, costs this
-/// one lookup. (A per-CPU slot in front of it was tried and measured worse: the read loop
-/// parks between its read and the frame header, and 4 clients on 2 CPUs overwrote the slot.)
+/// connection again, or a DATA frame of that stream within `FRAME_COALESCE_NS`, costs one
+/// lookup, in `READER_CACHE` first. (A per-CPU slot in front of it was tried and measured
+/// worse: the read loop parks between its read and the frame header, and 4 clients on 2 CPUs
+/// overwrote the slot; the cache's slots are per goroutine.)
 #[map]
 static READERS: LruHashMap<GoroutineKey, Reader> = LruHashMap::with_max_entries(16384, 0);
+
+/// A direct-mapped cache of `READERS` by (goroutine, process), in front of it for the calls
+/// of every frame: one array load where a lookup in that LRU map (vmalloc'd, 16,384 entries)
+/// costs ~0.7 µs with a cold cache (benchmarks.md). A slot holds a copy; `READERS` stays the
+/// record, and a goroutine whose slot another took is found there again. 512 slots of 56
+/// bytes stay within what the kernel allocates from its direct map.
+#[map]
+static READER_CACHE: Array<ReaderSlot> = Array::with_max_entries(READER_SLOTS, 0);
+const READER_SLOTS: u32 = 512;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ReaderSlot {
+    goroutine: u64,
+    tgid: u32,
+    /// [`seal`] of the goroutine, process and connection: two CPUs filling one slot at once
+    /// for two goroutines leave a mix that fails it, and the slot counts as empty.
+    seal: u32,
+    reader: Reader,
+}
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -78,10 +99,11 @@ struct Reader {
 }
 
 /// Each `*tls.Conn` found so far, by process and address: its socket and where its written
-/// frames stand. A write on a connection already known costs this lookup and one of
-/// `SEGMENTS`, not the walk through the file table. An entry is trusted only while the segment
-/// program keeps its socket (an established connection to an endpoint) and the `net.Conn` data
-/// word is the one it was found under; a walk starts it afresh, out of step with the frames.
+/// frames stand. A write on a connection already known costs this lookup (and one of
+/// `SEGMENTS` only when a watched socket has closed since: `SEGMENT_ENDS`), not the walk
+/// through the file table. An entry is trusted only while the segment program keeps its
+/// socket (an established connection to an endpoint) and the `net.Conn` data word is the one
+/// it was found under; a walk starts it afresh, out of step with the frames.
 #[map]
 static TLS_CONNS: LruHashMap<TlsConnKey, TlsConn> = LruHashMap::with_max_entries(16384, 0);
 
@@ -103,6 +125,9 @@ struct TlsConn {
     remaining: u32,
     /// 1 while the written frames are followed; 0 until a write starts a frame.
     in_step: u32,
+    /// `SEGMENT_ENDS` when the socket was last found in `SEGMENTS`: while the count has not
+    /// moved, no socket has left it since, and the socket is trusted without a lookup.
+    ends_seen: u64,
 }
 
 /// When a DATA frame of each stream was last sent (see `FRAME_COALESCE_NS`).
@@ -175,12 +200,20 @@ fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
         tgid: tgid(),
         _pad: 0,
     };
+    // Read before any lookup of SEGMENTS (see `forget_segments`).
+    let ends = segment_ends();
     if let Some(known) = TLS_CONNS.get_ptr_mut(key) {
         // SAFETY: a map value, used by this call only (Go writes a conn under its lock).
         let known = unsafe { &mut *known };
-        // SAFETY: copied out at once.
-        if known.data == data && unsafe { SEGMENTS.get(known.sk) }.is_some() {
-            return Some(known);
+        if known.data == data {
+            if ends == Some(known.ends_seen) {
+                return Some(known);
+            }
+            // SAFETY: copied out at once.
+            if unsafe { SEGMENTS.get(known.sk) }.is_some() {
+                known.ends_seen = ends.unwrap_or(u64::MAX);
+                return Some(known);
+            }
         }
     }
     let sk = walk_to_socket(data)?;
@@ -189,6 +222,7 @@ fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
         sk,
         remaining: 0,
         in_step: 0,
+        ends_seen: ends.unwrap_or(u64::MAX),
     };
     let _ = TLS_CONNS.insert(key, found, 0);
     // SAFETY: as above.
@@ -334,16 +368,16 @@ pub fn go_tls_read(ctx: ProbeContext) -> u32 {
 /// `(*tls.Conn).Read`: RAX the conn.
 fn try_go_tls_read(ctx: &ProbeContext) -> Option<()> {
     let r = regs(ctx);
+    let tgid = tgid();
     let key = GoroutineKey {
         goroutine: r.r14,
-        tgid: tgid(),
+        tgid,
         _pad: 0,
     };
     let conn = r.rax;
     let data = user_u64(conn + 8)?;
-    // SAFETY: copied out at once.
-    if let Some(reader) = unsafe { READERS.get(key) } {
-        if reader.conn == conn && reader.data == data {
+    if let Some((known, _)) = reader_of(r.r14) {
+        if known.conn == conn && known.data == data {
             return Some(());
         }
     }
@@ -358,10 +392,14 @@ fn try_go_tls_read(ctx: &ProbeContext) -> Option<()> {
                 data_sent_ns: 0,
             };
             let _ = READERS.insert(key, reader, 0);
+            if let Some(slot) = slot_of(r.r14, tgid) {
+                fill(slot, r.r14, tgid, reader);
+            }
             send_frame(reader.sk, r.r14, READING, 0, 0, 0, direction::RECEIVED);
         }
         None => {
             let _ = READERS.remove(key);
+            forget_reader(r.r14, tgid);
         }
     }
     Some(())
@@ -412,16 +450,76 @@ fn try_go_frame_read(ctx: &ProbeContext) -> Option<()> {
     frame_received(reader, r.r14, header[3], header[4], length, stream_id)
 }
 
-/// What goroutine `goroutine` of this process last read: a watched connection (None: none).
+/// The cache slot of goroutine `goroutine` of process `tgid`.
 #[inline(always)]
-fn reader_of(goroutine: u64) -> Option<&'static mut Reader> {
+fn slot_of(goroutine: u64, tgid: u32) -> Option<*mut ReaderSlot> {
+    // The top 9 bits of a multiplicative hash: READER_SLOTS.
+    let index = ((goroutine ^ u64::from(tgid)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 55) as u32;
+    READER_CACHE.get_ptr_mut(index)
+}
+
+#[inline(always)]
+fn seal(goroutine: u64, tgid: u32, reader: &Reader) -> u32 {
+    let mixed = goroutine
+        ^ u64::from(tgid) << 32
+        ^ reader.conn.rotate_left(21)
+        ^ reader.data.rotate_left(42)
+        ^ reader.sk.rotate_left(11);
+    (mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32
+}
+
+/// Puts `reader` in `slot`: emptied first, named last, every store in that order.
+#[inline(always)]
+fn fill(slot: *mut ReaderSlot, goroutine: u64, tgid: u32, reader: Reader) {
+    // SAFETY: an array value, which lives as long as the map.
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*slot).goroutine, 0);
+        core::ptr::write_volatile(&raw mut (*slot).reader, reader);
+        core::ptr::write_volatile(&raw mut (*slot).tgid, tgid);
+        core::ptr::write_volatile(&raw mut (*slot).seal, seal(goroutine, tgid, &reader));
+        core::ptr::write_volatile(&raw mut (*slot).goroutine, goroutine);
+    }
+}
+
+/// What goroutine `goroutine` of this process last read, a watched connection (None: none): a
+/// copy to judge by, and where its coalescing state is kept (another goroutine may take the
+/// slot meanwhile: then that state is merely lost, never the connection mixed up).
+#[inline(always)]
+fn reader_of(goroutine: u64) -> Option<(Reader, &'static mut Reader)> {
+    let tgid = tgid();
+    let slot = slot_of(goroutine, tgid)?;
+    // SAFETY: an array value, read whole at once.
+    let cached = unsafe { core::ptr::read_volatile(slot) };
+    if cached.goroutine == goroutine
+        && cached.tgid == tgid
+        && cached.seal == seal(goroutine, tgid, &cached.reader)
+    {
+        // SAFETY: as above; only the coalescing fields are written through it.
+        return Some((cached.reader, unsafe { &mut (*slot).reader }));
+    }
     let key = GoroutineKey {
         goroutine,
-        tgid: tgid(),
+        tgid,
         _pad: 0,
     };
-    // SAFETY: a map value, used by this call only (a goroutine runs on one CPU at a time).
-    READERS.get_ptr_mut(key).map(|reader| unsafe { &mut *reader })
+    // SAFETY: copied out at once.
+    let found = unsafe { READERS.get(key) }.copied()?;
+    fill(slot, goroutine, tgid, found);
+    // SAFETY: as above.
+    Some((found, unsafe { &mut (*slot).reader }))
+}
+
+/// Empties goroutine `goroutine`'s slot if it holds it.
+#[inline(always)]
+fn forget_reader(goroutine: u64, tgid: u32) {
+    if let Some(slot) = slot_of(goroutine, tgid) {
+        // SAFETY: an array value.
+        unsafe {
+            if core::ptr::read_volatile(&raw const (*slot).goroutine) == goroutine {
+                core::ptr::write_volatile(&raw mut (*slot).goroutine, 0);
+            }
+        }
+    }
 }
 
 /// A frame header the client of goroutine `goroutine` read from `reader`'s connection:
@@ -429,14 +527,14 @@ fn reader_of(goroutine: u64) -> Option<&'static mut Reader> {
 /// the rest ignored.
 #[inline(always)]
 fn frame_received(
-    reader: &mut Reader,
+    (known, reader): (Reader, &mut Reader),
     goroutine: u64,
     frame_type: u8,
     flags: u8,
     length: u32,
     stream_id: u32,
 ) -> Option<()> {
-    let sk = reader.sk;
+    let sk = known.sk;
     match frame_type {
         HEADERS | RST_STREAM | GOAWAY => {}
         DATA => {
@@ -444,8 +542,8 @@ fn frame_received(
             let now = unsafe { bpf_ktime_get_ns() };
             let ends = flags & END_STREAM != 0;
             if !ends
-                && reader.stream_id == stream_id
-                && now.wrapping_sub(reader.data_sent_ns) < FRAME_COALESCE_NS
+                && known.stream_id == stream_id
+                && now.wrapping_sub(known.data_sent_ns) < FRAME_COALESCE_NS
             {
                 return None;
             }
@@ -456,7 +554,7 @@ fn frame_received(
             };
             if ends {
                 let _ = STREAM_SEEN.remove(stream);
-                if reader.stream_id == stream_id {
+                if known.stream_id == stream_id {
                     reader.stream_id = 0;
                 }
             } else {
