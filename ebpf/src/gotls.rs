@@ -376,7 +376,7 @@ fn try_go_tls_read(ctx: &ProbeContext) -> Option<()> {
     };
     let conn = r.rax;
     let data = user_u64(conn + 8)?;
-    if let Some((known, _)) = reader_of(r.r14) {
+    if let Some((known, _)) = reader_of(r.r14, tgid) {
         if known.conn == conn && known.data == data {
             return Some(());
         }
@@ -419,7 +419,7 @@ fn try_go_frame_header(ctx: &ProbeContext) -> Option<()> {
     if r.r8 != 0 || r.rax & 0xff != 1 {
         return None;
     }
-    let reader = reader_of(r.r14)?;
+    let reader = reader_of(r.r14, tgid())?;
     let (length, stream_id) = (r.rdi as u32, r.rsi as u32 & 0x7fff_ffff);
     frame_received(reader, r.r14, r.rbx as u8, r.rcx as u8, length, stream_id)
 }
@@ -440,7 +440,7 @@ fn try_go_frame_read(ctx: &ProbeContext) -> Option<()> {
     if r.rbx != 0 {
         return None;
     }
-    let reader = reader_of(r.r14)?;
+    let reader = reader_of(r.r14, tgid())?;
     let buf = user_u64(r.rsp + GO_FRAME_BUF_SLOT)?;
     let mut header = [0u8; 9];
     // SAFETY: bpf_probe_read_user_buf tolerates any address.
@@ -481,12 +481,11 @@ fn fill(slot: *mut ReaderSlot, goroutine: u64, tgid: u32, reader: Reader) {
     }
 }
 
-/// What goroutine `goroutine` of this process last read, a watched connection (None: none): a
+/// What goroutine `goroutine` of process `tgid` (the current one) last read, a watched connection (None: none): a
 /// copy to judge by, and where its coalescing state is kept (another goroutine may take the
 /// slot meanwhile: then that state is merely lost, never the connection mixed up).
 #[inline(always)]
-fn reader_of(goroutine: u64) -> Option<(Reader, &'static mut Reader)> {
-    let tgid = tgid();
+fn reader_of(goroutine: u64, tgid: u32) -> Option<(Reader, &'static mut Reader)> {
     let slot = slot_of(goroutine, tgid)?;
     // SAFETY: an array value, read whole at once.
     let cached = unsafe { core::ptr::read_volatile(slot) };

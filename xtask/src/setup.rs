@@ -129,15 +129,15 @@ fn bpf_linker() -> Result {
 /// unpacked: the package conflicts with the machine's kubectl 1.32, so it is extracted, not
 /// installed.
 pub const KUBECTL_1_20_ROOT: &str = "/opt/lifeline-kubectl-1.20";
-/// Its kubectl (the tests name it `KUBECTL_1_20` in `tests/src/kube_fixture.rs`).
+/// Its kubectl, under `KUBECTL_1_20_ROOT` (the tests name it `KUBECTL_1_20` in
+/// `tests/src/kube_fixture.rs`).
 pub const KUBECTL_1_20: &str = "/opt/lifeline-kubectl-1.20/usr/bin/kubectl";
 /// The image's kubectl 1.32 itself (go1.23), not the dispatcher at `/usr/bin/kubectl` (the
 /// tests' `KUBECTL_1_32_ITSELF`).
 pub const KUBECTL_1_32_ITSELF: &str = "/usr/lib/google-cloud-sdk/bin/kubectl.1.32";
 
 fn kubectl_1_20() -> Result {
-    let kubectl = Path::new(KUBECTL_1_20_ROOT).join("usr/bin/kubectl");
-    if kubectl.exists() {
+    if Path::new(KUBECTL_1_20).exists() {
         return Ok(());
     }
     let dir = std::env::temp_dir().join(format!("lifeline-kubectl-{}", std::process::id()));

@@ -16,7 +16,7 @@ use std::{
     process::Command,
 };
 
-use crate::{cargo, image::output, run, workspace, Failed, Result};
+use crate::{cargo, image::output, run, setup::KUBECTL_1_20, workspace, Failed, Result};
 
 /// The tests run in the guest, by suite. Left out: `foundation`'s
 /// `suites_leave_the_host_as_they_found_it` and `containment_child` (the harness's own
@@ -65,8 +65,6 @@ pub const CHOSEN: [(&str, &[&str]); 2] = [
     ),
 ];
 
-/// The Go client the stream test runs (static: one file), where the test looks for it.
-const KUBECTL: &str = crate::setup::KUBECTL_1_20;
 /// The fixture apiserver the stream test starts, beside the agent (`sibling_bin`).
 const APISERVER: &str = "ll-apiserver";
 
@@ -162,10 +160,12 @@ pub fn prepare(
         .arg(debug.join(APISERVER)))?;
     files.push((format!("usr/local/bin/{APISERVER}"), apiserver));
     dynamic.push(debug.join(APISERVER));
-    if !Path::new(KUBECTL).is_file() {
-        return Err(Failed(format!("{KUBECTL} is missing: run `cargo xtask setup`")));
+    if !Path::new(KUBECTL_1_20).is_file() {
+        return Err(Failed(format!(
+            "{KUBECTL_1_20} is missing: run `cargo xtask setup`"
+        )));
     }
-    files.push((guest_path(Path::new(KUBECTL)), PathBuf::from(KUBECTL)));
+    files.push((guest_path(Path::new(KUBECTL_1_20)), PathBuf::from(KUBECTL_1_20)));
     for tool in TOOLS {
         // iptables is a link to xtables-nft-multi, which acts by the name it is called by.
         let real = fs::canonicalize(tool)
