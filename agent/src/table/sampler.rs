@@ -27,7 +27,7 @@ use lifeline_common::tcp_state;
 use crate::{
     host::exits::ExitWatch,
     host::netns,
-    host::process::{Liveness, Procfs},
+    host::process::{Liveness, ProcessInfo, Procfs},
     host::sock_diag::{self, DiagSocket},
     kernel::programs::KernelStats,
     table::{ConnectionTable, Sample, SampleTarget, Scanned, Tuple},
@@ -295,7 +295,9 @@ impl Sampler {
             return 0;
         }
         let owners = self.procfs.socket_owners(&inodes);
-        let mut found = 0;
+        // Read once per process: one client may hold thousands of the connections.
+        let mut infos: HashMap<u32, Option<ProcessInfo>> = HashMap::new();
+        let mut found = Vec::new();
         for (tuple, inode) in ownerless {
             // Several processes can share a socket (fork); the lowest pid is usually the one
             // that opened it.
@@ -305,19 +307,27 @@ impl Sampler {
             else {
                 continue;
             };
-            match self.procfs.process(*pid) {
-                Ok(info) => {
-                    table.lock().unwrap_or_else(PoisonError::into_inner).set_owner(
-                        &tuple,
-                        info,
-                        Instant::now(),
-                    );
-                    found += 1;
-                }
-                Err(err) => tracing::debug!(pid, "owner vanished: {err}"),
+            let info = infos
+                .entry(*pid)
+                .or_insert_with(|| match self.procfs.process(*pid) {
+                    Ok(info) => Some(info),
+                    Err(err) => {
+                        tracing::debug!(pid, "owner vanished: {err}");
+                        None
+                    }
+                });
+            if let Some(info) = info {
+                found.push((tuple, info.clone()));
             }
         }
-        found
+        let n = found.len();
+        if n > 0 {
+            table
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .set_owners(found, Instant::now());
+        }
+        n
     }
 
     /// Forgets the owners that exited. An owner whose `/proc` entry cannot be read for any

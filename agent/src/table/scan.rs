@@ -1,8 +1,8 @@
 //! sock_diag scans merged into the connection table: a namespace's sockets reconciled with
 //! what the table holds (`reconcile_scan`), a socket found at start-up (`insert_scanned`), and
 //! the owners of scanned connections, found through their socket inodes (`ownerless`,
-//! `set_owner`).
-use std::time::Instant;
+//! `set_owners`).
+use std::{collections::BTreeSet, time::Instant};
 
 use super::{process::end_of, ConnId, ConnectionTable, Origin, Scanned, Tuple};
 use crate::host::process::ProcessInfo;
@@ -92,16 +92,29 @@ impl ConnectionTable {
     }
 
     /// Sets the owner of the connection with this tuple (found through its socket inode).
+    #[cfg(test)]
     pub fn set_owner(&mut self, tuple: &Tuple, info: ProcessInfo, now: Instant) {
-        let Some(&id) = self.by_tuple.get(tuple) else {
-            return;
-        };
-        if Some(info.pid) == self.own_pid {
-            self.unlink(id);
-            return;
+        self.set_owners(vec![(*tuple, info)], now);
+    }
+
+    /// Sets the owners of connections found through their socket inodes, then re-derives
+    /// what each owner holds once, not once per connection (a controller's thousands of
+    /// connections found by the start-up scan).
+    pub fn set_owners(&mut self, found: Vec<(Tuple, ProcessInfo)>, now: Instant) {
+        let mut touched = BTreeSet::new();
+        for (tuple, info) in found {
+            let Some(&id) = self.by_tuple.get(&tuple) else {
+                continue;
+            };
+            if Some(info.pid) == self.own_pid {
+                self.unlink(id);
+                continue;
+            }
+            touched.insert(info.pid);
+            self.attach_owner(id, info, now);
         }
-        self.attach_owner(id, info, now);
-        let pid = self.conns[&id].owner.expect("attached");
-        self.update_connected(pid, now);
+        for pid in touched {
+            self.update_connected(pid, now);
+        }
     }
 }

@@ -659,6 +659,51 @@ fn a_forked_child_keeps_the_socket_its_parent_leaves_behind() {
 }
 
 #[test]
+fn owners_found_for_a_scan_are_set_in_one_batch() {
+    let mut lab = Lab::new();
+    for (port, ms) in [(40000, 0), (40001, 100), (40002, 200)] {
+        assert!(lab.table.insert_scanned(
+            lab.tuple(port),
+            u64::from(port),
+            tcp_state::ESTABLISHED,
+            lab.at(ms)
+        ));
+    }
+    let found = vec![
+        (lab.tuple(40001), process(7, 1)),
+        (lab.tuple(40000), process(7, 1)),
+        (lab.tuple(40002), process(8, 1)),
+    ];
+    lab.table.set_owners(found, lab.at(300));
+    let owned = |lab: &Lab, pid| {
+        let mut ports: Vec<u16> = lab
+            .table
+            .connections_of(pid)
+            .map(|c| c.tuple.local.port())
+            .collect();
+        ports.sort_unstable();
+        ports
+    };
+    assert_eq!(owned(&lab, 7), vec![40000, 40001]);
+    assert_eq!(owned(&lab, 8), vec![40002]);
+    assert_eq!(
+        lab.table.process(7).unwrap().connected_since,
+        Some(lab.at(0)),
+        "connected since its oldest connection, whichever order the owners came in"
+    );
+    // An exit leaves the socket (an inode to find its next holder by), no longer 8's.
+    lab.table.forget_process(8, lab.at(400));
+    assert!(owned(&lab, 8).is_empty());
+    lab.table.set_owner(&lab.tuple(40002), process(7, 1), lab.at(500));
+    assert_eq!(owned(&lab, 7), vec![40000, 40001, 40002]);
+    // A connection that ends is no longer its owner's; the owner still holds the others.
+    lab.close(600, 0xc, 40000);
+    assert_eq!(owned(&lab, 7), vec![40001, 40002]);
+    let p = lab.table.process(7).unwrap();
+    assert!(p.connected_since.is_some() && p.loss.is_none(), "{p:?}");
+}
+
+#[test]
 fn the_agents_own_connections_are_not_listed() {
     let mut lab = Lab::new();
     lab.table = ConnectionTable::new(endpoints(&[APISERVER])).ignoring(7);
