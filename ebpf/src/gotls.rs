@@ -481,9 +481,10 @@ fn fill(slot: *mut ReaderSlot, goroutine: u64, tgid: u32, reader: Reader) {
     }
 }
 
-/// What goroutine `goroutine` of process `tgid` (the current one) last read, a watched connection (None: none): a
-/// copy to judge by, and where its coalescing state is kept (another goroutine may take the
-/// slot meanwhile: then that state is merely lost, never the connection mixed up).
+/// What goroutine `goroutine` of process `tgid` (the current one) last read, a watched
+/// connection (None: none): a copy to judge by, and where its coalescing state is kept (another
+/// goroutine may take the slot meanwhile: then that state is merely lost, never the connection
+/// mixed up).
 #[inline(always)]
 fn reader_of(goroutine: u64, tgid: u32) -> Option<(Reader, &'static mut Reader)> {
     let slot = slot_of(goroutine, tgid)?;
