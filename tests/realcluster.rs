@@ -615,19 +615,13 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
         thread::sleep(secs(5));
         bench.cp.assert_running();
     }
+    // What the soak saw; the monitor goes on polling, to time the held streams that come due
+    // after it (a test that polled each client in turn once timed the fresh informer's watch
+    // 13 s late, while it waited for the scheduler's to come due: the test was wrong).
     let sightings = monitor.sightings();
     let listed = monitor.listed();
-    let soak_stuck: Vec<Option<SystemTime>> = HELD_STREAMS
-        .iter()
-        .map(|(kind, r)| monitor.first_stuck(standby, kind, r))
-        .collect();
-    let (py_kind, py_resource) = HELD_PY_STREAM;
-    let py_soak_stuck = [monitor.first_stuck(py_held.pid(), py_kind, py_resource)];
-    let (informer_kind, informer_resource) = HELD_INFORMER_STREAM;
-    let informer_soak_stuck = [monitor.first_stuck(informer_pid, informer_kind, informer_resource)];
     let failed_polls = monitor.failed_polls();
     eprintln!("soak over: {} polls of the agent", monitor.polls());
-    drop(monitor);
     findings.check(failed_polls.is_empty(), || {
         format!("the agent's API did not answer every poll: {failed_polls:?}")
     });
@@ -677,20 +671,13 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
         ));
     }
     bench.check_no_alerts(&mut findings, "the soak");
-    check_held_watches(
-        &bench,
-        standby,
-        held_since,
-        &soak_stuck,
-        &held_label,
-        &mut findings,
-    );
+    check_held_watches(&bench, &monitor, standby, held_since, &held_label, &mut findings);
     check_held_timing(
         &bench,
+        &monitor,
         ("the held python client", py_pid),
         &[HELD_PY_STREAM],
         held_since,
-        &py_soak_stuck,
         &mut findings,
     );
     check_held_client(
@@ -704,12 +691,13 @@ fn full_node_soak_with_default_thresholds_raises_nothing() {
     drop(py_held);
     check_held_timing(
         &bench,
+        &monitor,
         ("the fresh informer", informer_pid),
         &[HELD_INFORMER_STREAM],
         informer_since,
-        &informer_soak_stuck,
         &mut findings,
     );
+    drop(monitor);
     check_held_client(
         &bench,
         "the fresh informer",
@@ -781,19 +769,19 @@ fn wall(rfc3339: &Value) -> Option<SystemTime> {
 /// the alert, and no other stream of the same process stuck while its other watches flow.
 fn check_held_watches(
     bench: &Bench,
+    monitor: &Monitor,
     standby: u32,
     since: SystemTime,
-    soak_stuck: &[Option<SystemTime>],
     endpoint: &str,
     findings: &mut Findings,
 ) {
     let held = &HELD_STREAMS;
     check_held_timing(
         bench,
+        monitor,
         ("the held scheduler", standby),
         held,
         since,
-        soak_stuck,
         findings,
     );
     let streams = streams_of(&bench.agent, standby);
@@ -838,37 +826,32 @@ fn check_held_watches(
 /// Each held stream of `pid` found stuck by its own rule and within its bound: a watch with
 /// response headers at its deadline (from the `timeoutSeconds` it sent) + watch_grace; a
 /// request without response headers, and a list whose first chunk came, stale_after after
-/// its start (the chunk comes with the headers); + 3 s for the tick and the poll. A stream
-/// due before the soak's end is timed by the soak monitor's first sighting (`soak_stuck`, in
-/// the order of `held`), a later one by polls from here.
+/// its start (the chunk comes with the headers); + 3 s for the tick and the poll. Timed by the
+/// `monitor`'s first sighting of each, a poll a second since the soak began, whatever the test
+/// did meanwhile; waited for until `since` + the longest watch timeout + watch_grace + a minute.
 fn check_held_timing(
     bench: &Bench,
+    monitor: &Monitor,
     (who, pid): (&str, u32),
     held: &[(&str, &str)],
     since: SystemTime,
-    soak_stuck: &[Option<SystemTime>],
     findings: &mut Findings,
 ) {
-    let mut first_stuck: std::collections::BTreeMap<usize, (SystemTime, Value)> = Default::default();
     let give_up = since + secs(600 + 120 + 60);
-    while first_stuck.len() < held.len() && SystemTime::now() < give_up {
-        for s in streams_of(&bench.agent, pid) {
-            let Some(i) = held
-                .iter()
-                .position(|(k, r)| s["kind"] == *k && s["resource"] == *r)
-            else {
-                continue;
-            };
-            if s["stuck"] == true {
-                first_stuck.entry(i).or_insert((SystemTime::now(), s.clone()));
-            }
-        }
+    let sighted = || -> Vec<Option<(SystemTime, Value)>> {
+        held.iter()
+            .map(|(kind, r)| monitor.first_stuck(pid, kind, r))
+            .collect()
+    };
+    let mut first_stuck = sighted();
+    while first_stuck.iter().any(Option::is_none) && SystemTime::now() < give_up {
         thread::sleep(secs(1));
+        first_stuck = sighted();
     }
     let streams = streams_of(&bench.agent, pid);
     eprintln!("{who}'s streams: {:?}", Pretty(&streams));
-    for (i, (kind, r)) in held.iter().enumerate() {
-        let Some((seen, s)) = first_stuck.get(&i) else {
+    for ((kind, r), sighting) in held.iter().zip(&first_stuck) {
+        let Some((seen, s)) = sighting else {
             findings.add(format!(
                 "{who}'s held {r} {kind} was never stuck; its streams: {streams:#?}"
             ));
@@ -890,17 +873,11 @@ fn check_held_timing(
                 },
             ),
         };
-        // Seen stuck during the soak: that sighting times it (this poll's came later).
-        let seen = soak_stuck
-            .get(i)
-            .copied()
-            .flatten()
-            .map_or(*seen, |t| t.min(*seen));
         match due {
             Some(due) => check_detected(
                 &format!("{who}'s held {r} {kind} stuck ({rule})"),
                 due,
-                seen,
+                *seen,
                 (-1.0, 3.0),
                 findings,
             ),

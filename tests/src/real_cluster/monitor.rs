@@ -55,8 +55,9 @@ struct Record {
     seen: BTreeSet<(u32, String)>,
     /// Every pid ever listed, with its comm.
     listed: BTreeMap<u32, String>,
-    /// When each (pid, kind, resource) stream was first seen stuck, ignored clients included.
-    first_stuck: BTreeMap<(u32, String, String), SystemTime>,
+    /// When each (pid, kind, resource) stream was first seen stuck, and as it was listed
+    /// then; ignored clients included.
+    first_stuck: BTreeMap<(u32, String, String), (SystemTime, Value)>,
 }
 
 /// A running monitor; stopped on drop.
@@ -89,7 +90,7 @@ impl Monitor {
                             for s in streams.iter().filter(|s| s["stuck"] == true) {
                                 let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
                                 let key = (pid, text(&s["kind"]), text(&s["resource"]));
-                                r.first_stuck.entry(key).or_insert(now);
+                                r.first_stuck.entry(key).or_insert_with(|| (now, s.clone()));
                             }
                         }
                         for c in clients.iter().filter(|c| !ignore(c)) {
@@ -146,15 +147,16 @@ impl Monitor {
     }
 
     /// When the monitor first saw a `kind` stream of `resource` of `pid` stuck (ignored
-    /// clients too): a poll a second, so within a second of the agent's judgement.
-    pub fn first_stuck(&self, pid: u32, kind: &str, resource: &str) -> Option<SystemTime> {
+    /// clients too), and the stream as the agent listed it then: a poll a second, so within
+    /// a second of the agent's judgement, however long the test was busy elsewhere.
+    pub fn first_stuck(&self, pid: u32, kind: &str, resource: &str) -> Option<(SystemTime, Value)> {
         let key = (pid, kind.to_owned(), resource.to_owned());
         self.record
             .lock()
             .expect("monitor lock")
             .first_stuck
             .get(&key)
-            .copied()
+            .cloned()
     }
 
     /// Every (pid, comm) listed at least once.
