@@ -136,6 +136,8 @@ const OTHER_PROGRAMS: &[(&str, &str)] = &[
     ("--drop", "capsh"),
     // The fake apiserver of the suites (tests/src/apiserver/).
     ("--hang-lists", "ll-apiserver"),
+    // The client-go informer of the real-cluster tier and the streams bench.
+    ("--pods", "ll-informer"),
     // cargo xtask's (xtask/src/main.rs).
     ("--only", "xtask"),
     ("--kernel", "xtask"),
@@ -158,6 +160,9 @@ fn other_program_knows(program: &str, flag: &str) -> bool {
             let text = read(&root.join("xtask/src/main.rs"));
             text.contains(&format!(" {}: ", bare.replace('-', "_")))
                 || text.contains(&format!("long = \"{bare}\""))
+        }
+        "ll-informer" => {
+            read(&root.join("tests/clients/informer/main.go")).contains(&format!("flag.Bool(\"{bare}\""))
         }
         "ll-apiserver" => {
             let dir = root.join("tests/src/apiserver");

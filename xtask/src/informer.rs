@@ -1,5 +1,6 @@
-//! A real client-go informer for the real-cluster tier: `tests/clients/informer` (a
-//! SharedInformerFactory over ConfigMaps and Secrets) built against trixie's
+//! A real client-go informer for the real-cluster tier and the streams bench:
+//! `tests/clients/informer` (a SharedInformerFactory over ConfigMaps and Secrets, or over Pods
+//! with `--pods`) built against trixie's
 //! `golang-k8s-client-go-dev` (client-go 0.32) with trixie's go1.24, in GOPATH mode (no module
 //! proxy), stripped as Kubernetes builds (`-ldflags=-s -w`). The client-go source and its
 //! `golang-*` dependency closure are extracted through [`crate::debian`] (nothing installed)

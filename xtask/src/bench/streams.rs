@@ -1,18 +1,21 @@
 //! Go clients' streams: what the uprobes on a Go client's `crypto/tls` and HTTP/2 framer cost.
-//! Several `kubectl get pods -w` watch the fixture apiserver, which changes a pod every 10 ms:
-//! a DATA frame per event on every watch; first kubectl 1.20 (Go 1.19, stripped, as built for
-//! Kubernetes 1.20), then the image's kubectl 1.32 (Go 1.23). The same kubectl processes run
-//! through each one's rounds; in interleaved rounds nobody observes them, the connection-only
-//! agent (`--no-go-probes`) does, or the agent with its Go probes does.
+//! Several Go clients watch the fixture apiserver's pods, which it changes every 10 ms: a DATA
+//! frame per event on every watch, one output line per event; first `kubectl get pods -w` of
+//! kubectl 1.20 (Go 1.19, stripped, as built for Kubernetes 1.20), then the image's kubectl 1.32
+//! (Go 1.23), then the client-go 0.32 informer of the real-cluster tier built with go1.24
+//! (`tests/clients/informer --pods`). The same processes run through each one's rounds; in
+//! interleaved rounds nobody observes them, the connection-only agent (`--no-go-probes`)
+//! does, or the agent with its Go probes does.
 //! Printed: the clients' events per second and CPU per event against no observer, the kernel's
 //! cost per probed call (`kernel.bpf_stats_enabled`), the agent's CPU per stream record over
 //! the connection-only agent's; then a client that runs no probed binary (python's OpenSSL,
-//! while the kubectls are stopped, their probes still attached) against no observer, and the
+//! while the kubectl 1.20 watches are stopped, their probes still attached) against no observer, and the
 //! probes' calls meanwhile.
 use std::{
     collections::BTreeMap,
     fs,
     io::{BufRead, BufReader},
+    path::Path,
     process::{Child, Stdio},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -26,27 +29,53 @@ use super::{
     cpu_seconds, http_get, median, metric, per_call, prog_stats, Bins, Lab, Report, AGENT_ADDR, WATCHED_PORT,
 };
 use crate::setup::{KUBECTL_1_20, KUBECTL_1_32_ITSELF};
-use crate::{workspace, Failed, Result};
+use crate::{informer, workspace, Failed, Result};
 
-/// A kubectl whose `get pods -w` is measured.
-struct Kubectl {
+/// A Go client whose watch of pods is measured.
+struct Client {
     path: &'static str,
     /// What it is, for the report.
     label: &'static str,
+    /// How it is run: `kubectl get pods -w`, or the informer with `--pods`.
+    kind: ClientKind,
 }
 
-/// Issue 26 item 2: the kubectl of Kubernetes 1.20 and the image's kubectl 1.32.
-const KUBECTLS: [Kubectl; 2] = [
-    Kubectl {
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ClientKind {
+    Kubectl,
+    Informer,
+}
+
+impl ClientKind {
+    /// What it runs, for the report.
+    fn command(self) -> &'static str {
+        match self {
+            ClientKind::Kubectl => "kubectl get pods -w",
+            ClientKind::Informer => "informer --pods",
+        }
+    }
+}
+
+/// Issue 26 item 2: the kubectl of Kubernetes 1.20, the image's kubectl 1.32, and a client-go
+/// 0.32 informer built with go1.24.
+const CLIENTS: [Client; 3] = [
+    Client {
         path: KUBECTL_1_20,
         label: "kubectl 1.20: Go 1.19, stripped",
+        kind: ClientKind::Kubectl,
     },
-    Kubectl {
+    Client {
         path: KUBECTL_1_32_ITSELF,
         label: "the image's kubectl 1.32: Go 1.23",
+        kind: ClientKind::Kubectl,
+    },
+    Client {
+        path: informer::BIN,
+        label: "a client-go 0.32 informer: Go 1.24, stripped",
+        kind: ClientKind::Informer,
     },
 ];
-/// Watches at once (each its own kubectl process and connection).
+/// Watches at once (each its own client process and connection).
 const WATCHES: usize = 4;
 const EVENT_INTERVAL: &str = "10ms";
 /// Issue 26's goal for each probe, per call in the kernel (bpf_stats).
@@ -92,24 +121,29 @@ impl Observer {
     }
 }
 
-/// One kubectl watch, its output lines (one per event) counted.
+/// One client's watch, its output lines (one per event) counted.
 struct Watch {
     child: Child,
     lines: Arc<AtomicU64>,
 }
 
 impl Watch {
-    fn start(lab: &Lab, kubectl: &str) -> Result<Watch> {
+    /// Starts `client` against the fixture; the informer reads `kubeconfig`.
+    fn start(lab: &Lab, client: &Client, kubeconfig: &Path) -> Result<Watch> {
         let server = format!("https://127.0.0.1:{WATCHED_PORT}");
-        let mut child = lab
-            .in_ns(kubectl)
-            .args(["--server", &server, "--insecure-skip-tls-verify", "--token", "x"])
-            .args(["get", "pods", "-w"])
+        let mut command = lab.in_ns(client.path);
+        match client.kind {
+            ClientKind::Kubectl => command
+                .args(["--server", &server, "--insecure-skip-tls-verify", "--token", "x"])
+                .args(["get", "pods", "-w"]),
+            ClientKind::Informer => command.arg("--pods").arg("--kubeconfig").arg(kubeconfig),
+        };
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| Failed(format!("{kubectl}: {e}")))?;
+            .map_err(|e| Failed(format!("{}: {e}", client.path)))?;
         let lines = Arc::new(AtomicU64::new(0));
         let out = child.stdout.take().expect("piped");
         let counted = lines.clone();
@@ -240,7 +274,7 @@ fn observe(lab: &mut Lab, bins: &Bins, observer: Observer, pids: &[u32]) -> Resu
     Ok(Some(agent))
 }
 
-/// What the rounds of one kubectl measured, per observer: its windows, and each window's
+/// What the rounds of one client measured, per observer: its windows, and each window's
 /// events/s and client CPU per event against the round's no-agent window.
 struct Measured {
     windows: BTreeMap<Observer, Vec<Window>>,
@@ -254,7 +288,7 @@ type PythonRow = (Observer, f64, u64, Option<bool>);
 const ORDER: [Observer; 3] = [Observer::None, Observer::Connections, Observer::Streams];
 
 pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
-    if let Some(missing) = KUBECTLS.iter().find(|k| !std::path::Path::new(k.path).is_file()) {
+    if let Some(missing) = CLIENTS.iter().find(|k| !Path::new(k.path).is_file()) {
         return Err(Failed(format!(
             "{} is missing: run `cargo xtask setup`",
             missing.path
@@ -267,6 +301,7 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
     let mut server = lab.in_ns(&apiserver);
     server.args(["--listen", &listen, "--cert-dir"]).arg(&certs);
     // The fixture ends a watch after 60 s by default, and `kubectl get -w` exits then.
+    let kubeconfig = certs.join("kubeconfig");
     server.args(["--event-interval", EVENT_INTERVAL, "--watch-timeout", "1h"]);
     lab.spawn(&mut server)?;
     thread::sleep(Duration::from_secs(2));
@@ -274,14 +309,16 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
     report.line("## Go clients' streams");
     report.line("");
     let mut python_rows = Vec::new();
-    for (index, kubectl) in KUBECTLS.iter().enumerate() {
+    fs::write(&kubeconfig, fixture_kubeconfig(&format!("https://{listen}")))
+        .map_err(|e| Failed(format!("{}: {e}", kubeconfig.display())))?;
+    for (index, client) in CLIENTS.iter().enumerate() {
         let watches = (0..WATCHES)
-            .map(|_| Watch::start(&lab, kubectl.path))
+            .map(|_| Watch::start(&lab, client, &kubeconfig))
             .collect::<Result<Vec<_>>>()?;
         let pids: Vec<u32> = watches.iter().map(|w| w.child.id()).collect();
         thread::sleep(Duration::from_secs(3));
-        let measured = rounds(&mut lab, bins, kubectl, &watches, &pids)?;
-        report_rounds(report, kubectl, &measured);
+        let measured = rounds(&mut lab, bins, client, &watches, &pids)?;
+        report_rounds(report, client, &measured);
         if index == 0 {
             python_rows = python_beside(&mut lab, bins, &watches, &pids)?;
         }
@@ -291,14 +328,33 @@ pub(super) fn streams_section(bins: &Bins, report: &mut Report) -> Result {
     Ok(())
 }
 
-/// The interleaved rounds of one kubectl's watches.
-fn rounds(
-    lab: &mut Lab,
-    bins: &Bins,
-    kubectl: &Kubectl,
-    watches: &[Watch],
-    pids: &[u32],
-) -> Result<Measured> {
+/// A kubeconfig for the fixture at `server`: any bearer token, its certificate not verified.
+fn fixture_kubeconfig(server: &str) -> String {
+    [
+        "apiVersion: v1",
+        "kind: Config",
+        "clusters:",
+        "- name: fixture",
+        "  cluster:",
+        &format!("    server: {server}"),
+        "    insecure-skip-tls-verify: true",
+        "users:",
+        "- name: bench",
+        "  user:",
+        "    token: x",
+        "contexts:",
+        "- name: fixture",
+        "  context:",
+        "    cluster: fixture",
+        "    user: bench",
+        "current-context: fixture",
+        "",
+    ]
+    .join("\n")
+}
+
+/// The interleaved rounds of one client's watches.
+fn rounds(lab: &mut Lab, bins: &Bins, client: &Client, watches: &[Watch], pids: &[u32]) -> Result<Measured> {
     let mut windows: BTreeMap<Observer, Vec<Window>> = BTreeMap::new();
     let mut ratios: BTreeMap<Observer, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for round in 0..ROUNDS {
@@ -315,14 +371,14 @@ fn rounds(
             }
             if w.events_per_second < 1.0 {
                 return Err(Failed(format!(
-                    "{}, round {round}, {}: the kubectl watches printed no event (did they exit?)",
-                    kubectl.path,
+                    "{}, round {round}, {}: the watches printed no event (did they exit?)",
+                    client.path,
                     observer.label()
                 )));
             }
             eprintln!(
                 "{}, round {round}: {:<44} {:6.0} events/s, client {:6.1} µs/event, agent {:.2} ms/s, {:.0} stream records, {:.0} lost place",
-                kubectl.label,
+                client.label,
                 observer.label(),
                 w.events_per_second,
                 w.client_us_per_event,
@@ -392,16 +448,17 @@ fn python_beside(lab: &mut Lab, bins: &Bins, watches: &[Watch], pids: &[u32]) ->
     Ok(python_rows)
 }
 
-/// One kubectl's table and the kernel's cost per probed call.
-fn report_rounds(report: &mut Report, kubectl: &Kubectl, measured: &Measured) {
+/// One client's table and the kernel's cost per probed call.
+fn report_rounds(report: &mut Report, client: &Client, measured: &Measured) {
     let Measured { windows, ratios } = measured;
     report.line(format!(
-        "{WATCHES} `kubectl get pods -w` ({}) on the fixture \
+        "{WATCHES} `{}` ({}) on the fixture \
          apiserver, which changes a pod every {EVENT_INTERVAL} (a DATA frame per event on every \
          watch, one output line per event); the same processes throughout, {SECONDS} s per \
          observer, {ROUNDS} interleaved rounds, each starting with another observer (medians; \
-         ratios against the round's no-agent window). Client CPU is the kubectls' own (all threads) per event they printed.",
-        kubectl.label
+         ratios against the round's no-agent window). Client CPU is the clients' own (all threads) per event they printed.",
+        client.kind.command(),
+        client.label
     ));
     report.line("");
     report.line("| observer | events/s | vs no agent | client CPU per event | vs no agent | agent CPU | stream records/s | frames that lost their place (all windows) |");
