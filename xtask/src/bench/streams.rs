@@ -9,8 +9,8 @@
 //! Printed: the clients' events per second and CPU per event against no observer, the kernel's
 //! cost per probed call (`kernel.bpf_stats_enabled`), the agent's CPU per stream record over
 //! the connection-only agent's; then a client that runs no probed binary (python's OpenSSL,
-//! while the kubectl 1.20 watches are stopped, their probes still attached) against no observer, and the
-//! probes' calls meanwhile.
+//! while the kubectl 1.20 watches are stopped, their probes still attached) against no
+//! observer, and the probes' calls meanwhile.
 use std::{
     collections::BTreeMap,
     fs,
