@@ -468,7 +468,7 @@ fn wait_readable(ring: &RingBuf<MapData>, timeout: Duration) -> io::Result<bool>
         events: libc::POLLIN,
         revents: 0,
     };
-    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    let ms = poll_millis(timeout);
     // SAFETY: one valid pollfd for the duration of the call.
     match unsafe { libc::poll(&mut fd, 1, ms) } {
         n if n > 0 => Ok(true),
@@ -481,6 +481,13 @@ fn wait_readable(ring: &RingBuf<MapData>, timeout: Duration) -> io::Result<bool>
             }
         }
     }
+}
+
+/// `timeout` in poll(2)'s whole milliseconds, rounded up: rounded down, the last millisecond
+/// before a tick would be a loop of polls that return at once (a spin of ~1 ms every second,
+/// most of an idle agent's CPU).
+fn poll_millis(timeout: Duration) -> i32 {
+    i32::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
 }
 
 /// The counts that grew since the last read, as `(key, growth)`; `seen` becomes the current
@@ -633,6 +640,23 @@ mod tests {
             dport: 443,
             daddr,
         }
+    }
+
+    #[test]
+    fn a_wait_shorter_than_a_millisecond_still_sleeps() {
+        assert_eq!(
+            poll_millis(Duration::from_micros(300)),
+            1,
+            "not a poll that returns at once"
+        );
+        assert_eq!(poll_millis(Duration::from_micros(1_001)), 2);
+        assert_eq!(poll_millis(Duration::from_millis(250)), 250);
+        assert_eq!(
+            poll_millis(Duration::ZERO),
+            0,
+            "a tick already due is not waited for"
+        );
+        assert_eq!(poll_millis(Duration::MAX), i32::MAX);
     }
 
     #[test]
