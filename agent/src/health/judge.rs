@@ -4,6 +4,7 @@
 //! every endpoint's reachability. Every action after the tick reads that snapshot.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    net::SocketAddr,
     time::{Instant, SystemTime},
 };
 
@@ -128,16 +129,19 @@ struct Group {
     attempts: Vec<Attempt>,
 }
 
-/// Every owned connection's snapshot and facts, grouped by owner. The references are sorted
-/// by (owner, local address): 16 bytes moved per connection rather than a ~200-byte snapshot,
-/// and each owner's connections come as one run, so that a connection costs no hash lookup
-/// (a busy controller holds thousands, judged every second).
+/// Every owned connection's snapshot and facts, grouped by owner. References are sorted by
+/// (owner, local address), an integer key copied beside each (a comparison that read it
+/// through the reference would miss the cache: the table is touched once a second), rather
+/// than ~200-byte snapshots; each owner's connections come as one run, so that a connection
+/// costs no hash lookup (a busy controller holds thousands, judged every second).
 fn group_by_owner(table: &ConnectionTable, t: &Thresholds, now: Instant) -> HashMap<u32, Group> {
-    let mut ordered: Vec<(u32, &Connection)> =
-        table.connections().filter_map(|c| Some((c.owner?, c))).collect();
-    ordered.sort_unstable_by_key(|(pid, c)| (*pid, c.tuple.local));
+    let mut ordered: Vec<(OwnerKey, &Connection)> = table
+        .connections()
+        .filter_map(|c| Some((owner_key(c.owner?, c.tuple.local), c)))
+        .collect();
+    ordered.sort_unstable_by_key(|&(key, _)| key);
     let mut groups = HashMap::new();
-    for run in ordered.chunk_by(|a, b| a.0 == b.0) {
+    for run in ordered.chunk_by(|a, b| owner_of(a.0) == owner_of(b.0)) {
         let judged = run.iter().any(|(_, c)| c.streams.responded);
         let mut group = Group {
             judged,
@@ -183,9 +187,23 @@ fn group_by_owner(table: &ConnectionTable, t: &Thresholds, now: Instant) -> Hash
                 _ => {}
             }
         }
-        groups.insert(run[0].0, group);
+        groups.insert(owner_of(run[0].0), group);
     }
     groups
+}
+
+/// (owner and address family, address, port): in the order of `(pid, SocketAddr)`.
+type OwnerKey = (u64, u128, u16);
+
+fn owner_key(pid: u32, local: SocketAddr) -> OwnerKey {
+    match local {
+        SocketAddr::V4(a) => (u64::from(pid) << 1, u128::from(a.ip().to_bits()), a.port()),
+        SocketAddr::V6(a) => (u64::from(pid) << 1 | 1, a.ip().to_bits(), a.port()),
+    }
+}
+
+fn owner_of(key: OwnerKey) -> u32 {
+    (key.0 >> 1) as u32
 }
 
 /// A connection's open streams for the snapshot, `stuck` ones marked (none unless `judged`).
@@ -276,10 +294,18 @@ fn process_evidence(
 /// a CIDR endpoint the addresses its clients connect to.
 pub fn probe_targets(table: &ConnectionTable) -> Targets {
     let mut targets = Targets::new();
+    let mut cidr = false;
     for (endpoint, _) in table.endpoints().iter() {
-        if let Some(addr) = endpoint.host_addr() {
-            targets.entry(*endpoint).or_default().insert(addr);
+        match endpoint.host_addr() {
+            Some(addr) => {
+                targets.entry(*endpoint).or_default().insert(addr);
+            }
+            None => cidr = true,
         }
+    }
+    // Only a CIDR endpoint's targets come from the connections (walked every second).
+    if !cidr {
+        return targets;
     }
     for c in table.connections() {
         if c.endpoint.host_addr().is_none() {

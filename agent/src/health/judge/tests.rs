@@ -297,3 +297,28 @@ fn streams_are_judged_only_once_a_response_was_seen() {
         .expect("the watch listed");
     assert!(watch.stuck, "judged now: {watch:?}");
 }
+
+#[test]
+fn owner_keys_sort_as_pid_then_local_address_and_keep_a_process_whole() {
+    let addrs = [
+        "10.0.0.2:40000",
+        "10.0.0.1:50000",
+        "[::1]:1",
+        "10.0.0.1:40001",
+        "[fd00::1]:2",
+    ];
+    for pid in [1, 7, u32::MAX] {
+        let mut by_std: Vec<(u32, SocketAddr)> = [pid, pid.saturating_sub(1)]
+            .iter()
+            .flat_map(|&p| addrs.iter().map(move |a| (p, a.parse().unwrap())))
+            .collect();
+        let mut by_key = by_std.clone();
+        by_std.sort();
+        by_key.sort_by_key(|&(p, a)| owner_key(p, a));
+        assert_eq!(by_key, by_std);
+        assert!(
+            by_key.iter().all(|&(p, a)| owner_of(owner_key(p, a)) == p),
+            "v4 and v6 alike"
+        );
+    }
+}
