@@ -10,6 +10,7 @@ use super::{
     facts::LossCause,
     ordered::{Ordered, Segment},
     process::{end_of, locally_closed, push_failure, End},
+    samples::ARRIVAL_SLACK,
     streams::Streams,
     Applied, ConnId, ConnectFailure, Connection, ConnectionTable, FailureReason, Origin, ProcessRecord,
     Tuple,
@@ -103,6 +104,12 @@ impl ConnectionTable {
                 let request = conn.ordered.apply(segment);
                 if len > 0 {
                     conn.last_receive = conn.last_receive.max(Some(ev.at));
+                    if conn
+                        .inbound_unreported
+                        .is_some_and(|at| ev.at + ARRIVAL_SLACK >= at)
+                    {
+                        conn.inbound_unreported = None;
+                    }
                 }
                 conn.last_payload = conn.last_payload.max(conn.ordered.last_answer());
                 if conn.origin == Origin::Event && conn.first_answer.is_none() {
@@ -284,6 +291,7 @@ impl ConnectionTable {
                 stalled_since: None,
                 vanished_at: None,
                 last_change: None,
+                inbound_unreported: None,
                 outstanding: false,
                 gap: None,
             },

@@ -204,6 +204,11 @@ pub struct Connection {
     pub vanished_at: Option<Instant>,
     /// When a sample last found its counters changed (the first sample counts as a change).
     pub last_change: Option<Instant>,
+    /// Payload a sample found arrived moments before, that no segment record had reported
+    /// yet: its arrival. The pump applies segment records up to a drain late, so one is as a
+    /// rule on its way and clears this; if the next sample still finds it set, the payload
+    /// went unreported and counts as a change then (see `samples.rs`, `update_evidence`).
+    pub inbound_unreported: Option<Instant>,
     /// The last sample found data unacknowledged or not sent yet.
     pub outstanding: bool,
     /// Records about it the kernel did not send, if any were lost lately (see `gaps.rs`).
@@ -244,13 +249,6 @@ impl Connection {
         self.sampled_at
             .is_some_and(|at| now.saturating_duration_since(at) <= SAMPLE_MAX_AGE)
     }
-}
-
-/// A tracked connection for the sampler, and whether a sample of it is due.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SampleTarget {
-    pub tuple: Tuple,
-    pub due: bool,
 }
 
 /// How a process's last established connection ended, when that is a loss.
@@ -324,12 +322,17 @@ pub enum Applied {
     Retransmit { pid: Option<u32>, endpoint: Endpoint },
 }
 
+/// The table's maps of connections, keyed by what a kernel record or sample names (see
+/// `foldhash` in `agent/Cargo.toml`).
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+pub type Set<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 pub struct ConnectionTable {
     endpoints: EndpointSet,
-    conns: HashMap<ConnId, Connection>,
-    by_sk: HashMap<u64, ConnId>,
-    by_tuple: HashMap<Tuple, ConnId>,
+    conns: Map<ConnId, Connection>,
+    by_sk: Map<u64, ConnId>,
+    by_tuple: Map<Tuple, ConnId>,
     processes: HashMap<u32, ProcessRecord>,
     next_id: ConnId,
     /// This agent's own pid: its own connections (apiserver watch, reachability probes) are
@@ -354,6 +357,8 @@ pub struct ConnectionTable {
     /// otherwise since, walk again). Lets the sampler skip a round of quiet connections
     /// without walking them.
     next_sample_due: Option<Instant>,
+    /// See [`Self::namespaces`].
+    namespaces: Set<u64>,
 }
 
 impl ConnectionTable {

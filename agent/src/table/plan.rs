@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use lifeline_common::tcp_state;
 
-use super::{Connection, ConnectionTable, Sample, SampleTarget, Tuple, QUIET_AFTER, QUIET_EVERY};
+use super::{Connection, ConnectionTable, Sample, Set, Tuple, QUIET_AFTER, QUIET_EVERY};
 
 /// A sample is due this much before [`QUIET_EVERY`] is over (rounds are about a second apart,
 /// not exactly).
@@ -38,32 +38,35 @@ impl Connection {
 }
 
 impl ConnectionTable {
-    /// Every tracked connection with a complete tuple, for the sampler, with whether a sample
-    /// of it is due at `now` (the others may be sampled too, when it costs nothing more);
+    /// The tracked connections (with a complete tuple) whose sample is due at `now`, for the
+    /// sampler (a dump it makes for them samples the others it finds too, at no extra cost);
     /// `None` when none is due and none changed since the last call said when one would be.
-    pub fn sample_targets(&mut self, now: Instant) -> Option<Vec<SampleTarget>> {
+    /// Only the due ones are listed: most rounds read a few busy connections of thousands.
+    pub fn sample_targets(&mut self, now: Instant) -> Option<Vec<Tuple>> {
         if self.next_sample_due.is_some_and(|at| now < at) {
             return None;
         }
         let mut next = None::<Instant>;
-        let targets = self
-            .conns
-            .values()
-            .filter(|c| c.tuple.local.port() != 0)
-            .map(|c| {
-                let at = c.sample_due_at(now);
-                if at > now {
-                    next = Some(next.map_or(at, |n| n.min(at)));
-                }
-                SampleTarget {
-                    tuple: c.tuple,
-                    due: at <= now,
-                }
-            })
-            .collect::<Vec<_>>();
+        let mut targets = Vec::new();
+        self.namespaces.clear();
+        for c in self.conns.values().filter(|c| c.tuple.local.port() != 0) {
+            self.namespaces.insert(c.tuple.netns);
+            let at = c.sample_due_at(now);
+            if at > now {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            } else {
+                targets.push(c.tuple);
+            }
+        }
         // The due ones' next samples are folded in as they are applied (`apply_sample`).
         self.next_sample_due = Some(next.unwrap_or(now + QUIET_EVERY));
         Some(targets)
+    }
+
+    /// The network namespaces of the tracked connections, as the last walk for the sampler
+    /// ([`Self::sample_targets`]) found them.
+    pub fn namespaces(&self) -> &Set<u64> {
+        &self.namespaces
     }
 
     /// Some due connections could not be read (their namespace could not be entered, the

@@ -30,7 +30,7 @@ use crate::{
     host::process::{Liveness, ProcessInfo, Procfs},
     host::sock_diag::{self, DiagSocket},
     kernel::programs::KernelStats,
-    table::{ConnectionTable, Sample, SampleTarget, Scanned, Tuple},
+    table::{ConnectionTable, Sample, Scanned, Set, Tuple},
 };
 
 /// How often every namespace is scanned again although no event was lost.
@@ -194,11 +194,16 @@ impl Sampler {
         let t0 = Instant::now();
         let (tracked, targets) = {
             let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
-            (table.connection_count(), table.sample_targets(t0))
+            let targets = table
+                .sample_targets(t0)
+                .map(|due| (due, table.namespaces().clone()));
+            (table.connection_count(), targets)
         };
         round.tracked = tracked;
         // None: nothing is due (every connection quiet and read lately): nothing to read.
-        let samples = targets.map_or_else(Vec::new, |targets| self.read(targets, &mut round));
+        let samples = targets.map_or_else(Vec::new, |(due, namespaces)| {
+            self.read(due, &namespaces, &mut round)
+        });
         let unread = std::mem::take(&mut round.unread);
         round.sampled = samples.len();
         let t1 = Instant::now();
@@ -227,20 +232,16 @@ impl Sampler {
         round
     }
 
-    /// Reads the sockets of `targets` that are due (and, from a dump, the others of their
-    /// namespace) in their namespaces.
-    fn read(&mut self, targets: Vec<SampleTarget>, round: &mut Round) -> Vec<(Tuple, Sample)> {
-        let mut by_netns: HashMap<u64, Vec<SampleTarget>> = HashMap::new();
-        for t in targets {
-            by_netns.entry(t.tuple.netns).or_default().push(t);
+    /// Reads the sockets of `due` (and, from a dump, the others it finds) in their namespaces.
+    fn read(&mut self, due: Vec<Tuple>, tracked: &Set<u64>, round: &mut Round) -> Vec<(Tuple, Sample)> {
+        let mut by_netns: HashMap<u64, Vec<Tuple>> = HashMap::new();
+        for t in due {
+            by_netns.entry(t.netns).or_default().push(t);
         }
         // Do not keep namespaces alive (a socket pins its netns) once nothing is tracked there.
-        self.sockets.retain(|inode, _| by_netns.contains_key(inode));
+        self.sockets.retain(|inode, _| tracked.contains(inode));
         let mut samples = Vec::new();
         for (inode, targets) in by_netns {
-            if !targets.iter().any(|t| t.due) {
-                continue;
-            }
             let socket = match self.socket_for(inode) {
                 Ok(socket) => socket,
                 Err(err) => {
@@ -388,22 +389,25 @@ pub const DUMP_FROM: usize = 512;
 /// States a tracked socket can be in: all but listeners and request sockets.
 const SAMPLED_STATES: u32 = !(1 << tcp_state::LISTEN | 1 << 12);
 
-/// The sockets of one namespace whose sample is due, as sock_diag reports them now (`None`:
-/// gone). Below `dump_from` due sockets, exact lookups of those; from there on, one dump per
-/// (family, remote port) among the namespace's tracked sockets, which the kernel filters by
-/// port: it walks its whole established hash table (a fixed cost per namespace) but builds one
-/// reply datagram per ~80 sockets instead of one per socket, and it answers for every tracked
-/// socket of the namespace, due or not, at no extra cost.
+/// The sockets of one namespace whose sample is due, in their order, as sock_diag reports
+/// them now (`None`: gone). Below `dump_from` due sockets, exact lookups of those; from there
+/// on, one dump per (family, remote port) among them, which the kernel filters by port: it
+/// walks its whole established hash table (a fixed cost per namespace) but builds one reply
+/// datagram per ~80 sockets instead of one per socket, and it answers for every other socket
+/// to that port too, due or not, at no extra cost: those follow (the table ignores any it
+/// does not track).
 fn look_up(
     socket: &DiagSocket,
-    targets: &[SampleTarget],
+    due: &[Tuple],
     dump_from: usize,
 ) -> sock_diag::Result<Vec<(Tuple, Option<sock_diag::TcpSocketInfo>)>> {
-    let due: Vec<Tuple> = targets.iter().filter(|t| t.due).map(|t| t.tuple).collect();
     if due.len() < dump_from {
         let pairs: Vec<(SocketAddr, SocketAddr)> = due.iter().map(|t| (t.local, t.remote)).collect();
-        return Ok(due.into_iter().zip(socket.lookup_many(&pairs)?).collect());
+        return Ok(due.iter().copied().zip(socket.lookup_many(&pairs)?).collect());
     }
+    let Some(netns) = due.first().map(|t| t.netns) else {
+        return Ok(Vec::new());
+    };
     let family = |a: &SocketAddr| {
         if a.is_ipv4() {
             libc::AF_INET as u16
@@ -411,20 +415,28 @@ fn look_up(
             libc::AF_INET6 as u16
         }
     };
-    let dumps: BTreeSet<(u16, u16)> = targets
-        .iter()
-        .map(|t| (family(&t.tuple.local), t.tuple.remote.port()))
-        .collect();
-    let mut found = HashMap::with_capacity(targets.len());
+    let dumps: BTreeSet<(u16, u16)> = due.iter().map(|t| (family(&t.local), t.remote.port())).collect();
+    let mut found: HashMap<_, _, foldhash::fast::RandomState> = HashMap::default();
     for (family, port) in dumps {
         for s in socket.dump_to_port(family, SAMPLED_STATES, port)? {
             found.insert((s.local, s.remote), s);
         }
     }
-    Ok(targets
+    let mut samples: Vec<_> = due
         .iter()
-        .map(|t| (t.tuple, found.remove(&(t.tuple.local, t.tuple.remote))))
-        .collect())
+        .map(|t| (*t, found.remove(&(t.local, t.remote))))
+        .collect();
+    samples.extend(found.into_values().map(|s| {
+        (
+            Tuple {
+                netns,
+                local: s.local,
+                remote: s.remote,
+            },
+            Some(s),
+        )
+    }));
+    Ok(samples)
 }
 
 /// Shared handle used by the agent's tasks.
@@ -494,12 +506,8 @@ mod tests {
         };
         tuples.insert(5, gone);
         let socket = DiagSocket::open_in(&ns.path).expect("sock_diag");
-        let targets: Vec<SampleTarget> = tuples
-            .iter()
-            .map(|&tuple| SampleTarget { tuple, due: true })
-            .collect();
-        let by_lookups = look_up(&socket, &targets, usize::MAX).expect("lookups");
-        let by_dumps = look_up(&socket, &targets, 0).expect("dumps");
+        let by_lookups = look_up(&socket, &tuples, usize::MAX).expect("lookups");
+        let by_dumps = look_up(&socket, &tuples, 0).expect("dumps");
         let summary =
             |found: &[(Tuple, Option<sock_diag::TcpSocketInfo>)]| -> Vec<Option<(SocketAddr, u8, bool)>> {
                 assert_eq!(
@@ -515,22 +523,27 @@ mod tests {
         assert_eq!(summary(&by_lookups), summary(&by_dumps));
         assert!(by_dumps[5].1.is_none(), "the tuple nobody has");
         assert_eq!(by_dumps.iter().filter(|f| f.1.is_some()).count(), 20);
-        // Lookups ask only for what is due; a dump answers for every target.
-        let some_due: Vec<SampleTarget> = targets
-            .iter()
-            .enumerate()
-            .map(|(i, t)| SampleTarget {
-                due: i % 3 == 0,
-                ..*t
-            })
-            .collect();
-        let looked_up = look_up(&socket, &some_due, usize::MAX).expect("lookups");
-        let due: Vec<Tuple> = some_due.iter().filter(|t| t.due).map(|t| t.tuple).collect();
+        // Lookups ask only for what is due; a dump answers for those first, in their order,
+        // then for every other socket it found (the other 13 clients; the server's side of
+        // each connection goes to another port).
+        let due: Vec<Tuple> = tuples.iter().step_by(3).copied().collect();
+        let looked_up = look_up(&socket, &due, usize::MAX).expect("lookups");
         assert_eq!(looked_up.iter().map(|f| f.0).collect::<Vec<_>>(), due);
+        let dumped = look_up(&socket, &due, 1).expect("dumps");
         assert_eq!(
-            look_up(&socket, &some_due, 1).expect("dumps").len(),
-            targets.len()
+            dumped.iter().map(|f| f.0).take(due.len()).collect::<Vec<_>>(),
+            due
         );
+        let mut others: Vec<Tuple> = dumped[due.len()..].iter().map(|f| f.0).collect();
+        others.sort_by_key(|t| t.local);
+        let mut expected: Vec<Tuple> = tuples
+            .iter()
+            .filter(|t| !due.contains(t) && **t != gone)
+            .copied()
+            .collect();
+        expected.sort_by_key(|t| t.local);
+        assert_eq!(others, expected, "the others found, once each");
+        assert!(dumped[due.len()..].iter().all(|f| f.1.is_some()));
         drop(listener);
     }
 }

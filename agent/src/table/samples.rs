@@ -11,6 +11,13 @@ use super::{
 };
 use crate::host::sock_diag::TcpInfo;
 
+/// How long after its arrival a segment's record may still wait in the ring: the pump's
+/// longest wait between drains ([`crate::app::pump::DRAIN_EVERY`], 250 ms) and a margin.
+const IN_FLIGHT: Duration = Duration::from_secs(1);
+/// `tcp_info`'s `last_data_recv` is counted in jiffies (4 ms at HZ=250), a segment record's
+/// arrival in nanoseconds: a record this much before the sample's estimate is the same payload.
+pub(super) const ARRIVAL_SLACK: Duration = Duration::from_millis(20);
+
 impl ConnectionTable {
     /// Applies one sampler result taken at `now` (the plan's side of it is
     /// [`Self::apply_sample`]).
@@ -86,14 +93,24 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) {
     // there: it does not keep a connection from being quiet (a watch that receives an event
     // every few seconds is sampled as seldom as an idle one).
     let reported = conn.last_receive > conn.sampled_at && conn.sampled_at.is_some();
+    let ago = Duration::from_millis(u64::from(tcp.last_data_recv_ms));
+    let t_recv = now.checked_sub(ago).unwrap_or(now);
     if (!first || conn.origin == Origin::Event) && tcp.bytes_received > conn.bytes_received {
-        let ago = Duration::from_millis(u64::from(tcp.last_data_recv_ms));
-        let t_recv = now.checked_sub(ago).unwrap_or(now);
         conn.last_receive = conn.last_receive.max(Some(t_recv));
     }
     let inbound = tcp.bytes_received != conn.bytes_received || tcp.data_segs_in != conn.data_segs_in;
+    // Payload that arrived within a drain of the pump may have its segment record still in
+    // the ring: a change only if the next sample finds it unreported still (a watch that
+    // received an event just before a sample would otherwise be read every second for
+    // QUIET_AFTER, ~1 in 20 of a busy node's watches at any time).
+    let unreported_before = conn.inbound_unreported.take().is_some();
+    let unreported = inbound && !reported && !first;
+    if unreported && ago <= IN_FLIGHT {
+        conn.inbound_unreported = Some(t_recv);
+    }
     let changed = first
-        || (inbound && !reported)
+        || unreported_before
+        || (unreported && ago > IN_FLIGHT)
         || sent != conn.bytes_sent
         || segs_out != conn.data_segs_out
         || tcp.bytes_acked != conn.bytes_acked;

@@ -628,10 +628,7 @@ fn dual_stack_sockets_keep_their_form_and_match_ipv4_endpoints() {
     assert_eq!(c.endpoint, endpoint(APISERVER));
     assert_eq!(
         lab.table.sample_targets(lab.at(0)),
-        Some(vec![SampleTarget {
-            tuple: lab.tuple(40000),
-            due: true
-        }]),
+        Some(vec![lab.tuple(40000)]),
         "sampled in its own form"
     );
     lab.sample(1000, 40000, counters(2000, 4, 600, 3));
@@ -743,7 +740,9 @@ fn a_quiet_connection_is_sampled_every_few_seconds_anything_pending_every_second
     // Due: listed as due (None: the table knows that nothing is due yet, without a walk).
     let due = |lab: &mut Lab, ms: u64| {
         let at = lab.at(ms);
-        lab.table.sample_targets(at).is_some_and(|t| t[0].due)
+        lab.table
+            .sample_targets(at)
+            .is_some_and(|t| t.contains(&lab.tuple(40000)))
     };
     assert!(due(&mut lab, 0), "never sampled yet");
     let mut tcp = counters(2000, 4, 600, 3);
@@ -804,14 +803,7 @@ fn a_quiet_connection_is_sampled_every_few_seconds_anything_pending_every_second
         .table
         .sample_targets(lab.at(sampled + 92_001))
         .expect("walked after the event");
-    assert!(
-        targets.iter().any(|t| t.tuple == lab.tuple(40001) && t.due),
-        "{targets:?}"
-    );
-    assert!(
-        targets.iter().any(|t| t.tuple == lab.tuple(40000) && !t.due),
-        "{targets:?}"
-    );
+    assert_eq!(targets, vec![lab.tuple(40001)], "the quiet one is not due");
     lab.table
         .apply_sample(&lab.tuple(40000), Sample::Gone, lab.at(sampled + 94_000));
     assert!(due(&mut lab, sampled + 95_000), "vanished: confirm at once");
@@ -830,7 +822,7 @@ fn payload_that_segments_reported_keeps_the_sampling_plan_and_the_connection_qui
         .table
         .sample_targets(lab.at(quiet_from + 100))
         .expect("walked");
-    assert!(!targets[0].due, "quiet, sampled just now");
+    assert!(targets.is_empty(), "quiet, sampled just now");
     // An event's payload arrives: the plan stands, the table is not walked for it.
     lab.apply(quiet_from + 2000, 0xa, 40000, segment(900, 600), 0);
     assert_eq!(
@@ -841,29 +833,50 @@ fn payload_that_segments_reported_keeps_the_sampling_plan_and_the_connection_qui
     // Its sample, when due, finds only what the segment reported: still quiet.
     let next = quiet_from + QUIET_EVERY.as_millis() as u64;
     let targets = lab.table.sample_targets(lab.at(next)).expect("due");
-    assert!(targets[0].due);
+    assert_eq!(targets, vec![lab.tuple(40000)]);
     tcp.bytes_received += 900;
     tcp.data_segs_in += 1;
     lab.sample(next, 40000, tcp);
     assert!(lab.table.connections().next().unwrap().quiet(lab.at(next + 1000)));
     assert_eq!(lab.table.sample_targets(lab.at(next + 1000)), None);
-    // Payload no event reported is a change: sampled every second again.
+    let quiet = |lab: &Lab, ms: u64| lab.table.connections().next().unwrap().quiet(lab.at(ms));
+    let every = QUIET_EVERY.as_millis() as u64;
+    // Payload that arrived 30 ms before a sample, its segment's record still in the ring: no
+    // change; the record, applied after the sample, accounts for it.
     tcp.bytes_received += 900;
     tcp.data_segs_in += 1;
-    let later = next + QUIET_EVERY.as_millis() as u64;
+    tcp.last_data_recv_ms = 30;
+    let early = next + every;
+    lab.sample(early, 40000, tcp);
+    assert!(quiet(&lab, early + 1000), "its record is on its way");
+    lab.apply(early - 32, 0xa, 40000, segment(900, 600), 0);
+    lab.sample(early + every, 40000, tcp);
+    assert!(quiet(&lab, early + every + 1000), "reported after all");
+    // Payload that arrived just before a sample and was never reported: a change at the
+    // next sample.
+    tcp.bytes_received += 900;
+    tcp.data_segs_in += 1;
+    let unseen = early + 2 * every;
+    lab.sample(unseen, 40000, tcp);
+    assert!(quiet(&lab, unseen + 1000), "its record could still come");
+    lab.sample(unseen + every, 40000, tcp);
+    assert!(!quiet(&lab, unseen + every + 1000), "no record came");
+    // Payload no event reported, arrived longer ago than a record waits: a change at once,
+    // sampled every second again.
+    let later = unseen + every + QUIET_AFTER.as_millis() as u64 + 1000;
+    lab.sample(later - 1000, 40000, tcp);
+    assert!(quiet(&lab, later - 1000));
+    tcp.bytes_received += 900;
+    tcp.data_segs_in += 1;
+    tcp.last_data_recv_ms = 2000;
     lab.sample(later, 40000, tcp);
-    assert!(!lab
-        .table
-        .connections()
-        .next()
-        .unwrap()
-        .quiet(lab.at(later + 1000)));
+    assert!(!quiet(&lab, later + 1000));
     // A request (the client sends) makes it due at once, without a walk being forced.
     lab.apply(later + 1500, 0xa, 40000, segment(0, 1800), 0);
     assert!(lab
         .table
         .sample_targets(lab.at(later + 1600))
-        .is_some_and(|t| t[0].due));
+        .is_some_and(|t| t == vec![lab.tuple(40000)]));
 }
 
 /// A connect storm reuses kernel socket addresses: a connection whose socket address changed
