@@ -117,8 +117,9 @@ impl ConnectionTable {
                 }
                 conn.last_request = conn.last_request.max(conn.ordered.last_request());
                 let due = conn.sample_due_at(ev.at);
-                self.next_sample_due = self.next_sample_due.map(|n| n.min(due));
-                if let (Some(at), Some(pid)) = (request, conn.owner) {
+                let owner = conn.owner;
+                self.plan_sample(id, due, ev.at);
+                if let (Some(at), Some(pid)) = (request, owner) {
                     if let Some(p) = self.processes.get_mut(&pid) {
                         p.note_request(at);
                     }

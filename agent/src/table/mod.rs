@@ -359,6 +359,10 @@ pub struct ConnectionTable {
     next_sample_due: Option<Instant>,
     /// See [`Self::namespaces`].
     namespaces: Set<u64>,
+    /// Connections due at every round (not quiet), as the last walk and the samples and
+    /// segments since found them: a round reads these without a walk until
+    /// `next_sample_due` (see `plan.rs`).
+    busy: Set<ConnId>,
 }
 
 impl ConnectionTable {

@@ -989,3 +989,53 @@ fn where_frames_are_followed_a_wait_is_a_headers_frame_nothing_answered() {
         .apply_frame(&h2_frame(&lab, 8_000, true, frame::LOST_PLACE, 0, 0));
     assert_eq!(waiting_on(&lab, 8_001).1, Some(lab.at(7_499)));
 }
+
+#[test]
+fn rounds_between_walks_read_the_busy_connections_and_a_quiet_one_when_due() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    lab.connect(0, 0xb, 40001, 7);
+    let quiet = counters(2000, 4, 600, 3);
+    let mut busy = quiet;
+    let targets = |lab: &mut Lab, ms: u64| {
+        let mut t = lab.table.sample_targets(lab.at(ms)).unwrap_or_default();
+        t.sort_by_key(|t| t.local.port());
+        t.iter().map(|t| t.local.port()).collect::<Vec<_>>()
+    };
+    assert_eq!(targets(&mut lab, 1000), vec![40000, 40001], "never sampled");
+    // 40001 sends and is answered every second; 40000 is unchanged.
+    let quiet_from = 1000 + QUIET_AFTER.as_millis() as u64;
+    let mut last_quiet = 0;
+    for ms in (1000..quiet_from + 12_000).step_by(1000) {
+        let due = targets(&mut lab, ms);
+        if ms < quiet_from {
+            assert_eq!(due, vec![40000, 40001], "at {ms} ms: both change or are young");
+        } else if ms - last_quiet >= QUIET_EVERY.as_millis() as u64 {
+            assert_eq!(due, vec![40000, 40001], "at {ms} ms: the quiet one is due again");
+        } else {
+            assert_eq!(due, vec![40001], "at {ms} ms: only the busy one");
+        }
+        if due.contains(&40000) {
+            lab.sample(ms, 40000, quiet);
+            last_quiet = ms;
+        }
+        busy.bytes_received += 100;
+        busy.bytes_sent += 100;
+        busy.bytes_acked += 100;
+        lab.sample(ms, 40001, busy);
+    }
+    // The busy one falls quiet: nothing is read until the next quiet one's due time.
+    let still = quiet_from + 12_000;
+    for ms in (still..still + QUIET_AFTER.as_millis() as u64).step_by(1000) {
+        if targets(&mut lab, ms).contains(&40001) {
+            lab.sample(ms, 40001, busy);
+        }
+    }
+    let later = still + QUIET_AFTER.as_millis() as u64 + 1;
+    let due = lab.table.sample_targets(lab.at(later));
+    assert!(
+        due.as_ref()
+            .is_none_or(|d| !d.iter().any(|t| t.local.port() == 40001)),
+        "{due:?}"
+    );
+}
