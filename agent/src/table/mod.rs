@@ -244,6 +244,21 @@ impl Connection {
         }
     }
 
+    /// Asks the CPU to bring the connection's memory into its cache, for a loop that visits
+    /// connections out of memory order (a hint: nothing happens on other architectures). The
+    /// table is touched a few times a second: each visit would otherwise wait for memory.
+    pub fn prefetch(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let start = std::ptr::from_ref(self).cast::<i8>();
+            for line in (0..std::mem::size_of::<Self>()).step_by(64) {
+                // SAFETY: a prefetch never faults, and every address is within `self`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(line)) };
+            }
+        }
+    }
+
     /// Whether its `tcp_info` evidence is current at `now`.
     pub fn readable(&self, now: Instant) -> bool {
         self.sampled_at
