@@ -337,8 +337,8 @@ pub enum Applied {
     Retransmit { pid: Option<u32>, endpoint: Endpoint },
 }
 
-/// The table's maps of connections, keyed by what a kernel record or sample names (see
-/// `foldhash` in `agent/Cargo.toml`).
+/// The table's maps and sets of connections, keyed by what a kernel record or sample names
+/// (see `foldhash` in `agent/Cargo.toml`).
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 pub type Set<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
@@ -367,10 +367,10 @@ pub struct ConnectionTable {
     /// Open streams per process, counted high (a stream's end is not counted: the count is
     /// made again from the connections when it reaches the bound; see `requests.rs`).
     open_streams: HashMap<u32, requests::OpenCount>,
-    /// The earliest a sample of some connection will be due, as the last walk of the table
-    /// for the sampler found and the samples applied since say (None: a connection changed
-    /// otherwise since, walk again). Lets the sampler skip a round of quiet connections
-    /// without walking them.
+    /// The earliest a sample of a quiet connection will be due (the busy ones are in `busy`),
+    /// as the last walk of the table for the sampler found and the samples and segments
+    /// applied since say (None: a connection changed otherwise since, walk again). Lets the
+    /// sampler skip the walk until then.
     next_sample_due: Option<Instant>,
     /// See [`Self::namespaces`].
     namespaces: Set<u64>,
