@@ -30,7 +30,7 @@ use crate::{
     host::process::{Liveness, ProcessInfo, Procfs},
     host::sock_diag::{self, DiagSocket},
     kernel::programs::KernelStats,
-    table::{ConnectionTable, Sample, Scanned, Set, Tuple},
+    table::{ConnectionTable, Map, Sample, Scanned, Set, Tuple},
 };
 
 /// How often every namespace is scanned again although no event was lost.
@@ -416,7 +416,7 @@ fn look_up(
         }
     };
     let dumps: BTreeSet<(u16, u16)> = due.iter().map(|t| (family(&t.local), t.remote.port())).collect();
-    let mut found: HashMap<_, _, foldhash::fast::RandomState> = HashMap::default();
+    let mut found: Map<_, _> = Map::default();
     for (family, port) in dumps {
         for s in socket.dump_to_port(family, SAMPLED_STATES, port)? {
             found.insert((s.local, s.remote), s);
