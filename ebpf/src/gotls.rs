@@ -98,12 +98,13 @@ struct Reader {
     data_sent_ns: u64,
 }
 
-/// Each `*tls.Conn` found so far, by process and address: its socket and where its written
-/// frames stand. A write on a connection already known costs this lookup (and one of
-/// `SEGMENTS` only when a watched socket has closed since: `SEGMENT_ENDS`), not the walk
-/// through the file table. An entry is trusted only while the segment program keeps its
-/// socket (an established connection to an endpoint) and the `net.Conn` data word is the one
-/// it was found under; a walk starts it afresh, out of step with the frames.
+/// Each `*tls.Conn` found so far whose slot in `TLS_SLOTS` another live connection held, by
+/// process and address: its socket and where its written frames stand. A write on a
+/// connection already known costs a load from its slot or this lookup (and one of `SEGMENTS`
+/// only when a watched socket has closed since: `SEGMENT_ENDS`), not the walk through the file
+/// table. A record is trusted only while the segment program keeps its socket (an established
+/// connection to an endpoint) and the `net.Conn` data word is the one it was found under; a
+/// walk starts it afresh, out of step with the frames.
 #[map]
 static TLS_CONNS: LruHashMap<TlsConnKey, TlsConn> = LruHashMap::with_max_entries(16384, 0);
 
@@ -128,6 +129,30 @@ struct TlsConn {
     /// `SEGMENT_ENDS` when the socket was last found in `SEGMENTS`: while the count has not
     /// moved, no socket has left it since, and the socket is trusted without a lookup.
     ends_seen: u64,
+}
+
+/// One `*tls.Conn` record per process, direct-mapped by process: a process's connection
+/// found while its slot was free (empty, or its holder's socket gone) keeps its record here
+/// while it lives, and a write on it costs one array load where the lookup in `TLS_CONNS` (an
+/// LRU hash map) costs ~0.65 µs with a cold cache (benchmarks.md). A client keeps one HTTP/2
+/// connection to an apiserver as a rule, so most writes are on a slot's connection. A live
+/// holder is never displaced: a process's other connections, and those of a process whose
+/// slot another process holds, keep their records in `TLS_CONNS`, and no two take turns
+/// losing their place. 512 slots of 48 bytes stay within what the kernel allocates from its
+/// direct map.
+#[map]
+static TLS_SLOTS: Array<TlsSlot> = Array::with_max_entries(TLS_SLOT_COUNT, 0);
+const TLS_SLOT_COUNT: u32 = 512;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TlsSlot {
+    conn: u64,
+    tgid: u32,
+    /// [`tls_seal`] of the connection, process, data word and socket: two CPUs filling one
+    /// free slot at once leave a mix that fails it, and the slot counts as free again.
+    seal: u32,
+    known: TlsConn,
 }
 
 /// When a DATA frame of each stream was last sent (see `FRAME_COALESCE_NS`).
@@ -195,25 +220,32 @@ fn tcp_conn_socket(tcp: u64) -> Option<u64> {
 /// before it): the interface's data word is tried at +8, +16 and +24 of the wrapper.
 #[inline(always)]
 fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
-    let key = TlsConnKey {
-        conn,
-        tgid: tgid(),
-        _pad: 0,
-    };
+    let tgid = tgid();
     // Read before any lookup of SEGMENTS (see `forget_segments`).
     let ends = segment_ends();
+    let slot = tls_slot(tgid);
+    if let Some(slot) = slot {
+        // SAFETY: an array value, read whole at once.
+        let held = unsafe { core::ptr::read_volatile(slot) };
+        if held.conn == conn
+            && held.tgid == tgid
+            && held.known.data == data
+            && held.seal == tls_seal(conn, tgid, &held.known)
+        {
+            // SAFETY: as above; only the cursor fields are written through it, by the writer
+            // that holds the connection's lock in Go.
+            let known = unsafe { &mut (*slot).known };
+            if still_watched(known, ends) {
+                return Some(known);
+            }
+        }
+    }
+    let key = TlsConnKey { conn, tgid, _pad: 0 };
     if let Some(known) = TLS_CONNS.get_ptr_mut(key) {
         // SAFETY: a map value, used by this call only (Go writes a conn under its lock).
         let known = unsafe { &mut *known };
-        if known.data == data {
-            if ends == Some(known.ends_seen) {
-                return Some(known);
-            }
-            // SAFETY: copied out at once.
-            if unsafe { SEGMENTS.get(known.sk) }.is_some() {
-                known.ends_seen = ends.unwrap_or(u64::MAX);
-                return Some(known);
-            }
+        if known.data == data && still_watched(known, ends) {
+            return Some(known);
         }
     }
     let sk = walk_to_socket(data)?;
@@ -224,9 +256,76 @@ fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
         in_step: 0,
         ends_seen: ends.unwrap_or(u64::MAX),
     };
+    if let Some(slot) = slot {
+        if tls_slot_free(slot, conn, tgid) {
+            fill_tls_slot(slot, conn, tgid, found);
+            // SAFETY: as above.
+            return Some(unsafe { &mut (*slot).known });
+        }
+    }
     let _ = TLS_CONNS.insert(key, found, 0);
     // SAFETY: as above.
     TLS_CONNS.get_ptr_mut(key).map(|known| unsafe { &mut *known })
+}
+
+/// Whether the socket of `known` is still one the segment program keeps: at once while no
+/// watched socket has closed since it was last found (`ends`), else by a lookup.
+#[inline(always)]
+fn still_watched(known: &mut TlsConn, ends: Option<u64>) -> bool {
+    if ends == Some(known.ends_seen) {
+        return true;
+    }
+    // SAFETY: copied out at once.
+    if unsafe { SEGMENTS.get(known.sk) }.is_some() {
+        known.ends_seen = ends.unwrap_or(u64::MAX);
+        return true;
+    }
+    false
+}
+
+/// The slot of process `tgid`.
+#[inline(always)]
+fn tls_slot(tgid: u32) -> Option<*mut TlsSlot> {
+    // The top 9 bits of a multiplicative hash: TLS_SLOT_COUNT.
+    let index = (u64::from(tgid).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 55) as u32;
+    TLS_SLOTS.get_ptr_mut(index)
+}
+
+#[inline(always)]
+fn tls_seal(conn: u64, tgid: u32, known: &TlsConn) -> u32 {
+    let mixed = conn ^ u64::from(tgid) << 32 ^ known.data.rotate_left(21) ^ known.sk.rotate_left(42);
+    (mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32
+}
+
+/// Whether `slot` may take the connection `conn` of `tgid`: it is empty or torn, holds that
+/// connection already (found again: another `tls.Conn` at its address), or its holder's socket
+/// has left `SEGMENTS` (closed, as when its process exited).
+#[inline(always)]
+fn tls_slot_free(slot: *mut TlsSlot, conn: u64, tgid: u32) -> bool {
+    // SAFETY: an array value, read whole at once.
+    let held = unsafe { core::ptr::read_volatile(slot) };
+    if held.conn == 0 || held.seal != tls_seal(held.conn, held.tgid, &held.known) {
+        return true;
+    }
+    if held.conn == conn && held.tgid == tgid {
+        return true;
+    }
+    // SAFETY: copied out at once.
+    unsafe { SEGMENTS.get(held.known.sk) }.is_none()
+}
+
+/// Puts the record `known` of `conn` in `slot`: emptied first, named last, every store in
+/// that order.
+#[inline(always)]
+fn fill_tls_slot(slot: *mut TlsSlot, conn: u64, tgid: u32, known: TlsConn) {
+    // SAFETY: an array value, which lives as long as the map.
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*slot).conn, 0);
+        core::ptr::write_volatile(&raw mut (*slot).known, known);
+        core::ptr::write_volatile(&raw mut (*slot).tgid, tgid);
+        core::ptr::write_volatile(&raw mut (*slot).seal, tls_seal(conn, tgid, &known));
+        core::ptr::write_volatile(&raw mut (*slot).conn, conn);
+    }
 }
 
 /// The watched socket under a `tls.Conn`'s `net.Conn` data word `data` (see [`tls_conn`]).
