@@ -34,7 +34,11 @@ use lifeline_common::{
     StreamKey, FRAME_COALESCE_NS, GO_FRAME_BUF_SLOT, HEADER_VALUE_MAX,
 };
 
-use crate::{bump, counter, lost, segment_ends, stream_budget, EVENTS, OFFSETS, SEGMENTS, URGENT_WAKEUP};
+use crate::{
+    bump, counter, lost, segment_ends,
+    slot::{self, Sealed, Slot},
+    stream_budget, EVENTS, OFFSETS, SEGMENTS, URGENT_WAKEUP,
+};
 
 /// HTTP/2 frame types (RFC 9113 §6).
 const DATA: u8 = 0;
@@ -67,23 +71,11 @@ static READERS: LruHashMap<GoroutineKey, Reader> = LruHashMap::with_max_entries(
 
 /// A direct-mapped cache of `READERS` by (goroutine, process), in front of it for the calls
 /// of every frame: one array load where a lookup in that LRU map (vmalloc'd, 16,384 entries)
-/// costs ~0.7 µs with a cold cache (benchmarks.md). A slot holds a copy; `READERS` stays the
-/// record, and a goroutine whose slot another took is found there again. 512 slots of 56
-/// bytes stay within what the kernel allocates from its direct map.
+/// costs ~0.7 µs with a cold cache (benchmarks.md). A slot holds a copy, keyed by the
+/// goroutine; `READERS` stays the record, and a goroutine whose slot another took is found
+/// there again.
 #[map]
-static READER_CACHE: Array<ReaderSlot> = Array::with_max_entries(READER_SLOTS, 0);
-const READER_SLOTS: u32 = 512;
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct ReaderSlot {
-    goroutine: u64,
-    tgid: u32,
-    /// [`seal`] of the goroutine, process and connection: two CPUs filling one slot at once
-    /// for two goroutines leave a mix that fails it, and the slot counts as empty.
-    seal: u32,
-    reader: Reader,
-}
+static READER_CACHE: Array<Slot<Reader>> = Array::with_max_entries(slot::SLOTS, 0);
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -96,6 +88,12 @@ struct Reader {
     stream_id: u32,
     _pad: u32,
     data_sent_ns: u64,
+}
+
+impl Sealed for Reader {
+    fn mix(&self) -> u64 {
+        self.conn.rotate_left(21) ^ self.data.rotate_left(42) ^ self.sk.rotate_left(11)
+    }
 }
 
 /// Each `*tls.Conn` found so far whose slot in `TLS_SLOTS` another live connection held, by
@@ -131,28 +129,23 @@ struct TlsConn {
     ends_seen: u64,
 }
 
-/// One `*tls.Conn` record per process, direct-mapped by process: a process's connection
+/// One `*tls.Conn` record per process, keyed by the connection and direct-mapped by process
+/// (sealed slots: `slot.rs`): a process's connection
 /// found while its slot was free (empty, or its holder's socket gone) keeps its record here
 /// while it lives, and a write on it costs one array load where the lookup in `TLS_CONNS` (an
 /// LRU hash map) costs ~0.65 µs with a cold cache (benchmarks.md). A client keeps one HTTP/2
 /// connection to an apiserver as a rule, so most writes are on a slot's connection. A live
 /// holder is never displaced: a process's other connections, and those of a process whose
 /// slot another process holds, keep their records in `TLS_CONNS`, and no two take turns
-/// losing their place. 512 slots of 48 bytes stay within what the kernel allocates from its
-/// direct map.
+/// losing their place.
 #[map]
-static TLS_SLOTS: Array<TlsSlot> = Array::with_max_entries(TLS_SLOT_COUNT, 0);
-const TLS_SLOT_COUNT: u32 = 512;
+static TLS_SLOTS: Array<Slot<TlsConn>> = Array::with_max_entries(slot::SLOTS, 0);
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct TlsSlot {
-    conn: u64,
-    tgid: u32,
-    /// [`tls_seal`] of the connection, process, data word and socket: two CPUs filling one
-    /// free slot at once leave a mix that fails it, and the slot counts as free again.
-    seal: u32,
-    known: TlsConn,
+/// The connection's data word and socket enter the seal; its cursor changes under it.
+impl Sealed for TlsConn {
+    fn mix(&self) -> u64 {
+        self.data.rotate_left(21) ^ self.sk.rotate_left(42)
+    }
 }
 
 /// When a DATA frame of each stream was last sent (see `FRAME_COALESCE_NS`).
@@ -223,18 +216,14 @@ fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
     let tgid = tgid();
     // Read before any lookup of SEGMENTS (see `forget_segments`).
     let ends = segment_ends();
-    let slot = tls_slot(tgid);
+    let slot = TLS_SLOTS.get_ptr_mut(slot::index(u64::from(tgid)));
     if let Some(slot) = slot {
-        // SAFETY: an array value, read whole at once.
-        let held = unsafe { core::ptr::read_volatile(slot) };
-        if held.conn == conn
-            && held.tgid == tgid
-            && held.known.data == data
-            && held.seal == tls_seal(conn, tgid, &held.known)
+        if slot::read(slot)
+            .is_some_and(|held| held.key == conn && held.tgid == tgid && held.value.data == data)
         {
-            // SAFETY: as above; only the cursor fields are written through it, by the writer
-            // that holds the connection's lock in Go.
-            let known = unsafe { &mut (*slot).known };
+            // SAFETY: an array value, which lives as long as the map; only the cursor fields
+            // are written through it, by the writer that holds the connection's lock in Go.
+            let known = unsafe { &mut (*slot).value };
             if still_watched(known, ends) {
                 return Some(known);
             }
@@ -258,9 +247,9 @@ fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
     };
     if let Some(slot) = slot {
         if tls_slot_free(slot, conn, tgid) {
-            fill_tls_slot(slot, conn, tgid, found);
+            slot::fill(slot, conn, tgid, found);
             // SAFETY: as above.
-            return Some(unsafe { &mut (*slot).known });
+            return Some(unsafe { &mut (*slot).value });
         }
     }
     let _ = TLS_CONNS.insert(key, found, 0);
@@ -283,49 +272,19 @@ fn still_watched(known: &mut TlsConn, ends: Option<u64>) -> bool {
     false
 }
 
-/// The slot of process `tgid`.
-#[inline(always)]
-fn tls_slot(tgid: u32) -> Option<*mut TlsSlot> {
-    // The top 9 bits of a multiplicative hash: TLS_SLOT_COUNT.
-    let index = (u64::from(tgid).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 55) as u32;
-    TLS_SLOTS.get_ptr_mut(index)
-}
-
-#[inline(always)]
-fn tls_seal(conn: u64, tgid: u32, known: &TlsConn) -> u32 {
-    let mixed = conn ^ u64::from(tgid) << 32 ^ known.data.rotate_left(21) ^ known.sk.rotate_left(42);
-    (mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32
-}
-
 /// Whether `slot` may take the connection `conn` of `tgid`: it is empty or torn, holds that
 /// connection already (found again: another `tls.Conn` at its address), or its holder's socket
 /// has left `SEGMENTS` (closed, as when its process exited).
 #[inline(always)]
-fn tls_slot_free(slot: *mut TlsSlot, conn: u64, tgid: u32) -> bool {
-    // SAFETY: an array value, read whole at once.
-    let held = unsafe { core::ptr::read_volatile(slot) };
-    if held.conn == 0 || held.seal != tls_seal(held.conn, held.tgid, &held.known) {
+fn tls_slot_free(slot: *mut Slot<TlsConn>, conn: u64, tgid: u32) -> bool {
+    let Some(held) = slot::read(slot) else {
         return true;
-    }
-    if held.conn == conn && held.tgid == tgid {
+    };
+    if held.key == conn && held.tgid == tgid {
         return true;
     }
     // SAFETY: copied out at once.
-    unsafe { SEGMENTS.get(held.known.sk) }.is_none()
-}
-
-/// Puts the record `known` of `conn` in `slot`: emptied first, named last, every store in
-/// that order.
-#[inline(always)]
-fn fill_tls_slot(slot: *mut TlsSlot, conn: u64, tgid: u32, known: TlsConn) {
-    // SAFETY: an array value, which lives as long as the map.
-    unsafe {
-        core::ptr::write_volatile(&raw mut (*slot).conn, 0);
-        core::ptr::write_volatile(&raw mut (*slot).known, known);
-        core::ptr::write_volatile(&raw mut (*slot).tgid, tgid);
-        core::ptr::write_volatile(&raw mut (*slot).seal, tls_seal(conn, tgid, &known));
-        core::ptr::write_volatile(&raw mut (*slot).conn, conn);
-    }
+    unsafe { SEGMENTS.get(held.value.sk) }.is_none()
 }
 
 /// The watched socket under a `tls.Conn`'s `net.Conn` data word `data` (see [`tls_conn`]).
@@ -491,14 +450,16 @@ fn try_go_tls_read(ctx: &ProbeContext) -> Option<()> {
                 data_sent_ns: 0,
             };
             let _ = READERS.insert(key, reader, 0);
-            if let Some(slot) = slot_of(r.r14, tgid) {
-                fill(slot, r.r14, tgid, reader);
+            if let Some(slot) = reader_slot(r.r14, tgid) {
+                slot::fill(slot, r.r14, tgid, reader);
             }
             send_frame(reader.sk, r.r14, READING, 0, 0, 0, direction::RECEIVED);
         }
         None => {
             let _ = READERS.remove(key);
-            forget_reader(r.r14, tgid);
+            if let Some(slot) = reader_slot(r.r14, tgid) {
+                slot::empty(slot, r.r14);
+            }
         }
     }
     Some(())
@@ -551,33 +512,8 @@ fn try_go_frame_read(ctx: &ProbeContext) -> Option<()> {
 
 /// The cache slot of goroutine `goroutine` of process `tgid`.
 #[inline(always)]
-fn slot_of(goroutine: u64, tgid: u32) -> Option<*mut ReaderSlot> {
-    // The top 9 bits of a multiplicative hash: READER_SLOTS.
-    let index = ((goroutine ^ u64::from(tgid)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 55) as u32;
-    READER_CACHE.get_ptr_mut(index)
-}
-
-#[inline(always)]
-fn seal(goroutine: u64, tgid: u32, reader: &Reader) -> u32 {
-    let mixed = goroutine
-        ^ u64::from(tgid) << 32
-        ^ reader.conn.rotate_left(21)
-        ^ reader.data.rotate_left(42)
-        ^ reader.sk.rotate_left(11);
-    (mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32
-}
-
-/// Puts `reader` in `slot`: emptied first, named last, every store in that order.
-#[inline(always)]
-fn fill(slot: *mut ReaderSlot, goroutine: u64, tgid: u32, reader: Reader) {
-    // SAFETY: an array value, which lives as long as the map.
-    unsafe {
-        core::ptr::write_volatile(&raw mut (*slot).goroutine, 0);
-        core::ptr::write_volatile(&raw mut (*slot).reader, reader);
-        core::ptr::write_volatile(&raw mut (*slot).tgid, tgid);
-        core::ptr::write_volatile(&raw mut (*slot).seal, seal(goroutine, tgid, &reader));
-        core::ptr::write_volatile(&raw mut (*slot).goroutine, goroutine);
-    }
+fn reader_slot(goroutine: u64, tgid: u32) -> Option<*mut Slot<Reader>> {
+    READER_CACHE.get_ptr_mut(slot::index(goroutine ^ u64::from(tgid)))
 }
 
 /// What goroutine `goroutine` of process `tgid` (the current one) last read, a watched
@@ -586,15 +522,11 @@ fn fill(slot: *mut ReaderSlot, goroutine: u64, tgid: u32, reader: Reader) {
 /// mixed up).
 #[inline(always)]
 fn reader_of(goroutine: u64, tgid: u32) -> Option<(Reader, &'static mut Reader)> {
-    let slot = slot_of(goroutine, tgid)?;
-    // SAFETY: an array value, read whole at once.
-    let cached = unsafe { core::ptr::read_volatile(slot) };
-    if cached.goroutine == goroutine
-        && cached.tgid == tgid
-        && cached.seal == seal(goroutine, tgid, &cached.reader)
-    {
-        // SAFETY: as above; only the coalescing fields are written through it.
-        return Some((cached.reader, unsafe { &mut (*slot).reader }));
+    let slot = reader_slot(goroutine, tgid)?;
+    if let Some(cached) = slot::read(slot).filter(|held| held.key == goroutine && held.tgid == tgid) {
+        // SAFETY: an array value, which lives as long as the map; only the coalescing fields
+        // are written through it.
+        return Some((cached.value, unsafe { &mut (*slot).value }));
     }
     let key = GoroutineKey {
         goroutine,
@@ -603,22 +535,9 @@ fn reader_of(goroutine: u64, tgid: u32) -> Option<(Reader, &'static mut Reader)>
     };
     // SAFETY: copied out at once.
     let found = unsafe { READERS.get(key) }.copied()?;
-    fill(slot, goroutine, tgid, found);
+    slot::fill(slot, goroutine, tgid, found);
     // SAFETY: as above.
-    Some((found, unsafe { &mut (*slot).reader }))
-}
-
-/// Empties goroutine `goroutine`'s slot if it holds it.
-#[inline(always)]
-fn forget_reader(goroutine: u64, tgid: u32) {
-    if let Some(slot) = slot_of(goroutine, tgid) {
-        // SAFETY: an array value.
-        unsafe {
-            if core::ptr::read_volatile(&raw const (*slot).goroutine) == goroutine {
-                core::ptr::write_volatile(&raw mut (*slot).goroutine, 0);
-            }
-        }
-    }
+    Some((found, unsafe { &mut (*slot).value }))
 }
 
 /// A frame header the client of goroutine `goroutine` read from `reader`'s connection:

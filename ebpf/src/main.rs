@@ -118,6 +118,7 @@ static STREAM_BUDGET_PER_SECOND: u32 = STREAM_BUDGET;
 mod exec;
 mod gotls;
 mod openssl;
+mod slot;
 
 /// Ports of the apiserver endpoints, one bit per port: the first and, for unrelated sockets,
 /// only test. Changed by userspace at run time.
