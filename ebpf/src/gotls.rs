@@ -130,14 +130,13 @@ struct TlsConn {
 }
 
 /// One `*tls.Conn` record per process, keyed by the connection and direct-mapped by process
-/// (sealed slots: `slot.rs`): a process's connection
-/// found while its slot was free (empty, or its holder's socket gone) keeps its record here
-/// while it lives, and a write on it costs one array load where the lookup in `TLS_CONNS` (an
-/// LRU hash map) costs ~0.65 µs with a cold cache (benchmarks.md). A client keeps one HTTP/2
-/// connection to an apiserver as a rule, so most writes are on a slot's connection. A live
-/// holder is never displaced: a process's other connections, and those of a process whose
-/// slot another process holds, keep their records in `TLS_CONNS`, and no two take turns
-/// losing their place.
+/// (sealed slots: `slot.rs`). A process's connection found while its slot was free (empty, or
+/// its holder's socket gone) keeps its record here while it lives, and a write on it costs one
+/// array load where the lookup in `TLS_CONNS` (an LRU hash map) costs ~0.65 µs with a cold
+/// cache (benchmarks.md). A client keeps one HTTP/2 connection to an apiserver as a rule, so
+/// most writes are on a slot's connection. A live holder is never displaced: a process's other
+/// connections, and those of a process whose slot another process holds, keep their records
+/// in `TLS_CONNS`, and no two take turns losing their place.
 #[map]
 static TLS_SLOTS: Array<Slot<TlsConn>> = Array::with_max_entries(slot::SLOTS, 0);
 

@@ -7,8 +7,9 @@
 //! sealed with a hash of its key, process and value, so such a mix fails its seal and reads as
 //! empty: never one key's value under another's name.
 
-/// Slots per table: the top 9 bits of a multiplicative hash. 512 slots of up to 64 bytes stay
-/// within what the kernel allocates from its direct map (32 KiB), not vmalloc.
+/// Slots per table: the top 9 bits of a multiplicative hash. 512 slots of 56 bytes or less,
+/// with the map's header, stay under the 32 KiB that the kernel allocates from its direct map
+/// rather than vmalloc.
 pub(crate) const SLOTS: u32 = 512;
 
 /// A value a slot may hold: what of it enters the seal.
