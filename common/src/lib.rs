@@ -120,6 +120,10 @@ pub const FRAME_COALESCE_NS: u64 = 1_000_000_000;
 /// after its read (every Go release read so far: `agent/src/host/gobin/call_check.rs`).
 pub const GO_FRAME_BUF_SLOT: u64 = 0x50;
 
+/// Where it keeps the data word of `r` (the framer's `*bufio.Reader`), above RSP at the same
+/// check: 32 bytes above `buf`, so one read of 40 bytes from `GO_FRAME_BUF_SLOT` gets both.
+pub const GO_FRAME_READER_SLOT: u64 = 0x70;
+
 /// Longest `:path` value the kernel copies (a longer one is cut, and says so by its length).
 pub const HEADER_VALUE_MAX: usize = 512;
 

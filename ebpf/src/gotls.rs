@@ -10,12 +10,16 @@
 //!   kernel and only those two values are ever copied out.
 //! - `go_tls_write`, at `crypto/tls.(*Conn).Write(b []byte)`: the frame headers in `b` (type,
 //!   flags, stream, length; never a payload), for watched sockets only.
-//! - `go_tls_read`, at `crypto/tls.(*Conn).Read`: which watched socket the goroutine reads.
-//! - `go_frame_read`, in `readFrameHeader` where it tests the error of its read: the header of
-//!   each frame the client read, in the buffer it read it into. Where that place is not found,
-//!   `go_frame_header`, at each RET of `readFrameHeader` (uretprobes break Go's moving
-//!   stacks): the header in the result registers. A probe on a RET costs the client ~16 times
-//!   the trap of one on that jump (`host/gobin/prologue.rs`).
+//! - `go_frame_conn`, in `readFrameHeader` where it tests the error of its read: the header of
+//!   each frame the client read, in the buffer it read it into, and which connection it came
+//!   from, through the framer's `*bufio.Reader` (its second argument) to the `*tls.Conn` the
+//!   write probe found. Where every copy of `readFrameHeader` keeps both arguments where this
+//!   program reads them, it is the only read probe: one trap per frame.
+//! - Else `go_tls_read`, at `crypto/tls.(*Conn).Read`: which watched socket the goroutine
+//!   reads; and `go_frame_read` at the same jump as `go_frame_conn` (the header only), or
+//!   where that place is not found `go_frame_header`, at each RET of `readFrameHeader`
+//!   (uretprobes break Go's moving stacks): the header in the result registers. A probe on a
+//!   RET costs the client ~16 times the trap of one on that jump (`host/gobin/prologue.rs`).
 //!
 //! A descriptor leads to its socket through the task's file table; a socket counts when the
 //! segment program already keeps it (`SEGMENTS`): an established connection to an endpoint.
@@ -31,11 +35,11 @@ use aya_ebpf::{
 };
 use lifeline_common::{
     direction, header_field, loss_cause, protocol, EventKind, FrameEvent, GoroutineKey, HeaderEvent,
-    StreamKey, FRAME_COALESCE_NS, GO_FRAME_BUF_SLOT, HEADER_VALUE_MAX,
+    StreamKey, FRAME_COALESCE_NS, GO_FRAME_BUF_SLOT, GO_FRAME_READER_SLOT, HEADER_VALUE_MAX,
 };
 
 use crate::{
-    bump, counter, lost, segment_ends,
+    bump, count_of, count_up, counter, lost, segment_ends,
     slot::{self, Sealed, Slot},
     stream_budget, EVENTS, OFFSETS, SEGMENTS, URGENT_WAKEUP,
 };
@@ -59,6 +63,12 @@ const PREFACE_LEN: u64 = 24;
 const FRAMES_PER_WRITE: u32 = 32;
 /// Largest frame payload any peer may allow (2^24 - 1).
 const MAX_FRAME: u32 = (1 << 24) - 1;
+/// Words `go_frame_conn` reads from `GO_FRAME_BUF_SLOT`: `buf`'s pointer first, `r`'s data
+/// word last.
+const FRAME_SPILL_WORDS: usize = ((GO_FRAME_READER_SLOT - GO_FRAME_BUF_SLOT) / 8 + 1) as usize;
+/// Where a `bufio.Reader` keeps the data word of the `io.Reader` it reads (`rd`, after `buf
+/// []byte` and `rd`'s type word): the same since Go 1.0.
+const BUFIO_RD_DATA: u64 = 32;
 
 /// What each goroutine last read: the watched connection under its `*tls.Conn` (Go's HTTP/2
 /// read loop reads only one), and the stream whose DATA it last reported: a read of the same
@@ -80,9 +90,13 @@ static READER_CACHE: Array<Slot<Reader>> = Array::with_max_entries(slot::SLOTS, 
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Reader {
-    /// The `*tls.Conn`, and its `net.Conn` data word (a conn at a reused address differs).
+    /// What the goroutine reads through: the `*tls.Conn` and its `net.Conn` data word (a conn
+    /// at a reused address differs), as `go_tls_read` found them; or, as `go_frame_conn` found
+    /// it, the framer's `*bufio.Reader` and the `*tls.Conn` under it.
     conn: u64,
     data: u64,
+    /// The watched socket; 0 (`go_frame_conn` only): the reader leads to no connection known
+    /// when `TLS_FOUND` read `data_sent_ns`, so it is not looked for again until that moves.
     sk: u64,
     /// The stream whose DATA was last reported (0: none) and when.
     stream_id: u32,
@@ -147,6 +161,12 @@ impl Sealed for TlsConn {
     }
 }
 
+/// How many `*tls.Conn` records the write probe has made since the programs were loaded: a
+/// reader of `go_frame_conn` that led to none looks again only once this has moved, so a frame
+/// of a connection that is not watched costs a load, not the search.
+#[map]
+static TLS_FOUND: Array<u64> = Array::with_max_entries(1, 0);
+
 /// When a DATA frame of each stream was last sent (see `FRAME_COALESCE_NS`).
 #[map]
 static STREAM_SEEN: LruHashMap<StreamKey, u64> = LruHashMap::with_max_entries(65536, 0);
@@ -207,14 +227,44 @@ fn tcp_conn_socket(tcp: u64) -> Option<u64> {
 }
 
 /// The watched connection of the `*tls.Conn` at `conn`, whose `net.Conn` data word is `data`:
-/// its first field holds a `*net.TCPConn`, or a dialer's wrapper that embeds the `net.Conn`
-/// among its first fields (client-go's connection rotation, used by the kubelet, has a func
-/// before it): the interface's data word is tried at +8, +16 and +24 of the wrapper.
+/// its record if one is kept, else found by the walk from its first field (see
+/// [`walk_to_socket`]) and kept.
 #[inline(always)]
 fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
     let tgid = tgid();
     // Read before any lookup of SEGMENTS (see `forget_segments`).
     let ends = segment_ends();
+    if let Some(known) = known_tls_conn(conn, data, tgid, ends) {
+        return Some(known);
+    }
+    let sk = walk_to_socket(data)?;
+    let found = TlsConn {
+        data,
+        sk,
+        remaining: 0,
+        in_step: 0,
+        ends_seen: ends.unwrap_or(u64::MAX),
+    };
+    // Counted before the record is visible, never after: a reader that read the count, then
+    // found no record, sees the count moved.
+    count_up(&TLS_FOUND);
+    if let Some(slot) = TLS_SLOTS.get_ptr_mut(slot::index(u64::from(tgid))) {
+        if tls_slot_free(slot, conn, tgid) {
+            slot::fill(slot, conn, tgid, found);
+            // SAFETY: as in `known_tls_conn`.
+            return Some(unsafe { &mut (*slot).value });
+        }
+    }
+    let key = TlsConnKey { conn, tgid, _pad: 0 };
+    let _ = TLS_CONNS.insert(key, found, 0);
+    // SAFETY: as in `known_tls_conn`.
+    TLS_CONNS.get_ptr_mut(key).map(|known| unsafe { &mut *known })
+}
+
+/// The record of the `*tls.Conn` at `conn` of process `tgid`, if one is kept for the data word
+/// `data` and its socket is still watched (`ends`: `SEGMENT_ENDS`, read before this call).
+#[inline(always)]
+fn known_tls_conn(conn: u64, data: u64, tgid: u32, ends: Option<u64>) -> Option<&'static mut TlsConn> {
     let slot = TLS_SLOTS.get_ptr_mut(slot::index(u64::from(tgid)));
     if let Some(slot) = slot {
         if slot::read(slot)
@@ -229,31 +279,9 @@ fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
         }
     }
     let key = TlsConnKey { conn, tgid, _pad: 0 };
-    if let Some(known) = TLS_CONNS.get_ptr_mut(key) {
-        // SAFETY: a map value, used by this call only (Go writes a conn under its lock).
-        let known = unsafe { &mut *known };
-        if known.data == data && still_watched(known, ends) {
-            return Some(known);
-        }
-    }
-    let sk = walk_to_socket(data)?;
-    let found = TlsConn {
-        data,
-        sk,
-        remaining: 0,
-        in_step: 0,
-        ends_seen: ends.unwrap_or(u64::MAX),
-    };
-    if let Some(slot) = slot {
-        if tls_slot_free(slot, conn, tgid) {
-            slot::fill(slot, conn, tgid, found);
-            // SAFETY: as above.
-            return Some(unsafe { &mut (*slot).value });
-        }
-    }
-    let _ = TLS_CONNS.insert(key, found, 0);
-    // SAFETY: as above.
-    TLS_CONNS.get_ptr_mut(key).map(|known| unsafe { &mut *known })
+    // SAFETY: a map value, used by this call only (Go writes a conn under its lock).
+    let known = unsafe { &mut *TLS_CONNS.get_ptr_mut(key)? };
+    (known.data == data && still_watched(known, ends)).then_some(known)
 }
 
 /// Whether the socket of `known` is still one the segment program keeps: at once while no
@@ -501,12 +529,101 @@ fn try_go_frame_read(ctx: &ProbeContext) -> Option<()> {
     }
     let reader = reader_of(r.r14, tgid())?;
     let buf = user_u64(r.rsp + GO_FRAME_BUF_SLOT)?;
+    frame_in(buf, reader, r.r14)
+}
+
+#[uprobe]
+pub fn go_frame_conn(ctx: ProbeContext) -> u32 {
+    let _ = try_go_frame_conn(&ctx);
+    0
+}
+
+/// At the same jump as `go_frame_read`, where userspace found `r` (the framer's
+/// `*bufio.Reader`) kept at `GO_FRAME_READER_SLOT` too: both are read at once, and the
+/// goroutine's reader is the connection under that `*bufio.Reader` (see [`reader_through`]).
+/// It replaces `go_tls_read`: one trap per frame where there were two.
+fn try_go_frame_conn(ctx: &ProbeContext) -> Option<()> {
+    let r = regs(ctx);
+    if r.rbx != 0 {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_user tolerates any address.
+    let spilled: [u64; FRAME_SPILL_WORDS] =
+        unsafe { bpf_probe_read_user((r.rsp + GO_FRAME_BUF_SLOT) as *const [u64; FRAME_SPILL_WORDS]) }
+            .ok()?;
+    let (buf, through) = (spilled[0], spilled[FRAME_SPILL_WORDS - 1]);
+    let tgid = tgid();
+    let reader = match reader_of(r.r14, tgid) {
+        Some((known, _)) if known.conn == through && known.sk == 0 => {
+            if count_of(&TLS_FOUND) == Some(known.data_sent_ns) {
+                return None;
+            }
+            reader_through(through, r.r14, tgid)?
+        }
+        Some(known) if known.0.conn == through => known,
+        _ => reader_through(through, r.r14, tgid)?,
+    };
+    frame_in(buf, reader, r.r14)
+}
+
+/// The goroutine's reader through the `*bufio.Reader` at `through`, looked for and kept: the
+/// `*tls.Conn` it reads (its `rd`, or a field of a wrapper there: +8, +16, +24 as in
+/// [`walk_to_socket`]) whose record the write probe keeps. Found, it is said with `READING`;
+/// not, it is kept as leading nowhere until `TLS_FOUND` moves.
+#[inline(always)]
+fn reader_through(through: u64, goroutine: u64, tgid: u32) -> Option<(Reader, &'static mut Reader)> {
+    // Read before any lookup: a record made after them moves it.
+    let found_count = count_of(&TLS_FOUND);
+    let ends = segment_ends();
+    let rd = user_u64(through + BUFIO_RD_DATA)?;
+    let mut found = None;
+    for at in [0u64, 8, 16, 24] {
+        let conn = if at == 0 { Some(rd) } else { user_u64(rd + at) };
+        let Some(conn) = conn else { continue };
+        let Some(data) = user_u64(conn + 8) else { continue };
+        if let Some(known) = known_tls_conn(conn, data, tgid, ends) {
+            found = Some((conn, known.sk));
+            break;
+        }
+    }
+    let (conn, sk) = found.unwrap_or((0, 0));
+    let reader = Reader {
+        conn: through,
+        data: conn,
+        sk,
+        stream_id: 0,
+        _pad: 0,
+        data_sent_ns: if sk == 0 {
+            found_count.unwrap_or(u64::MAX)
+        } else {
+            0
+        },
+    };
+    let key = GoroutineKey {
+        goroutine,
+        tgid,
+        _pad: 0,
+    };
+    let _ = READERS.insert(key, reader, 0);
+    let slot = reader_slot(goroutine, tgid)?;
+    slot::fill(slot, goroutine, tgid, reader);
+    if sk == 0 {
+        return None;
+    }
+    send_frame(sk, goroutine, READING, 0, 0, 0, direction::RECEIVED);
+    // SAFETY: an array value, which lives as long as the map.
+    Some((reader, unsafe { &mut (*slot).value }))
+}
+
+/// The frame header in `buf` that goroutine `goroutine` read from `reader`'s connection.
+#[inline(always)]
+fn frame_in(buf: u64, reader: (Reader, &mut Reader), goroutine: u64) -> Option<()> {
     let mut header = [0u8; 9];
     // SAFETY: bpf_probe_read_user_buf tolerates any address.
     unsafe { bpf_probe_read_user_buf(buf as *const u8, &mut header) }.ok()?;
     let length = u32::from(header[0]) << 16 | u32::from(header[1]) << 8 | u32::from(header[2]);
     let stream_id = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
-    frame_received(reader, r.r14, header[3], header[4], length, stream_id)
+    frame_received(reader, goroutine, header[3], header[4], length, stream_id)
 }
 
 /// The cache slot of goroutine `goroutine` of process `tgid`.

@@ -189,25 +189,35 @@ static SEGMENT_ENDS: Array<u64> = Array::with_max_entries(1, 0);
 #[inline(always)]
 fn forget_segments(sk: u64) {
     if SEGMENTS.remove(sk).is_ok() {
-        if let Some(ends) = SEGMENT_ENDS.get_ptr_mut(0) {
-            // SAFETY: an array value lives as long as the map; other CPUs add to it atomically
-            // (BPF's atomic add; `AtomicU64::fetch_add` is not in `core` for this target).
-            unsafe {
-                core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
-                    ends, 1,
-                )
-            };
-        }
+        count_up(&SEGMENT_ENDS);
     }
 }
 
 /// The count of `SEGMENT_ENDS` now.
 #[inline(always)]
 pub(crate) fn segment_ends() -> Option<u64> {
+    count_of(&SEGMENT_ENDS)
+}
+
+/// Adds one to the count that `counter`, a one-entry array, keeps for every CPU.
+#[inline(always)]
+pub(crate) fn count_up(counter: &Array<u64>) {
+    if let Some(count) = counter.get_ptr_mut(0) {
+        // SAFETY: an array value lives as long as the map; other CPUs add to it atomically
+        // (BPF's atomic add; `AtomicU64::fetch_add` is not in `core` for this target).
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(count, 1)
+        };
+    }
+}
+
+/// The count `counter` (see [`count_up`]) holds now.
+#[inline(always)]
+pub(crate) fn count_of(counter: &Array<u64>) -> Option<u64> {
     // SAFETY: an array value, read at once (a torn read is impossible for an aligned u64).
-    SEGMENT_ENDS
+    counter
         .get_ptr(0)
-        .map(|ends| unsafe { core::ptr::read_volatile(ends) })
+        .map(|count| unsafe { core::ptr::read_volatile(count) })
 }
 
 /// Submit flags for a segment record, which nothing waits for: no wakeup, since the pump

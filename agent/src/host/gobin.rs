@@ -262,17 +262,13 @@ mod tests {
                 );
             }
             // The error check after the first call, as objdump shows it; in readFrameHeader
-            // with `buf` where the frame probe reads it.
+            // with `buf` and its reader where the frame probe reads them.
             let check = disassembly
                 .check_after_first_call
                 .map(|jump| function.entry_offset + (jump - disassembly.entry));
             if name.contains("readFrameHeader") {
                 assert!(check.is_some(), "{name}: objdump shows no check after the read");
-                assert_eq!(
-                    function.call_check.map(|c| c.first_argument),
-                    Some(lifeline_common::GO_FRAME_BUF_SLOT),
-                    "{name}"
-                );
+                assert_frame_probe_reads_both(function);
             }
             if function.call_check.is_some() {
                 assert_eq!(
@@ -468,6 +464,30 @@ mod tests {
             "{:?}",
             names(&read_frame_header)
         );
+        // Both copies keep `buf` and their reader where the frame probe reads them.
+        for f in &read_frame_header {
+            assert_frame_probe_reads_both(f);
+        }
+    }
+
+    /// `f`, a copy of `readFrameHeader`, has the error check after its read with `buf` and
+    /// its reader kept where `go_frame_conn` reads them.
+    fn assert_frame_probe_reads_both(f: &Function) {
+        let check = f
+            .call_check
+            .unwrap_or_else(|| panic!("{}: no check after the read", f.name));
+        assert_eq!(
+            check.first_argument,
+            lifeline_common::GO_FRAME_BUF_SLOT,
+            "{}",
+            f.name
+        );
+        assert_eq!(
+            check.second_argument_data,
+            Some(lifeline_common::GO_FRAME_READER_SLOT),
+            "{}",
+            f.name
+        );
     }
 
     /// The stripped Kubernetes 1.20.2 binaries `cargo xtask setup` builds (or those named by
@@ -523,6 +543,13 @@ mod tests {
             let names: Vec<&str> = found.functions.iter().map(|f| f.name.as_str()).collect();
             for name in AGENT {
                 assert!(names.contains(&name), "{path}: no {name}; found {names:?}");
+            }
+            for f in found
+                .functions
+                .iter()
+                .filter(|f| f.name.ends_with("readFrameHeader"))
+            {
+                assert_frame_probe_reads_both(f);
             }
         }
     }

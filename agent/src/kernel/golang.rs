@@ -181,20 +181,20 @@ fn trace(
             write_header,
             read_frame_header,
         } => {
-            // Each copy of readFrameHeader is probed at its read's check, or else at its RETs.
-            let (mut frame_header_reads, mut frame_header_returns) = (Vec::new(), Vec::new());
-            for f in &read_frame_header {
-                match frame_read_site(f) {
-                    Some(site) => frame_header_reads.push(site),
-                    None => frame_header_returns.extend_from_slice(&f.returns),
-                }
-            }
+            let frames = frame_probes(&read_frame_header);
             Sites {
                 write_header: write_header.iter().map(|f| f.entry_probe_offset).collect(),
                 tls_write,
-                tls_read,
-                frame_header_reads,
-                frame_header_returns,
+                // Which connection a frame came from is known from the frame probe itself, or
+                // from the goroutine's last read.
+                tls_read: if frames.conn_reads.is_empty() {
+                    tls_read
+                } else {
+                    Vec::new()
+                },
+                frame_conn_reads: frames.conn_reads,
+                frame_header_reads: frames.reads,
+                frame_header_returns: frames.returns,
             }
         }
         http2::Client::Unrecognised { found } => {
@@ -231,6 +231,7 @@ fn trace(
                 attach_ms,
                 held_threads,
                 held_ms,
+                tls_reads_probed = !sites.tls_read.is_empty(),
                 "following this Go client's HTTP/2 streams"
             );
             Some(Ok(Some(Binary {
@@ -246,13 +247,51 @@ fn trace(
     }
 }
 
-/// Where `go_frame_read` goes in a copy of `readFrameHeader`: the error check after its read,
-/// if `buf` is kept where the program reads it (see `host::gobin::call_check`).
-fn frame_read_site(read_frame_header: &gobin::Function) -> Option<u64> {
-    read_frame_header
-        .call_check
-        .filter(|check| check.first_argument == lifeline_common::GO_FRAME_BUF_SLOT)
-        .map(|check| check.jump)
+/// Where the frame probes go in the copies of `readFrameHeader`.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct FrameProbes {
+    /// `go_frame_conn` at every copy's check (then `go_tls_read` is not needed), or none.
+    conn_reads: Vec<u64>,
+    /// Else `go_frame_read` at the checks where `buf` is kept where it reads it,
+    reads: Vec<u64>,
+    /// and `go_frame_header` at every RET of the other copies.
+    returns: Vec<u64>,
+}
+
+/// The frame probes for `read_frame_header`, the copies of `readFrameHeader`: at the error
+/// check after each one's read (see `host::gobin::call_check`) if each keeps `buf` and its
+/// reader where `go_frame_conn` reads them; else per copy, at that check if it keeps `buf`
+/// where `go_frame_read` reads it, or at its RETs.
+fn frame_probes(read_frame_header: &[&gobin::Function]) -> FrameProbes {
+    use lifeline_common::{GO_FRAME_BUF_SLOT, GO_FRAME_READER_SLOT};
+    let check_with_buf = |f: &&gobin::Function| {
+        f.call_check
+            .filter(|check| check.first_argument == GO_FRAME_BUF_SLOT)
+    };
+    let conn_reads: Option<Vec<u64>> = read_frame_header
+        .iter()
+        .map(|f| {
+            check_with_buf(f)
+                .filter(|check| check.second_argument_data == Some(GO_FRAME_READER_SLOT))
+                .map(|check| check.jump)
+        })
+        .collect();
+    match conn_reads {
+        Some(conn_reads) if !conn_reads.is_empty() => FrameProbes {
+            conn_reads,
+            ..FrameProbes::default()
+        },
+        _ => {
+            let mut probes = FrameProbes::default();
+            for f in read_frame_header {
+                match check_with_buf(f) {
+                    Some(check) => probes.reads.push(check.jump),
+                    None => probes.returns.extend_from_slice(&f.returns),
+                }
+            }
+            probes
+        }
+    }
 }
 
 /// Go 1.17 and later pass arguments in registers on amd64.
@@ -267,7 +306,63 @@ fn register_abi(version: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{links_client_go, register_abi};
+    use super::{frame_probes, links_client_go, register_abi, FrameProbes};
+    use crate::host::gobin::{call_check::CallCheck, Function};
+    use lifeline_common::{GO_FRAME_BUF_SLOT, GO_FRAME_READER_SLOT};
+
+    /// A copy of `readFrameHeader` with its check at `jump` keeping `buf` at `buf` and its
+    /// reader at `reader` (no check: `jump` 0), its RETs at `jump + 1` and `jump + 2`.
+    fn copy(jump: u64, buf: u64, reader: Option<u64>) -> Function {
+        Function {
+            name: "net/http.http2readFrameHeader".into(),
+            entry: 0,
+            end: 0,
+            entry_offset: 0,
+            entry_probe_offset: 0,
+            call_check: (jump != 0).then_some(CallCheck {
+                jump,
+                first_argument: buf,
+                second_argument_data: reader,
+            }),
+            returns: vec![jump + 1, jump + 2],
+        }
+    }
+
+    #[test]
+    fn frames_and_their_connection_in_one_probe_only_where_every_copy_allows_it() {
+        let both = |jump| copy(jump, GO_FRAME_BUF_SLOT, Some(GO_FRAME_READER_SLOT));
+        assert_eq!(
+            frame_probes(&[&both(0x10), &both(0x20)]),
+            FrameProbes {
+                conn_reads: vec![0x10, 0x20],
+                ..FrameProbes::default()
+            }
+        );
+        // One copy keeps its reader elsewhere: the buffer reads, and go_tls_read beside them.
+        let elsewhere = copy(0x20, GO_FRAME_BUF_SLOT, Some(GO_FRAME_READER_SLOT + 8));
+        assert_eq!(
+            frame_probes(&[&both(0x10), &elsewhere]),
+            FrameProbes {
+                reads: vec![0x10, 0x20],
+                ..FrameProbes::default()
+            }
+        );
+        // One copy without the check, one without its reader kept, one with buf elsewhere.
+        let buf_elsewhere = copy(0x30, GO_FRAME_BUF_SLOT + 8, Some(GO_FRAME_READER_SLOT));
+        assert_eq!(
+            frame_probes(&[
+                &copy(0, 0, None),
+                &copy(0x20, GO_FRAME_BUF_SLOT, None),
+                &buf_elsewhere
+            ]),
+            FrameProbes {
+                reads: vec![0x20],
+                returns: vec![1, 2, 0x31, 0x32],
+                ..FrameProbes::default()
+            }
+        );
+        assert_eq!(frame_probes(&[]), FrameProbes::default());
+    }
 
     #[test]
     fn client_go_is_known_by_its_rest_client_vendored_or_not() {

@@ -6,11 +6,17 @@
 //! before the call. A probe there reads the header from `buf` for ~0.6 µs of trap instead of
 //! the ~9.5 µs a probe on a RET costs (a RET is single-stepped). Seen in the bundled HTTP/2
 //! client of Go 1.19, 1.23 and 1.27 alike: `mov [rsp+0x50], rax` in the prologue, then the
-//! call, `test rbx, rbx` (the error's type word), `jne`.
+//! call, `test rbx, rbx` (the error's type word), `jne`. The second argument, `r` (an
+//! interface after the slice: its data word in RSI at entry), is spilled beside it (`mov
+//! [rsp+0x70], rsi`): the framer's `*bufio.Reader`, which leads to the connection read.
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 
 /// How many instructions are decoded looking for the first call.
 const LOOK_AHEAD: usize = 40;
+
+/// The second argument's data word, from the first's slot when the first is a slice (pointer,
+/// length, capacity) and the second an interface (type word, data word).
+const DATA_WORD_AFTER_SLICE: u64 = 32;
 
 /// The check after the first call, as [`find`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +25,10 @@ pub struct CallCheck {
     pub jump: u64,
     /// Where the first argument (RAX at entry) is kept, from RSP at the jump.
     pub first_argument: u64,
+    /// Where the second argument's data word is kept, from RSP at the jump, when the first is
+    /// a slice and the second an interface (RSI at entry, spilled to its slot 32 bytes above
+    /// the first's and not overwritten before the call).
+    pub second_argument_data: Option<u64>,
 }
 
 /// The check after the first call in `code` (mapped at `entry`), if the function spills RAX
@@ -29,8 +39,9 @@ pub fn find(code: &[u8], entry: u64) -> Option<CallCheck> {
     let mut instruction = Instruction::default();
     // Bytes RSP is below its value at entry.
     let mut depth = 0u64;
-    // The spill's offset from RSP, and RSP's depth then.
+    // The spills' offsets from RSP, and RSP's depth then: RAX's, RSI's.
     let mut spilled = None::<(u64, u64)>;
+    let mut spilled_data = None::<(u64, u64)>;
     for _ in 0..LOOK_AHEAD {
         if !decoder.can_decode() {
             return None;
@@ -54,10 +65,14 @@ pub fn find(code: &[u8], entry: u64) -> Option<CallCheck> {
         if let Some(slot) = stack_store(&instruction) {
             // The argument slot above the return address: RSP at entry + 8.
             let argument_slot = depth + 8;
-            match (slot == argument_slot, instruction.op1_register() == Register::RAX) {
+            let from = instruction.op1_register();
+            match (slot == argument_slot, from == Register::RAX) {
                 (true, true) => spilled = Some((slot, depth)),
                 (true, false) => return None,
                 (false, _) => {}
+            }
+            if slot == argument_slot + DATA_WORD_AFTER_SLICE {
+                spilled_data = (from == Register::RSI).then_some((slot, depth));
             }
         }
     }
@@ -65,7 +80,9 @@ pub fn find(code: &[u8], entry: u64) -> Option<CallCheck> {
         return None;
     }
     // From RSP after the prologue, wherever in it the spill came.
-    let first_argument = spilled.map(|(slot, then)| slot + (depth - then))?;
+    let after_prologue = |(slot, then): (u64, u64)| slot + (depth - then);
+    let first_argument = spilled.map(after_prologue)?;
+    let second_argument_data = spilled_data.map(after_prologue);
     decoder.decode_out(&mut instruction);
     let tests_rbx = instruction.mnemonic() == Mnemonic::Test
         && instruction.op0_register() == Register::RBX
@@ -77,6 +94,7 @@ pub fn find(code: &[u8], entry: u64) -> Option<CallCheck> {
     (instruction.mnemonic() == Mnemonic::Jne).then_some(CallCheck {
         jump: instruction.ip(),
         first_argument,
+        second_argument_data,
     })
 }
 
@@ -127,18 +145,42 @@ mod tests {
 
     #[test]
     fn the_error_check_after_reading_the_header_and_where_buf_is() {
-        let expected = |jump| {
+        let expected = |jump, second_argument_data| {
             Some(CallCheck {
                 jump,
                 first_argument: 0x50,
+                second_argument_data,
             })
         };
-        assert_eq!(find(&code(GO_1_23), 0x618aa0), expected(0x618b08));
-        assert_eq!(find(&code(GO_1_19), 0x5e8880), expected(0x5e88f1));
-        // The spill before the frame is allocated: push rbp; mov [rsp+0x10], rax;
-        // sub rsp, 0x40; call; test rbx, rbx; jne.
-        let early = code("55 4889442410 4883ec40 e800000000 4885db 0f8500000000");
-        assert_eq!(find(&early, 0x1000), expected(0x1000 + 1 + 5 + 4 + 5 + 3));
+        assert_eq!(find(&code(GO_1_23), 0x618aa0), expected(0x618b08, Some(0x70)));
+        assert_eq!(find(&code(GO_1_19), 0x5e8880), expected(0x5e88f1, Some(0x70)));
+        // The spills before the frame is allocated: push rbp; mov [rsp+0x10], rax;
+        // mov [rsp+0x30], rsi; sub rsp, 0x40; call; test rbx, rbx; jne.
+        let early = code("55 4889442410 4889742430 4883ec40 e800000000 4885db 0f8500000000");
+        assert_eq!(
+            find(&early, 0x1000),
+            expected(0x1000 + 1 + 5 + 5 + 4 + 5 + 3, Some(0x70))
+        );
+        // RSI not spilled: the check is found, the second argument is not.
+        let no_data = code("55 4889442410 4883ec40 e800000000 4885db 0f8500000000");
+        assert_eq!(find(&no_data, 0x1000), expected(0x1000 + 1 + 5 + 4 + 5 + 3, None));
+    }
+
+    #[test]
+    fn the_second_argument_overwritten_before_the_call_is_not_kept() {
+        let go = code(GO_1_23);
+        let spill = [0x48, 0x89, 0x74, 0x24, 0x70];
+        let at = (0..go.len() - spill.len())
+            .find(|&i| go[i..i + spill.len()] == spill)
+            .expect("mov [rsp+0x70], rsi");
+        // mov [rsp+0x70], rdx in its place: the slot no longer holds RSI.
+        let mut overwritten = go.clone();
+        overwritten[at + 2] = 0x54;
+        let check = find(&overwritten, 0x618aa0).expect("the check is still found");
+        assert_eq!(check.second_argument_data, None);
+        // Spilled, then overwritten after (the RSI store repeated as from RDX after it).
+        let later = [&go[..at + 5], &[0x48, 0x89, 0x54, 0x24, 0x70][..], &go[at + 5..]].concat();
+        assert_eq!(find(&later, 0x618aa0).map(|c| c.second_argument_data), Some(None));
     }
 
     #[test]
