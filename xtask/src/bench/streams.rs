@@ -16,9 +16,9 @@
 //! same ratio in the round's no-agent window, with the connection-only agent's as the noise
 //! floor), the kernel's cost per probed call (`kernel.bpf_stats_enabled`) beside the copies
 //! and alone (the copies stopped), the agent's CPU per stream record over the connection-only
-//! agent's; then a client that runs no probed binary (python's OpenSSL, while the kubectl 1.20
-//! watches and their copies are stopped, the probes still attached) against no observer, and
-//! the probes' calls meanwhile.
+//! agent's; then a client that runs no probed Go binary (python's OpenSSL, while the kubectl
+//! 1.20 watches and their copies are stopped, the probes still attached) against no observer:
+//! the Go probes' calls meanwhile, and its own OpenSSL probes' runs and cost per request.
 use std::{
     collections::BTreeMap,
     fs,
@@ -302,9 +302,19 @@ type Call = (String, u64, f64);
 
 /// The Go probes' calls between two `prog_stats` readings.
 fn go_calls(before: &BTreeMap<u32, (u64, u64)>, after: &BTreeMap<u32, (u64, u64)>) -> Vec<Call> {
+    calls_of("go_", before, after)
+}
+
+/// The calls of the programs whose names start with `prefix` between two `prog_stats`
+/// readings.
+fn calls_of(
+    prefix: &str,
+    before: &BTreeMap<u32, (u64, u64)>,
+    after: &BTreeMap<u32, (u64, u64)>,
+) -> Vec<Call> {
     per_call(before, after)
         .into_iter()
-        .filter(|c| c.0.starts_with("go_"))
+        .filter(|c| c.0.starts_with(prefix))
         .collect()
 }
 
@@ -428,9 +438,11 @@ struct Ratios {
     item2: Vec<f64>,
 }
 
-/// The python client's requests/s beside one observer, the Go probes' calls meanwhile, and
-/// whether kubectl's binary was still probed (None: no agent).
-type PythonRow = (Observer, f64, u64, Option<bool>);
+/// The python client's requests/s beside one observer, the Go probes' calls meanwhile, the
+/// OpenSSL probes' runs per request (python is a client of the watched endpoint: the agent
+/// follows it through its libssl), and whether kubectl's binary was still probed (None: no
+/// agent).
+type PythonRow = (Observer, f64, u64, f64, Option<bool>);
 
 const ORDER: [Observer; 3] = [Observer::None, Observer::Connections, Observer::Streams];
 
@@ -548,9 +560,9 @@ fn rounds(lab: &mut Lab, bins: &Bins, client: &Client, groups: Groups, pids: &[u
     Ok(Measured { windows, ratios })
 }
 
-/// A client that runs no probed binary: the kubectls and their copies stopped (still
+/// A client that runs no probed Go binary: the kubectls and their copies stopped (still
 /// connected, the original binary still probed), a python OpenSSL client's requests against
-/// each observer.
+/// each observer (the agent follows it through its libssl: its own probes' runs are counted).
 fn python_beside(lab: &mut Lab, bins: &Bins, groups: Groups, pids: &[u32]) -> Result<Vec<PythonRow>> {
     signal_all(groups.0, libc::SIGSTOP);
     signal_all(groups.1, libc::SIGSTOP);
@@ -570,19 +582,26 @@ fn python_beside(lab: &mut Lab, bins: &Bins, groups: Groups, pids: &[u32]) -> Re
         }
         let before = agent.map(prog_stats);
         let rate = python(lab)?;
-        let calls: u64 = match (agent, before) {
-            (Some(a), Some(b)) => go_calls(&b, &prog_stats(a)).iter().map(|c| c.1).sum(),
-            _ => 0,
+        let (calls, ssl_runs): (u64, u64) = match (agent, before) {
+            (Some(a), Some(b)) => {
+                let after = prog_stats(a);
+                let sum = |calls: Vec<Call>| calls.iter().map(|c| c.1).sum();
+                (sum(go_calls(&b, &after)), sum(calls_of("ssl_", &b, &after)))
+            }
+            _ => (0, 0),
         };
+        let requests = rate * PYTHON_SECONDS.parse::<f64>().expect("seconds");
+        let ssl_per_request = ssl_runs as f64 / requests.max(1.0);
         let attached = agent.map(|_| all_streams(pids));
         if let Some(a) = agent {
             lab.stop(a);
         }
         eprintln!(
-            "python with {:<44} {rate:6.0} requests/s, go_* calls {calls}",
+            "python with {:<44} {rate:6.0} requests/s, go_* calls {calls}, ssl_* runs per \
+             request {ssl_per_request:.1}",
             observer.label()
         );
-        python_rows.push((observer, rate, calls, attached));
+        python_rows.push((observer, rate, calls, ssl_per_request, attached));
     }
     signal_all(groups.0, libc::SIGCONT);
     signal_all(groups.1, libc::SIGCONT);
@@ -754,30 +773,39 @@ fn report_per_call(report: &mut Report, streams: &[Window], alone: &[Call]) {
 fn report_python(report: &mut Report, python_rows: Vec<PythonRow>) {
     report.line("");
     report.line(format!(
-        "A client that runs no probed binary: python's `http.client` over OpenSSL, keep-alive \
-         GETs for {PYTHON_SECONDS} s, while the kubectls and their copies are stopped (SIGSTOP: \
-         still connected, kubectl's binary still probed while the agent runs)."
+        "A client that runs no probed Go binary: python's `http.client` over OpenSSL, keep-alive \
+         GETs to the watched endpoint for {PYTHON_SECONDS} s, while the kubectls and their copies \
+         are stopped (SIGSTOP: still connected, kubectl's binary still probed while the agent \
+         runs). Python is a client too: with its client probes the agent follows it through its \
+         libssl, and what that costs each request is the last column."
     ));
     report.line("");
     report.line(
-        "| observer | python requests/s | vs no agent | go_* probe calls meanwhile | kubectl still probed |",
+        "| observer | python requests/s | vs no agent | go_* probe calls meanwhile | OpenSSL probe runs per request | kubectl still probed | per request over no agent |",
     );
-    report.line("| --- | ---: | ---: | ---: | --- |");
+    report.line("| --- | ---: | ---: | ---: | ---: | --- | ---: |");
     let base = python_rows.first().map_or(f64::NAN, |r| r.1);
-    for (observer, rate, calls, attached) in python_rows {
+    for (observer, rate, calls, ssl_per_request, attached) in python_rows {
+        let none = observer == Observer::None;
         report.line(format!(
-            "| {} | {rate:.0} | {:.3} | {} | {} |",
+            "| {} | {rate:.0} | {:.3} | {} | {} | {} | {} |",
             observer.label(),
             rate / base,
-            if observer == Observer::None {
+            if none { "—".into() } else { calls.to_string() },
+            if none {
                 "—".into()
             } else {
-                calls.to_string()
+                format!("{ssl_per_request:.1}")
             },
             match attached {
                 None => "—",
                 Some(true) => "yes",
                 Some(false) => "no",
+            },
+            if none {
+                "—".into()
+            } else {
+                format!("{:+.1} µs", (1.0 / rate - 1.0 / base) * 1e6)
             }
         ));
     }
