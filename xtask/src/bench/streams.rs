@@ -777,7 +777,8 @@ fn report_python(report: &mut Report, python_rows: Vec<PythonRow>) {
          GETs to the watched endpoint for {PYTHON_SECONDS} s, while the kubectls and their copies \
          are stopped (SIGSTOP: still connected, kubectl's binary still probed while the agent \
          runs). Python is a client too: with its client probes the agent follows it through its \
-         libssl, and what that costs each request is the last column."
+         libssl. The last column is one window's time per request over no agent's: at this size \
+         its noise (±20 % here) is larger than the probes' cost."
     ));
     report.line("");
     report.line(
