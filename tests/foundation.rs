@@ -476,7 +476,8 @@ fn metrics_carry_spec_names_without_pid() {
 
 /// 13. A suite leaves the host's iptables rules and routes as it found them (issue 18): after
 ///     its tests pass, fail, or it is interrupted (SIGINT, SIGTERM); a suite killed outright
-///     leaves its rules to the next suite, which removes them when it ends; while two overlap,
+///     leaves its rules to the next suite, which removes them when it ends, or to `xtask`'s
+///     clearing before its first suite (never while a suite holds them); while two overlap,
 ///     the first to end leaves the rules to the other; a REJECT of all of 10.0.0.0/8 that
 ///     earlier versions left is removed; a host whose default gateway is in a test range is
 ///     refused and left untouched. Each "suite" is this binary running `containment_child`
@@ -485,7 +486,8 @@ fn metrics_carry_spec_names_without_pid() {
 #[test]
 fn suites_leave_the_host_as_they_found_it() {
     use lifeline_integration::{
-        containment::{network_state, ROUTE_PROTO},
+        containment::network_state,
+        containment_state::{CHAIN, ROUTE_PROTO},
         network_state::changes as state_changes,
     };
     use std::io::{BufRead, BufReader};
@@ -601,6 +603,29 @@ fn suites_leave_the_host_as_they_found_it() {
     assert!(passed, "{out}");
     unchanged(&ns, &before, "after a suite that followed a killed one");
 
+    // What a killed suite left, cleared before any suite runs (xtask, before its snapshot)...
+    let mut killed = started(&ns);
+    killed.kill().expect("SIGKILL the child suite");
+    killed.wait().expect("wait for the child suite");
+    let (cleared, out) = finished(&ns, "clear");
+    assert!(
+        cleared && out.contains(CLEARED) && out.contains("blackhole 10.250.0.0/16") && out.contains(CHAIN),
+        "{out}"
+    );
+    unchanged(&ns, &before, "after clearing what a killed suite left");
+    // ...but never while a suite holds it.
+    let mut running = started(&ns);
+    let (cleared, out) = finished(&ns, "clear");
+    assert!(cleared && out.contains(&format!("{CLEARED} []")), "{out}");
+    assert!(
+        contained(&ns),
+        "clearing took the rules of a suite still running: {out}"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(running.id() as i32, libc::SIGTERM) };
+    running.wait().expect("wait for the child suite");
+    unchanged(&ns, &before, "after a suite that outlived a clearing");
+
     let mut first = started(&ns);
     let (passed, out) = finished(&ns, "pass");
     assert!(passed, "{out}");
@@ -660,6 +685,8 @@ fn suites_leave_the_host_as_they_found_it() {
 
 /// What `containment_child` prints once contained.
 const CONTAINED: &str = "test traffic contained";
+/// What `containment_child` prints before the list of what it cleared (`LL_CONTAINMENT_CHILD=clear`).
+const CLEARED: &str = "cleared:";
 
 /// Run by [`suites_leave_the_host_as_they_found_it`] as a suite of its own: contained, it
 /// prints [`CONTAINED`], then passes, panics or waits as `LL_CONTAINMENT_CHILD` says. Without
@@ -669,6 +696,12 @@ fn containment_child() {
     let Ok(mode) = std::env::var("LL_CONTAINMENT_CHILD") else {
         return;
     };
+    if mode == "clear" {
+        // What xtask does before its first suite; not a suite itself (not contained).
+        let removed = lifeline_integration::containment_state::clear_abandoned().expect("clear");
+        println!("{CLEARED} {removed:?}");
+        return;
+    }
     init!();
     let routes = run(std::process::Command::new("ip").args(["route", "show", "table", "main"]));
     let routes = String::from_utf8_lossy(&routes.stdout).into_owned();

@@ -21,47 +21,22 @@
 //! and start time, under an `flock`); the last holder of a namespace to leave removes the
 //! rules: at exit (`atexit`, after the last test, whether tests failed or not), or on SIGINT,
 //! SIGTERM or SIGHUP. A suite killed outright leaves them: installing adopts them (it is
-//! idempotent) and the next suite to end in that namespace removes them.
+//! idempotent) and the next suite to end in that namespace removes them, or `xtask` clears
+//! them before its first suite ([`clear_abandoned`](crate::containment_state::clear_abandoned)).
+//! What is installed, the holders and the removal are [`containment_state`](crate::containment_state).
 use std::fs;
 use std::io::{self, Write};
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
 use std::thread;
 
+use crate::containment_state::{
+    family, holder_name, live_holders, ok, quiet, uninstall, StateLock, CHAIN, ROUTE_PROTO, SERVICE_RANGE,
+    STATE_DIR, TEST_RANGES,
+};
 use crate::netns::NetNs;
-
-/// The address ranges the suites give their namespaces and addresses: the veth pairs
-/// (10.250), the demo (10.251), the scenario topologies (10.252), hardening's host links
-/// (10.249), the real cluster's advertised address on `lo` (10.231) and its pods (10.232), and
-/// the IPv6 veth addresses.
-pub const TEST_RANGES: [&str; 7] = [
-    "10.231.0.0/16",
-    "10.232.0.0/16",
-    "10.249.0.0/16",
-    "10.250.0.0/16",
-    "10.251.0.0/16",
-    "10.252.0.0/16",
-    "fd00:250::/32",
-];
-
-/// The service (ClusterIP) range of the real cluster and of the fake apiserver's `kubernetes`
-/// Service (10.96.0.1).
-pub const SERVICE_RANGE: &str = "10.96.0.0/12";
-
-/// The iptables chain (filter table) holding the REJECT for [`SERVICE_RANGE`].
-pub const CHAIN: &str = "LIFELINE-TESTS";
-
-/// The routing protocol number the blackhole routes carry: what marks them as the suites'.
-pub const ROUTE_PROTO: &str = "76";
-
-/// Where the holders are registered (tmpfs: gone at reboot, like the routes). Removed when the
-/// last holder leaves.
-pub const STATE_DIR: &str = "/run/lifeline-tests";
 
 /// The rule in [`CHAIN`].
 const SERVICE_REJECT: [&str; 9] = [
@@ -91,7 +66,7 @@ pub fn contain() {
     if *done {
         return;
     }
-    let lock = StateLock::take();
+    let lock = StateLock::take().unwrap_or_else(|e| panic!("lock {STATE_DIR}: {e}"));
     if let Some(why) = unsafe_here() {
         panic!(
             "the suites will not contain their traffic here, changing nothing: {why}; they route \
@@ -155,14 +130,6 @@ pub fn in_range(addr: IpAddr, range: &str) -> bool {
     }
 }
 
-fn family(range: &str) -> &'static str {
-    if range.contains(':') {
-        "-6"
-    } else {
-        "-4"
-    }
-}
-
 /// Installs the routes and the chain; adopts what is already there (a killed suite's).
 fn install() {
     for range in TEST_RANGES {
@@ -197,18 +164,6 @@ fn install() {
     }
 }
 
-/// Removes all of it: every jump to the chain, the chain, the routes with [`ROUTE_PROTO`].
-fn uninstall() {
-    while ok(Command::new("iptables").args(["-w", "-D", "OUTPUT", "-j", CHAIN])) {}
-    let _ = quiet(Command::new("iptables").args(["-w", "-F", CHAIN]));
-    let _ = quiet(Command::new("iptables").args(["-w", "-X", CHAIN]));
-    for range in TEST_RANGES {
-        let fam = family(range);
-        let _ =
-            quiet(Command::new("ip").args([fam, "route", "del", "blackhole", range, "proto", ROUTE_PROTO]));
-    }
-}
-
 use crate::network_state::is_legacy_reject;
 
 /// Removes [`is_legacy_reject`] rules.
@@ -235,7 +190,7 @@ fn release() {
     if RELEASED.swap(true, Ordering::SeqCst) {
         return;
     }
-    let lock = StateLock::take();
+    let lock = StateLock::take().unwrap_or_else(|e| panic!("lock {STATE_DIR}: {e}"));
     let _ = fs::remove_file(lock.dir.join(me));
     let netns = me.split('.').next().unwrap_or_default();
     let holders = live_holders(&lock.dir);
@@ -307,84 +262,6 @@ fn register_exit_hooks() {
     }
 }
 
-/// `<netns inode>.<pid>.<start time>` of a process, if it exists and is not a zombie.
-fn holder_name(pid: u32) -> Option<String> {
-    let netns = fs::metadata(format!("/proc/{pid}/ns/net")).ok()?.ino();
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    if fields.first() == Some(&"Z") {
-        return None;
-    }
-    Some(format!("{netns}.{pid}.{}", fields.get(19)?))
-}
-
-/// The holders still running, after removing the files of those that are not.
-fn live_holders(dir: &Path) -> Vec<String> {
-    let mut live = Vec::new();
-    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let mut parts = name.split('.');
-        let (Some(_), Some(pid), Some(_), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        // Same pid, same start time: the same process (its namespace is where it registered).
-        let alive = pid
-            .parse()
-            .ok()
-            .and_then(holder_name)
-            .is_some_and(|now| now.split('.').nth(2) == name.split('.').nth(2));
-        if alive {
-            live.push(name);
-        } else {
-            let _ = fs::remove_file(entry.path());
-        }
-    }
-    live
-}
-
-/// An exclusive `flock` on `STATE_DIR/lock`, for registering and releasing.
-struct StateLock {
-    dir: PathBuf,
-    file: fs::File,
-}
-
-impl StateLock {
-    fn take() -> StateLock {
-        let dir = PathBuf::from(STATE_DIR);
-        let path = dir.join("lock");
-        loop {
-            fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {STATE_DIR}: {e}"));
-            let file = match fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-            {
-                Ok(file) => file,
-                // Removed between creating the directory and opening: again.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => panic!("open {}: {e}", path.display()),
-            };
-            // SAFETY: flock on a descriptor we own.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-            assert_eq!(rc, 0, "flock {}: {}", path.display(), io::Error::last_os_error());
-            // The last holder removes the file under the lock: locked a removed one, again.
-            let same = fs::metadata(&path).is_ok_and(|m| file.metadata().is_ok_and(|f| f.ino() == m.ino()));
-            if same {
-                return StateLock { dir, file };
-            }
-        }
-    }
-
-    /// Removes the lock file and the directory (no holder left), still holding the lock.
-    fn remove(self) {
-        let _ = fs::remove_file(self.dir.join("lock"));
-        let _ = fs::remove_dir(&self.dir);
-        drop(self.file);
-    }
-}
-
 /// A network namespace's (the host's, for `None`) packet handling, as
 /// [`network_state::state`](crate::network_state::state) puts it: compared before and after a
 /// suite.
@@ -398,16 +275,6 @@ pub fn network_state(ns: Option<&NetNs>) -> String {
         Ok::<_, std::convert::Infallible>(String::from_utf8_lossy(&out.stdout).into_owned())
     })
     .unwrap_or_else(|never| match never {})
-}
-
-fn quiet(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"))
-}
-
-fn ok(cmd: &mut Command) -> bool {
-    quiet(cmd).status.success()
 }
 
 fn must(cmd: &mut Command) {

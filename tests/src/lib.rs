@@ -39,6 +39,8 @@ pub mod bpf_stats;
 /// Keeping test traffic on this machine while a suite runs, and removing what that takes when
 /// it ends; what a namespace's packet handling looks like, to compare before and after.
 pub mod containment;
+/// What containment installs, who holds it, and its removal (shared with `xtask`).
+pub mod containment_state;
 /// What the Kubernetes clients written in Rust share (`ll-kube-watch`, `ll-stuck`, tests).
 pub mod kube_client;
 /// The fake kube-apiserver (`ll-apiserver`) and the real clients run against it.

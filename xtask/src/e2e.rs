@@ -43,7 +43,7 @@ pub fn e2e() -> Result {
 /// It leaves the host's iptables rules and routes as it found them (kube-proxy's and the CNI
 /// plugin's included).
 fn suite(archive: &Path) -> Result {
-    hoststate::remove_legacy_reject();
+    hoststate::clear_leftovers();
     let before = hoststate::snapshot()?;
     let binary = image::static_binary(&image::host_target()?);
     let ran = run(cargo()

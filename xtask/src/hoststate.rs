@@ -9,6 +9,11 @@ use crate::{show, Failed, Result};
 #[path = "../../tests/src/network_state.rs"]
 mod network_state;
 
+// The harness uses the rest of it (installing, registering).
+#[allow(dead_code)]
+#[path = "../../tests/src/containment_state.rs"]
+mod containment_state;
+
 /// What the host's packet handling looks like now.
 pub fn snapshot() -> Result<String> {
     network_state::state(|args| {
@@ -53,10 +58,29 @@ fn changes(before: &str) -> Result<Vec<String>> {
     Ok(network_state::changes(before, &snapshot()?))
 }
 
+/// Before the first snapshot: removes what earlier runs left, which the harness would remove
+/// too and the comparison must then not count against a suite: the suites' containment where no
+/// suite process holds it any more (a suite killed outright, by SIGKILL or the end of the
+/// session that ran it), and the REJECT of all of 10.0.0.0/8 of earlier versions.
+pub fn clear_leftovers() {
+    match containment_state::clear_abandoned() {
+        Ok(removed) if removed.is_empty() => {}
+        Ok(removed) => eprintln!(
+            "xtask: removed what a suite killed outright left (no suite process holds it): {}",
+            removed.join("; ")
+        ),
+        Err(e) => eprintln!(
+            "xtask: could not tell whether a killed suite left its containment ({}: {e}); the \
+             comparisons below count it if one did",
+            containment_state::STATE_DIR
+        ),
+    }
+    remove_legacy_reject();
+}
+
 /// Removes the REJECT of all of 10.0.0.0/8 that earlier versions of the suites installed on
-/// the default interface and never removed (it cuts off a resolver or mirror there); the
-/// harness removes it too, but the comparison must not count that against a suite.
-pub fn remove_legacy_reject() {
+/// the default interface and never removed (it cuts off a resolver or mirror there).
+fn remove_legacy_reject() {
     let Ok(saved) = Command::new("iptables-save").args(["-t", "filter"]).output() else {
         return;
     };

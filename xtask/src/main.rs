@@ -260,7 +260,7 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         built = true;
     }
     // Each suite leaves the host's iptables rules and routes as it found them.
-    hoststate::remove_legacy_reject();
+    hoststate::clear_leftovers();
     for name in SUITES.iter().filter(|n| chosen(n)) {
         let before = hoststate::snapshot()?;
         let mut cargo_test = cargo();
