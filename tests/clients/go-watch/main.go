@@ -14,8 +14,9 @@
 //
 // With `GO_WATCH_STREAMS=N` it is another: it opens N watches of nodes that stay open (an
 // hour's timeoutSeconds), 1,000 a second over as many HTTP/2 connections as the server's
-// stream limit takes, and prints how many have their response headers each second
-// (`open N`).
+// stream limit takes (with x/net's transport; net/http's bundled one dials a connection for
+// each request that waits while all are full, and closes the extras: a connect storm), and
+// prints how many have their response headers each second (`open N`).
 //
 //	GO_WATCH_TOKEN=... [GO_WATCH_FLOOD=N | GO_WATCH_STREAMS=N] go-watch https://HOST:PORT TRIGGER-FILE
 package main
