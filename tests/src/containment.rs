@@ -33,8 +33,8 @@ use std::sync::{Mutex, Once, OnceLock};
 use std::thread;
 
 use crate::containment_state::{
-    family, holder_name, live_holders, ok, quiet, uninstall, StateLock, CHAIN, ROUTE_PROTO, SERVICE_RANGE,
-    STATE_DIR, TEST_RANGES,
+    family, holder_name, live_holders, ok, quiet, remove_legacy_reject, uninstall, StateLock, CHAIN,
+    ROUTE_PROTO, SERVICE_RANGE, STATE_DIR, TEST_RANGES,
 };
 use crate::netns::NetNs;
 
@@ -77,7 +77,13 @@ pub fn contain() {
     fs::write(lock.dir.join(name), "").expect("register as a holder");
     static HOOKS: Once = Once::new();
     HOOKS.call_once(register_exit_hooks);
-    remove_legacy_reject();
+    for line in remove_legacy_reject() {
+        // Past libtest's capture: shown whatever the test's outcome.
+        let _ = writeln!(
+            io::stderr(),
+            "removed what an earlier version of the suites left: iptables {line}"
+        );
+    }
     install();
     *done = true;
 }
@@ -161,25 +167,6 @@ fn install() {
     }
     if !ok(Command::new("iptables").args(["-w", "-C", "OUTPUT", "-j", CHAIN])) {
         must(Command::new("iptables").args(["-w", "-I", "OUTPUT", "1", "-j", CHAIN]));
-    }
-}
-
-use crate::network_state::is_legacy_reject;
-
-/// Removes [`is_legacy_reject`] rules.
-fn remove_legacy_reject() {
-    let saved = quiet(Command::new("iptables-save").args(["-t", "filter"]));
-    for line in String::from_utf8_lossy(&saved.stdout).lines() {
-        if is_legacy_reject(line) {
-            let rule: Vec<&str> = line["-A ".len()..].split_whitespace().collect();
-            if ok(Command::new("iptables").args(["-w", "-D"]).args(&rule)) {
-                // Past libtest's capture: shown whatever the test's outcome.
-                let _ = writeln!(
-                    io::stderr(),
-                    "removed what an earlier version of the suites left: iptables {line}"
-                );
-            }
-        }
     }
 }
 

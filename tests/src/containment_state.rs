@@ -9,6 +9,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+// `crate::network_state` in the harness, `hoststate::network_state` in xtask: beside this file
+// in both.
+use super::network_state::is_legacy_reject;
+
 /// The address ranges the suites give their namespaces and addresses: the veth pairs
 /// (10.250), the demo (10.251), the scenario topologies (10.252), hardening's host links
 /// (10.249), the real cluster's advertised address on `lo` (10.231) and its pods (10.232), and
@@ -100,6 +104,23 @@ pub fn clear_abandoned() -> io::Result<Vec<String>> {
         lock.remove();
     }
     Ok(found)
+}
+
+/// Removes the [`is_legacy_reject`] rules of the current network namespace: the REJECT of all
+/// of 10.0.0.0/8 that earlier versions of the suites installed on the default interface and
+/// never removed (it cuts off a resolver or mirror there). Returns the rules removed.
+pub fn remove_legacy_reject() -> Vec<String> {
+    let saved = quiet(Command::new("iptables-save").args(["-t", "filter"]));
+    let mut removed = Vec::new();
+    for line in String::from_utf8_lossy(&saved.stdout).lines() {
+        if is_legacy_reject(line) {
+            let rule: Vec<&str> = line["-A ".len()..].split_whitespace().collect();
+            if ok(Command::new("iptables").args(["-w", "-D"]).args(&rule)) {
+                removed.push(line.to_owned());
+            }
+        }
+    }
+    removed
 }
 
 /// `<netns inode>.<pid>.<start time>` of a process, if it exists and is not a zombie.

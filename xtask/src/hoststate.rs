@@ -75,26 +75,7 @@ pub fn clear_leftovers() {
             containment_state::STATE_DIR
         ),
     }
-    remove_legacy_reject();
-}
-
-/// Removes the REJECT of all of 10.0.0.0/8 that earlier versions of the suites installed on
-/// the default interface and never removed (it cuts off a resolver or mirror there).
-fn remove_legacy_reject() {
-    let Ok(saved) = Command::new("iptables-save").args(["-t", "filter"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&saved.stdout).lines() {
-        if network_state::is_legacy_reject(line) {
-            let rule: Vec<&str> = line["-A ".len()..].split_whitespace().collect();
-            let removed = Command::new("iptables")
-                .args(["-w", "-D"])
-                .args(&rule)
-                .status()
-                .is_ok_and(|s| s.success());
-            if removed {
-                eprintln!("xtask: removed what an earlier version of the suites left: iptables {line}");
-            }
-        }
+    for line in containment_state::remove_legacy_reject() {
+        eprintln!("xtask: removed what an earlier version of the suites left: iptables {line}");
     }
 }
