@@ -195,6 +195,14 @@ const SUITES: [(&str, usize); 9] = [
     ("realcluster", 2),
 ];
 
+/// How many of `suite`'s tests run at once ([`SUITES`]), on the host and in the vm-test guests.
+pub fn test_threads(suite: &str) -> usize {
+    SUITES
+        .iter()
+        .find(|(name, _)| *name == suite)
+        .map_or(2, |(_, threads)| *threads)
+}
+
 /// The suite whose agent is the image's static release binary, not `target/debug/lifeline`.
 const RELEASE_SUITE: &str = "realcluster";
 

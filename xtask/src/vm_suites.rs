@@ -16,7 +16,7 @@ use std::{
     process::Command,
 };
 
-use crate::{cargo, image::output, run, setup::KUBECTL_1_20, workspace, Failed, Result};
+use crate::{cargo, image::output, run, setup::KUBECTL_1_20, test_threads, workspace, Failed, Result};
 
 /// The tests run in the guest, by suite. Left out: `foundation`'s
 /// `suites_leave_the_host_as_they_found_it` and `containment_child` (the harness's own
@@ -288,10 +288,12 @@ fn script(chosen: &[(&str, Vec<&str>)]) -> String {
          suites_rc=0\n",
     );
     for (suite, tests) in chosen {
+        // As many at once as on the host: the guest's 2 vCPUs idle while its tests wait.
+        let threads = test_threads(suite);
         s.push_str(&format!(
             "echo \"== suite {suite} ({} tests)\"\n\
              t0=$(cut -d' ' -f1 /proc/uptime)\n\
-             RUSTC_BOOTSTRAP=1 /{GUEST_DIR}/{suite} --exact --test-threads=2 -Zunstable-options --report-time {} || suites_rc=1\n\
+             RUSTC_BOOTSTRAP=1 /{GUEST_DIR}/{suite} --exact --test-threads={threads} -Zunstable-options --report-time {} || suites_rc=1\n\
              echo \"suite {suite}: $(awk -v a=$t0 -v b=$(cut -d' ' -f1 /proc/uptime) 'BEGIN {{ printf \"%.1f\", b - a }}') s\"\n",
             tests.len(),
             tests.join(" ")
