@@ -3,7 +3,7 @@
 //! plugins from Debian; the Kubernetes 1.20 components built from Debian's `kubernetes` source
 //! package by `cargo xtask setup`, cached under /var/tmp/lifeline-k8s), the image imported,
 //! `kubectl apply -k deploy/local/`, and the agent's checks (docs/testing.md "End to end").
-use std::{path::Path, process::Command};
+use std::{path::PathBuf, process::Command};
 
 use crate::{cargo, hoststate, image, run, Failed, Result};
 
@@ -32,32 +32,25 @@ fn prerequisites() -> Result {
 
 /// Builds the image, then runs the suite against it.
 pub fn e2e() -> Result {
+    let mut suite = cargo();
+    suite
+        .envs(prepare()?)
+        .args(["test", "-p", "lifeline-integration", "--test", "e2e", "--"]);
+    suite.args(ARGS);
+    hoststate::checked("the end-to-end suite", || run(&mut suite))
+}
+
+/// The suite's test binary's arguments: its output shown (it prints each step and a timeline).
+pub const ARGS: [&str; 2] = ["--test-threads=1", "--nocapture"];
+
+/// What the suite needs (as root): the machine's prerequisites and the image; then the suite's
+/// environment: the archive (`LIFELINE_IMAGE`) and the image's binary as `kubectl-lifeline`
+/// (`LIFELINE_BIN`). Run it between [`hoststate::checked`]'s snapshots: it leaves the host's
+/// iptables rules and routes as it found them (kube-proxy's and the CNI plugin's included).
+pub fn prepare() -> Result<[(&'static str, PathBuf); 2]> {
     crate::require_root("the end-to-end test")?;
     prerequisites()?;
     let archive = image::image(image::Options::default())?;
-    suite(&archive)
-}
-
-/// `cargo test --test e2e` with the archive at `archive` (the suite's output shown: it prints
-/// each step and a timeline), and the image's binary as `kubectl-lifeline` (`LIFELINE_BIN`).
-/// It leaves the host's iptables rules and routes as it found them (kube-proxy's and the CNI
-/// plugin's included).
-fn suite(archive: &Path) -> Result {
-    hoststate::clear_leftovers();
-    let before = hoststate::snapshot()?;
     let binary = image::static_binary(&image::host_target()?);
-    let ran = run(cargo()
-        .env("LIFELINE_IMAGE", archive)
-        .env("LIFELINE_BIN", binary)
-        .args([
-            "test",
-            "-p",
-            "lifeline-integration",
-            "--test",
-            "e2e",
-            "--",
-            "--test-threads=1",
-            "--nocapture",
-        ]));
-    crate::both(ran, hoststate::unchanged(&before, "the end-to-end suite"))
+    Ok([("LIFELINE_IMAGE", archive), ("LIFELINE_BIN", binary)])
 }

@@ -53,6 +53,15 @@ pub fn unchanged(before: &str, what: &str) -> Result {
     }
 }
 
+/// Runs `suite` between two snapshots (what earlier runs left cleared first): fails if it
+/// failed, or if `what` left the host's packet handling changed; both said when both.
+pub fn checked(what: &str, suite: impl FnOnce() -> Result) -> Result {
+    clear_leftovers();
+    let before = snapshot()?;
+    let ran = suite();
+    crate::both(ran, unchanged(&before, what))
+}
+
 /// Every line added (`+`) or removed (`-`) since `before`.
 fn changes(before: &str) -> Result<Vec<String>> {
     Ok(network_state::changes(before, &snapshot()?))

@@ -2,10 +2,11 @@
 //!
 //! - `setup`: makes a fresh machine of this kind ready (idempotent): apt packages the suites
 //!   use, `rust-src`, `bpf-linker` linked against rustc's own LLVM, tracefs mounted.
-//! - `test`: the whole test command of the README and CI: format and lint checks, unit tests
-//!   (root ones included), then the agent in Debian 11's 5.10, 13's 6.12 and 12's 6.1 guests
-//!   (`vm-test`), the root
-//!   integration suites with the real eBPF programs, and last the end-to-end test (`e2e`).
+//! - `test`: the whole test command of the README and CI: the real-cluster suites
+//!   (`realcluster`, then the end-to-end test, `e2e`) in the background while format and lint
+//!   checks, unit tests (root ones included) and the agent in Debian 11's 5.10, 13's 6.12 and
+//!   12's 6.1 guests (`vm-test`) run niced; then the other root integration suites with the
+//!   real eBPF programs.
 //! - `bench`: what the agent costs, in figures measured in one run (written to
 //!   `docs/benchmarks.md`).
 //! - `image`: the agent's OCI image archive, built without a container engine.
@@ -23,6 +24,7 @@ use std::{
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod clusters;
 mod debian;
 mod demo;
 mod deploy;
@@ -146,7 +148,13 @@ pub fn workspace() -> PathBuf {
 /// Runs a command to completion; fails naming it when it exits non-zero.
 pub fn run(cmd: &mut Command) -> Result {
     eprintln!("+ {}", show(cmd));
+    let started = std::time::Instant::now();
     let status = cmd.status().map_err(|e| Failed(format!("{}: {e}", show(cmd))))?;
+    // Where a run's time goes, in its log (steps under 20 s left unsaid).
+    let took = started.elapsed().as_secs_f64();
+    if took >= 20.0 {
+        eprintln!("xtask: {took:.0} s: {}", show(cmd));
+    }
     if status.success() {
         Ok(())
     } else {
@@ -178,7 +186,8 @@ fn require_root(what: &str) -> Result {
     Ok(())
 }
 
-/// The integration suites, in the order they run (`realcluster` needs the Kubernetes binaries
+/// The integration suites, in the order they run (`realcluster`, in the background before the
+/// others, needs the Kubernetes binaries
 /// `cargo xtask setup` builds), each with the tests it runs at once. Those whose tests mostly
 /// wait (for a silence to outlast a threshold, an agent to start, a client to retry) run four
 /// at a time on the 2 cores; those that measure CPU (`neighbours`, `performance`) two, as do
@@ -208,37 +217,70 @@ const RELEASE_SUITE: &str = "realcluster";
 
 fn test(no_lint: bool, suite: Option<&str>) -> Result {
     require_root("the test suite")?;
-    if !no_lint {
-        run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-        run(cargo().args([
+    // The binaries first: some unit tests of the agent's Kubernetes side run the apiserver fixture.
+    run(cargo().args(["build", "-p", "lifeline", "-p", "lifeline-integration", "--bins"]))?;
+    let chosen = |name: &str| suite.is_none_or(|s| chosen_by(s, name));
+    // The real clusters mostly wait: they run in the background while the CPU-bound steps
+    // that leave the host's network alone run niced (xtask/src/clusters.rs).
+    let background = clusters::start(cluster_suites(&chosen)?)?;
+    let foreground = clusters::niced(|| {
+        if !no_lint {
+            lint()?;
+        }
+        // deploy/: what kustomize renders, the Prometheus rules (promtool), the dashboard's
+        // queries.
+        deploy::check()?;
+        unit_tests()?;
+        guests(&chosen)
+    });
+    both(foreground, background.finish())?;
+    // The rest, each with the host's iptables rules and routes to itself.
+    for (name, threads) in SUITES.iter().filter(|(n, _)| *n != RELEASE_SUITE && chosen(n)) {
+        let mut cargo_test = cargo();
+        cargo_test.args([
+            "test",
+            "-p",
+            "lifeline-integration",
+            "--test",
+            name,
+            "--",
+            &format!("--test-threads={threads}"),
+        ]);
+        hoststate::checked(&format!("suite {name}"), || run(&mut cargo_test))?;
+    }
+    Ok(())
+}
+
+/// The format and lint checks: both crates' clippy (the eBPF one for its own target).
+fn lint() -> Result {
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "lifeline-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(cargo()
+        .env("RUSTC_BOOTSTRAP", "1")
+        .current_dir(workspace().join("ebpf"))
+        .args([
             "clippy",
-            "--workspace",
-            "--exclude",
-            "lifeline-ebpf",
-            "--all-targets",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
             "--",
             "-D",
             "warnings",
-        ]))?;
-        run(cargo()
-            .env("RUSTC_BOOTSTRAP", "1")
-            .current_dir(workspace().join("ebpf"))
-            .args([
-                "clippy",
-                "--target",
-                "bpfel-unknown-none",
-                "-Z",
-                "build-std=core",
-                "--",
-                "-D",
-                "warnings",
-            ]))?;
-    }
-    // deploy/: what kustomize renders, the Prometheus rules (promtool), the dashboard's queries.
-    deploy::check()?;
-    // The binaries first: some unit tests of the agent's Kubernetes side run the apiserver fixture.
-    run(cargo().args(["build", "-p", "lifeline", "-p", "lifeline-integration", "--bins"]))?;
-    // Unit tests, root-only ones (marked #[ignore]) included: this runs as root.
+        ]))
+}
+
+/// Unit tests, root-only ones (marked #[ignore]) included: this runs as root.
+fn unit_tests() -> Result {
     run(cargo().args([
         "test",
         "-p",
@@ -254,53 +296,46 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         "--bins",
         "--",
         "--include-ignored",
-    ]))?;
-    let chosen = |name: &str| suite.is_none_or(|s| chosen_by(s, name));
-    // The agent on the oldest and newest kernels users' nodes boot, and the one between, each
-    // in a qemu guest (kernel packages extracted once into /var/tmp/lifeline-vm): `lifeline
-    // check` and detection there, not only on this machine's kernel. The static binary they
-    // build is the one `e2e`'s image uses.
+    ]))
+}
+
+/// The agent on the oldest and newest kernels users' nodes boot, and the one between, each in
+/// a qemu guest (kernel packages extracted once into /var/tmp/lifeline-vm): `lifeline check`
+/// and detection there, not only on this machine's kernel, with the image's static binary.
+fn guests(chosen: &dyn Fn(&str) -> bool) -> Result {
     let mut built = false;
     for (_, kernel, suites) in GUESTS.into_iter().filter(|(n, ..)| chosen(n)) {
         vm::vm_test(&vm::Options {
             no_suites: !suites,
-            // The static binary and the suites' tests are built by the first guest run.
+            // The suites' tests for the guest are built by the first guest run.
             no_build: built,
             ..vm::Options::new(kernel)
         })?;
         built = true;
     }
-    // Each suite leaves the host's iptables rules and routes as it found them.
-    hoststate::clear_leftovers();
-    for (name, threads) in SUITES.iter().filter(|(n, _)| chosen(n)) {
-        let before = hoststate::snapshot()?;
-        let mut cargo_test = cargo();
-        if *name == RELEASE_SUITE {
-            // The real cluster runs what users run: the image's binary (the VM guests built it
-            // above). Its agent races a fresh client's start-up (issue 23: first requests).
-            let target = image::host_target()?;
-            if !built {
-                image::build_static(&target)?;
-                built = true;
-            }
-            cargo_test.env("LIFELINE_BIN", image::static_binary(&target));
-        }
-        let ran = run(cargo_test.args([
-            "test",
-            "-p",
-            "lifeline-integration",
-            "--test",
-            name,
-            "--",
-            &format!("--test-threads={threads}"),
-        ]));
-        both(ran, hoststate::unchanged(&before, &format!("suite {name}")))?;
-    }
-    // Last: the image built and installed on a real node.
-    if chosen(E2E) {
-        e2e::e2e()?;
-    }
     Ok(())
+}
+
+/// The chosen real-cluster suites, built and ready to run: `realcluster` with what users run,
+/// the image's static binary (its agent races a fresh client's start-up: issue 23, first
+/// requests), then `e2e` with the image built and installed on a real node.
+fn cluster_suites(chosen: &dyn Fn(&str) -> bool) -> Result<Vec<clusters::Suite>> {
+    let mut suites = Vec::new();
+    if chosen(RELEASE_SUITE) {
+        let target = image::host_target()?;
+        image::build_static(&target)?;
+        let threads = format!("--test-threads={}", test_threads(RELEASE_SUITE));
+        let mut suite = clusters::Suite::build(RELEASE_SUITE, &[&threads])?;
+        suite.command.env("LIFELINE_BIN", image::static_binary(&target));
+        suites.push(suite);
+    }
+    if chosen(E2E) {
+        let env = e2e::prepare()?;
+        let mut suite = clusters::Suite::build(E2E, &e2e::ARGS)?;
+        suite.command.envs(env);
+        suites.push(suite);
+    }
+    Ok(suites)
 }
 
 /// Whether `--suite wanted` picks the suite or guest `name`: the same name, or a prefix of it
