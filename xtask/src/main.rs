@@ -217,8 +217,6 @@ const RELEASE_SUITE: &str = "realcluster";
 
 fn test(no_lint: bool, suite: Option<&str>) -> Result {
     require_root("the test suite")?;
-    // The binaries first: some unit tests of the agent's Kubernetes side run the apiserver fixture.
-    run(cargo().args(["build", "-p", "lifeline", "-p", "lifeline-integration", "--bins"]))?;
     let chosen = |name: &str| suite.is_none_or(|s| chosen_by(s, name));
     // The real clusters mostly wait: they run in the background while the CPU-bound steps
     // that leave the host's network alone run niced (xtask/src/clusters.rs).
@@ -230,6 +228,9 @@ fn test(no_lint: bool, suite: Option<&str>) -> Result {
         // deploy/: what kustomize renders, the Prometheus rules (promtool), the dashboard's
         // queries.
         deploy::check()?;
+        // The binaries first: some unit tests of the agent's Kubernetes side run the apiserver
+        // fixture. (The background needs none of the debug agent: it runs the static one.)
+        run(cargo().args(["build", "-p", "lifeline", "-p", "lifeline-integration", "--bins"]))?;
         unit_tests()?;
         guests(&chosen)
     });
