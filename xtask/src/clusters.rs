@@ -14,13 +14,13 @@
 use std::{
     fs::{self, File},
     io,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     thread::{self, JoinHandle},
     time::Instant,
 };
 
-use crate::{cargo, hoststate, image::output, show, workspace, Failed, Result};
+use crate::{hoststate, integration_tests, show, workspace, Failed, Result};
 
 /// A suite for the background: its name and its command, ready to run.
 pub struct Suite {
@@ -33,19 +33,10 @@ impl Suite {
     /// would run it, from the package's directory: its own executable, not `cargo test`,
     /// which would wait on the build directory's lock while the foreground builds.
     pub fn build(name: &'static str, args: &[&str]) -> Result<Suite> {
-        let mut build = cargo();
-        build
-            .args(["test", "-p", "lifeline-integration", "--test", name, "--no-run"])
-            .arg("--message-format=json-render-diagnostics")
-            .stderr(Stdio::inherit());
-        eprintln!("+ {}", show(&build));
-        let json = output(&mut build)?;
-        let executable = json
-            .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .find(|m| m["target"]["name"] == name && m["profile"]["test"] == true)
-            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-            .ok_or_else(|| Failed(format!("{} named no test executable for {name}", show(&build))))?;
+        let (_, executable) = integration_tests(&[name], false)?
+            .into_iter()
+            .find(|(built, _)| built == name)
+            .ok_or_else(|| Failed(format!("cargo named no test executable for tests/{name}.rs")))?;
         let mut command = Command::new(executable);
         command.args(args).current_dir(workspace().join("tests"));
         Ok(Suite { name, command })
@@ -92,7 +83,7 @@ pub fn start(suites: Vec<Suite>) -> Result<Background> {
 
 /// Runs `command` with its output to `log` (the command line first); fails naming it and the
 /// log when it exits non-zero.
-fn run_logged(command: &mut Command, log: &PathBuf) -> Result {
+fn run_logged(command: &mut Command, log: &Path) -> Result {
     let file = File::create(log).map_err(|e| Failed(format!("create {}: {e}", log.display())))?;
     let err = file
         .try_clone()

@@ -5,7 +5,7 @@
 //! `kubectl apply -k deploy/local/`, and the agent's checks (docs/testing.md "End to end").
 use std::{path::PathBuf, process::Command};
 
-use crate::{cargo, hoststate, image, run, Failed, Result};
+use crate::{hoststate, image, run, Failed, Result};
 
 /// The kubectl the suite drives the cluster with (its kustomize reads `deploy/`: 1.21 or newer).
 const KUBECTL: &str = "/usr/bin/kubectl";
@@ -32,12 +32,10 @@ fn prerequisites() -> Result {
 
 /// Builds the image, then runs the suite against it.
 pub fn e2e() -> Result {
-    let mut suite = cargo();
-    suite
-        .envs(prepare()?)
-        .args(["test", "-p", "lifeline-integration", "--test", "e2e", "--"]);
-    suite.args(ARGS);
-    hoststate::checked("the end-to-end suite", || run(&mut suite))
+    let env = prepare()?;
+    let mut suite = crate::clusters::Suite::build("e2e", &ARGS)?;
+    suite.command.envs(env);
+    hoststate::checked("the end-to-end suite", || run(&mut suite.command))
 }
 
 /// The suite's test binary's arguments: its output shown (it prints each step and a timeline).

@@ -176,6 +176,40 @@ pub fn cargo() -> Command {
     cmd
 }
 
+/// Builds the integration suites `tests/<name>.rs` of `names` (`offline`: without touching the
+/// network; the compiler's diagnostics shown) and gives each one's test executable, by name.
+pub fn integration_tests(names: &[&str], offline: bool) -> Result<Vec<(String, PathBuf)>> {
+    let mut cmd = cargo();
+    cmd.args(["test", "-p", "lifeline-integration"]);
+    for name in names {
+        cmd.args(["--test", name]);
+    }
+    cmd.args(["--no-run", "--message-format=json-render-diagnostics"])
+        .stderr(std::process::Stdio::inherit());
+    if offline {
+        cmd.arg("--offline");
+    }
+    eprintln!("+ {}", show(&cmd));
+    let json = image::output(&mut cmd)?;
+    let mut found = Vec::new();
+    for message in json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    {
+        let is_test = message["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "test"));
+        if let (true, Some(name), Some(exe)) = (
+            is_test,
+            message["target"]["name"].as_str(),
+            message["executable"].as_str(),
+        ) {
+            found.push((name.to_owned(), PathBuf::from(exe)));
+        }
+    }
+    Ok(found)
+}
+
 fn require_root(what: &str) -> Result {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

@@ -16,7 +16,9 @@ use std::{
     process::Command,
 };
 
-use crate::{cargo, image::output, run, setup::KUBECTL_1_20, test_threads, workspace, Failed, Result};
+use crate::{
+    image::output, integration_tests, run, setup::KUBECTL_1_20, test_threads, workspace, Failed, Result,
+};
 
 /// The tests run in the guest, by suite. Left out: `foundation`'s
 /// `suites_leave_the_host_as_they_found_it` and `containment_child` (the harness's own
@@ -126,7 +128,8 @@ pub fn prepare(
     server: &Path,
     chosen: &[(&str, Vec<&str>)],
 ) -> Result<Suites> {
-    let executables = test_binaries(no_build)?;
+    let names: Vec<&str> = CHOSEN.iter().map(|(suite, _)| *suite).collect();
+    let executables = integration_tests(&names, no_build)?;
     let stripped = dir.join(GUEST_DIR);
     fs::create_dir_all(&stripped).map_err(|e| Failed(format!("{}: {e}", stripped.display())))?;
     let mut files: Vec<(String, PathBuf)> = Vec::new();
@@ -229,37 +232,6 @@ fn guest_path(path: &Path) -> String {
 }
 
 /// `cargo test --no-run` of the [`CHOSEN`] suites: (suite, executable).
-fn test_binaries(no_build: bool) -> Result<Vec<(String, PathBuf)>> {
-    let mut cmd = cargo();
-    cmd.args(["test", "-p", "lifeline-integration"]);
-    for (suite, _) in CHOSEN {
-        cmd.args(["--test", suite]);
-    }
-    cmd.args(["--no-run", "--message-format=json"]);
-    if no_build {
-        cmd.arg("--offline");
-    }
-    eprintln!("+ {}", crate::show(&cmd));
-    let json = output(&mut cmd)?;
-    let mut found = Vec::new();
-    for line in json.lines() {
-        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let is_test = message["target"]["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|k| k == "test"));
-        if let (true, Some(name), Some(exe)) = (
-            is_test,
-            message["target"]["name"].as_str(),
-            message["executable"].as_str(),
-        ) {
-            found.push((name.to_owned(), PathBuf::from(exe)));
-        }
-    }
-    Ok(found)
-}
-
 /// The shared libraries `binary` loads, the program interpreter included (`ldd`).
 fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
     let text = output(Command::new("ldd").arg(binary))?;
