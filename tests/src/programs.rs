@@ -314,3 +314,41 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     // SAFETY: sysconf has no preconditions.
     ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
+
+/// The CPU time of each thread of process `pid` now (`/proc/PID/task/*/schedstat`, in
+/// nanoseconds): where [`cpu_seconds`] counts clock ticks of 10 ms, which over a 15 s window
+/// of a process at 5 % of a core is ±2 % of it.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadsCpu(std::collections::BTreeMap<u32, u64>);
+
+impl ThreadsCpu {
+    pub fn of(pid: u32) -> ThreadsCpu {
+        let tasks = fs::read_dir(format!("/proc/{pid}/task")).expect("read the threads");
+        ThreadsCpu(
+            tasks
+                .flatten()
+                .filter_map(|t| {
+                    let tid = t.file_name().to_str()?.parse().ok()?;
+                    let schedstat = fs::read_to_string(t.path().join("schedstat")).ok()?;
+                    Some((tid, schedstat.split_whitespace().next()?.parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// Seconds of CPU between `earlier` and this reading, or `None` if a thread of `earlier`
+    /// has exited since (its time went with it).
+    pub fn since(&self, earlier: &ThreadsCpu) -> Option<f64> {
+        let mut ns = 0u64;
+        for (tid, before) in &earlier.0 {
+            ns += self.0.get(tid)?.saturating_sub(*before);
+        }
+        let born: u64 = self
+            .0
+            .iter()
+            .filter(|(tid, _)| !earlier.0.contains_key(tid))
+            .map(|(_, ns)| ns)
+            .sum();
+        Some((ns + born) as f64 / 1e9)
+    }
+}

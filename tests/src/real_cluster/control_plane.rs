@@ -758,10 +758,31 @@ subjects: [{{kind: ServiceAccount, name: default, namespace: {ns}}}]
     }
 
     fn start_controller_manager(&mut self, server: &str) {
+        let cmd = self.controller_manager(&k8s_bin("kube-controller-manager"), server, true);
+        self.spawn("kube-controller-manager", cmd);
+    }
+
+    /// Starts a second kube-controller-manager as component `name`, talking to `server`, from
+    /// a copy of the binary in the run directory (a file of its own: uprobes on the original
+    /// do not fire in it), with leader election off, so it runs every controller beside the
+    /// leader and receives the same updates: a control group for measuring the leader. Its
+    /// controllers act on the same objects as the leader's (both converge on the same state).
+    /// Returns its pid.
+    pub fn start_controller_manager_copy(&mut self, name: &str, server: &str) -> u32 {
+        let copy = self.dir.0.join(name);
+        fs::copy(k8s_bin("kube-controller-manager"), &copy)
+            .unwrap_or_else(|e| panic!("copy kube-controller-manager to {}: {e}", copy.display()));
+        let cmd = self.controller_manager(&copy, server, false);
+        self.spawn(name, cmd)
+    }
+
+    /// kube-controller-manager `binary`'s command line, as this control plane runs it.
+    fn controller_manager(&self, binary: &Path, server: &str, leader_elect: bool) -> Command {
         let kubeconfig = self.kubeconfig(User::ControllerManager, server);
-        let mut cmd = Command::new(k8s_bin("kube-controller-manager"));
+        let mut cmd = Command::new(binary);
         cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .args(["--leader-elect=true", "--port=0", "--secure-port=0"])
+            .arg(format!("--leader-elect={leader_elect}"))
+            .args(["--port=0", "--secure-port=0"])
             .arg("--use-service-account-credentials=true")
             .arg(format!(
                 "--service-account-private-key-file={}",
@@ -770,7 +791,7 @@ subjects: [{{kind: ServiceAccount, name: default, namespace: {ns}}}]
             .arg(format!("--root-ca-file={}", self.ca_pem().display()))
             .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
             .args(["--allocate-node-cidrs=false", "--v=2"]);
-        self.spawn("kube-controller-manager", cmd);
+        cmd
     }
 
     fn start_kube_proxy(&mut self, server: &str) {
