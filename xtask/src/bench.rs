@@ -152,14 +152,26 @@ struct Bins {
 /// CPU time of `pid`, in seconds: its threads' run time from `schedstat` (nanoseconds), plus
 /// the time of the children it waited for (clock ticks; the `ss` loop's `ss` runs).
 fn cpu_seconds(pid: u32) -> f64 {
-    let threads: u64 = fs::read_dir(format!("/proc/{pid}/task"))
+    threads_cpu_seconds(pid).values().sum::<f64>() + children_seconds(pid)
+}
+
+/// CPU time of `pid`'s threads (`schedstat`), in seconds, summed per thread name (`comm`).
+fn threads_cpu_seconds(pid: u32) -> BTreeMap<String, f64> {
+    let mut by_name = BTreeMap::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    threads as f64 / 1e9 + children_seconds(pid)
+    {
+        let run = fs::read_to_string(task.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+        let (Some(ns), Ok(name)) = (run, fs::read_to_string(task.path().join("comm"))) else {
+            continue;
+        };
+        *by_name.entry(name.trim().to_owned()).or_insert(0.0) += ns as f64 / 1e9;
+    }
+    by_name
 }
 
 /// cutime + cstime of `pid`, in seconds.

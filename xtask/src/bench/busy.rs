@@ -3,6 +3,7 @@
 //! set to another agent binary, that one is measured first on the same connections (before and
 //! after a change, in one run).
 use std::{
+    collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
     process::Command,
@@ -11,7 +12,8 @@ use std::{
 };
 
 use super::{
-    cpu_seconds, sampling_us_per_socket, status_kib, wait_listed, Bins, Hold, Lab, Report, WATCHED_PORT,
+    cpu_seconds, sampling_us_per_socket, status_kib, threads_cpu_seconds, wait_listed, Bins, Hold, Lab,
+    Report, WATCHED_PORT,
 };
 use crate::{Failed, Result};
 
@@ -23,6 +25,26 @@ const PUSH_EVERY: &str = "5";
 const SECONDS: u64 = 20;
 /// Issue 26's goal: the agent's whole CPU per busy connection and second, in µs.
 const BUSY_GOAL_US: f64 = 1.0;
+/// The agent's thread that samples, judges and acts each tick (`app/run.rs`), and the one
+/// that applies kernel events (`app/pump.rs`).
+const TICK_THREAD: &str = "sampler";
+const PUMP_THREAD: &str = "event-pump";
+
+/// Where an agent's CPU went between two readings of [`threads_cpu_seconds`], per connection
+/// and second, in µs: the tick thread's time less sampling's (judgement, actions, metrics),
+/// the event pump's, and every other thread's.
+fn split_us(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    sampling_us: f64,
+    per: f64,
+) -> (f64, f64, f64) {
+    let spent = |name: &str| after.get(name).unwrap_or(&0.0) - before.get(name).unwrap_or(&0.0);
+    let all: f64 = after.values().sum::<f64>() - before.values().sum::<f64>();
+    let (tick, pump) = (spent(TICK_THREAD), spent(PUMP_THREAD));
+    let us = |seconds: f64| seconds * 1e6 / per;
+    (us(tick) - sampling_us, us(pump), us(all - tick - pump))
+}
 
 /// `lifeline --version`'s revision of `binary`.
 fn revision(binary: &Path) -> String {
@@ -75,15 +97,17 @@ pub(super) fn busy_section(bins: &Bins, report: &mut Report) -> Result {
          namespace: *busy*, the server writes 200 bytes on each every {PUSH_EVERY} s (spread \
          over the interval, {} payloads a second, as a busy node's informers receive events), \
          or *idle*. Agent CPU over {SECONDS} s once the table is complete and 15 s old; \
-         *sampling* is the sampler thread's own CPU (see Tracked connections), *sampled* the \
-         sockets it read per second.",
+         *sampling* is the sampling rounds' own CPU (see Tracked connections), *sampled* the \
+         sockets they read per second; the agent's CPU per connection splits into sampling, \
+         the rest of the tick's thread (the judgement, actions, metrics and API views of each \
+         tick), the event pump's thread (kernel events into the table) and all other threads.",
         CONNECTIONS / PUSH_EVERY.parse::<usize>().expect("seconds")
     ));
     report.line("");
     report.line(
-        "| agent | connections | agent CPU | per connection | sampling per connection | sampled/s | RSS |",
+        "| agent | connections | agent CPU | per connection | sampling per connection | the tick's rest | event pump | other threads | sampled/s | RSS |",
     );
-    report.line("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    report.line("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     // This build's busy figure, for the goal (the last agent measured is this build).
     let mut busy_figure = None;
     for busy in [true, false] {
@@ -109,7 +133,9 @@ pub(super) fn busy_section(bins: &Bins, report: &mut Report) -> Result {
             thread::sleep(Duration::from_secs(15));
             let log_size = || fs::metadata(&log).map_or(0, |m| m.len());
             let (c0, from) = (cpu_seconds(agent), log_size());
+            let threads0 = threads_cpu_seconds(agent);
             thread::sleep(Duration::from_secs(SECONDS));
+            let threads1 = threads_cpu_seconds(agent);
             let per_second = (cpu_seconds(agent) - c0) / SECONDS as f64;
             let per_connection_us = per_second * 1e6 / CONNECTIONS as f64;
             if busy {
@@ -117,8 +143,14 @@ pub(super) fn busy_section(bins: &Bins, report: &mut Report) -> Result {
             }
             let span = (from, log_size());
             let sampling = sampling_us_per_socket(&log, span, SECONDS as f64, CONNECTIONS);
+            let (tick, pump, other) = split_us(
+                &threads0,
+                &threads1,
+                sampling.unwrap_or(0.0),
+                (SECONDS as usize * CONNECTIONS) as f64,
+            );
             report.line(format!(
-                "| {label} | {CONNECTIONS} {} | {:.2} ms/s | {:.2} µs/s | {} | {:.0} | {} MiB |",
+                "| {label} | {CONNECTIONS} {} | {:.2} ms/s | {:.2} µs/s | {} | {tick:.2} µs/s | {pump:.2} µs/s | {other:.2} µs/s | {:.0} | {} MiB |",
                 if busy { "busy" } else { "idle" },
                 per_second * 1000.0,
                 per_connection_us,
@@ -146,4 +178,31 @@ pub(super) fn busy_section(bins: &Bins, report: &mut Report) -> Result {
         report.line("");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_s_cpu_splits_into_its_threads_shares() {
+        let reading = |tick: f64, pump: f64, web: f64| {
+            BTreeMap::from([
+                (TICK_THREAD.to_owned(), tick),
+                (PUMP_THREAD.to_owned(), pump),
+                ("tokio-rt-worker".to_owned(), web),
+            ])
+        };
+        // 10 connection-seconds: the tick spent 40 µs (15 of them sampling), the pump 20,
+        // the runtime 5.
+        let (tick, pump, other) = split_us(
+            &reading(1.0, 2.0, 3.0),
+            &reading(1.000_040, 2.000_020, 3.000_005),
+            1.5,
+            10.0,
+        );
+        assert!((tick - 2.5).abs() < 1e-6, "{tick}");
+        assert!((pump - 2.0).abs() < 1e-6, "{pump}");
+        assert!((other - 0.5).abs() < 1e-6, "{other}");
+    }
 }
