@@ -237,7 +237,10 @@ pub struct SegmentEvent {
     /// The client's `snd_una` when the segment arrived (before its acknowledgement counted):
     /// what was sent but not acknowledged yet lies between the two.
     pub snd_una: u32,
-    pub _pad: u32,
+    /// The client's `write_seq` when the segment arrived: what it wrote but the kernel has not
+    /// sent yet lies between `snd_nxt` and it. All three equal: nothing unsent, nothing
+    /// unacknowledged (the agent counts such a segment as a look at the connection).
+    pub write_seq: u32,
     /// Smoothed round-trip time, microseconds.
     pub srtt_us: u32,
     /// TCP payload of the segment, bytes.
@@ -489,9 +492,10 @@ pub struct SegmentOffsets {
     pub skc_dport: u32,
     pub skc_num: u32,
     pub skc_family: u32,
-    /// `struct tcp_sock`: `snd_nxt`, `snd_una`, `srtt_us` (×8).
+    /// `struct tcp_sock`: `snd_nxt`, `snd_una`, `write_seq`, `srtt_us` (×8).
     pub tcp_snd_nxt: u32,
     pub tcp_snd_una: u32,
+    pub tcp_write_seq: u32,
     pub tcp_srtt_us: u32,
     /// `struct sk_buff`: `len` and `data` (the TCP header, where `tcp_probe` fires).
     pub skb_len: u32,
@@ -566,7 +570,7 @@ mod pod {
 
 const _: () = assert!(core::mem::size_of::<EndpointKey>() == 18);
 const _: () = assert!(core::mem::size_of::<SockEvent>() == 8 * 3 + 4 * 8 + 2 * 4 + 16 * 3);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 48 + 40 + 48 + 24);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 36 + 52 + 40 + 48 + 24);
 const _: () = assert!(core::mem::size_of::<FrameEvent>() == 8 * 3 + 4 * 4 + 8);
 const _: () = assert!(core::mem::size_of::<ExecEvent>() == 16);
 const _: () = assert!(core::mem::size_of::<HeaderEvent>() == 16 + 16 + HEADER_VALUE_MAX);

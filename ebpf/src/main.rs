@@ -96,6 +96,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
         skc_family: 0,
         tcp_snd_nxt: 0,
         tcp_snd_una: 0,
+        tcp_write_seq: 0,
         tcp_srtt_us: 0,
         skb_len: 0,
         skb_data: 0,
@@ -920,6 +921,9 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
     let sport: u16 = kernel(sk + u64::from(offset!(segment.skc_num))).unwrap_or(0);
     let srtt: u32 = kernel::<u32>(sk + u64::from(offset!(segment.tcp_srtt_us))).unwrap_or(0) >> 3;
     let snd_una: u32 = kernel(sk + u64::from(offset!(segment.tcp_snd_una))).unwrap_or(snd_nxt);
+    // Unreadable: as if something were unsent (the record is then no look at the connection).
+    let write_seq: u32 =
+        kernel(sk + u64::from(offset!(segment.tcp_write_seq))).unwrap_or(snd_nxt.wrapping_add(1));
     let saddr = socket_addr(sk, family, true).unwrap_or([0; 16]);
     let daddr = socket_addr(sk, family, false).unwrap_or([0; 16]);
     entry.write(SegmentEvent {
@@ -929,7 +933,7 @@ fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<(), i32> {
         netns,
         snd_nxt,
         snd_una,
-        _pad: 0,
+        write_seq,
         srtt_us: srtt,
         data_len,
         family,

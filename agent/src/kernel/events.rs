@@ -36,11 +36,13 @@ pub enum Change {
         state: u32,
     },
     /// A segment arrived on the established connection: `len` bytes of payload, when the
-    /// client had sent up to `snd_nxt` (see [`SegmentEvent`]).
+    /// client had sent up to `snd_nxt`, had it acknowledged up to `snd_una` and written up to
+    /// `write_seq` (see [`SegmentEvent`]).
     Segment {
         len: u16,
         snd_nxt: u32,
         snd_una: u32,
+        write_seq: u32,
         srtt_us: u32,
     },
 }
@@ -122,6 +124,7 @@ fn decode_segment(bytes: &[u8], clock: &MonotonicClock) -> Result<KernelEvent> {
             len: raw.data_len,
             snd_nxt: raw.snd_nxt,
             snd_una: raw.snd_una,
+            write_seq: raw.write_seq,
             srtt_us: raw.srtt_us,
         },
         local: SocketAddr::new(address(raw.family, raw.saddr)?, raw.sport),

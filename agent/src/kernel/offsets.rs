@@ -163,6 +163,7 @@ pub fn segment_offsets(member: &dyn Fn(&str, &str) -> Result<u32>) -> Result<Seg
         skc_family: common("skc_family")?,
         tcp_snd_nxt: member("tcp_sock", "snd_nxt")?,
         tcp_snd_una: member("tcp_sock", "snd_una")?,
+        tcp_write_seq: member("tcp_sock", "write_seq")?,
         tcp_srtt_us: member("tcp_sock", "srtt_us")?,
         skb_len: member("sk_buff", "len")?,
         skb_data: member("sk_buff", "data")?,
@@ -618,7 +619,7 @@ mod tests {
         assert_eq!(segment.skc_num, segment.skc_dport + 2, "{segment:?}");
         assert!(segment.skc_v6_daddr > segment.skc_family, "{segment:?}");
         assert!(
-            segment.tcp_snd_una > 1000 && segment.skb_data > segment.skb_len,
+            segment.tcp_snd_una > 1000 && segment.tcp_write_seq > 1000 && segment.skb_data > segment.skb_len,
             "{segment:?}"
         );
         let err = member_offset(&btf, "sock_common", "no_such_field")

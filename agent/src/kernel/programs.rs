@@ -865,6 +865,90 @@ mod tests {
         );
     }
 
+    /// Issue 26 item 6: a segment record tells what the client has not sent yet. A client with
+    /// nothing to send shows `write_seq`, `snd_nxt` and `snd_una` equal (a look at the
+    /// connection, `table::LOOKED_SAMPLE_EVERY`); one whose writes wait behind its peer's full
+    /// receive window shows them unsent: `write_seq` ahead of `snd_nxt`.
+    #[tokio::test]
+    #[ignore = "needs root: run by cargo xtask test"]
+    async fn a_segment_record_shows_what_the_client_has_not_sent() {
+        use std::{
+            io::{ErrorKind, Write},
+            net::{TcpListener, TcpStream},
+            time::Duration,
+        };
+
+        use crate::kernel::events::{decode_record, Change, MonotonicClock, Record};
+
+        /// The segment records of the client's socket (local port `port`) in the ring now.
+        fn segments(feed: &mut KernelFeed, clock: &MonotonicClock, port: u16) -> Vec<(u32, u32, u32)> {
+            let mut found = Vec::new();
+            while let Some(item) = feed.events.next() {
+                if let Ok(Record::Socket(ev)) = decode_record(&item, clock) {
+                    if let Change::Segment {
+                        snd_nxt,
+                        snd_una,
+                        write_seq,
+                        len,
+                        ..
+                    } = ev.change
+                    {
+                        if ev.local.port() == port && len > 0 {
+                            found.push((snd_una, snd_nxt, write_seq));
+                        }
+                    }
+                }
+            }
+            found
+        }
+
+        let (mut probes, mut feed) = loaded();
+        let clock = MonotonicClock::new();
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen");
+        let port = listener.local_addr().expect("its address").port();
+        let mut endpoints = EndpointSet::default();
+        endpoints.insert(Endpoint::exact(Ipv4Addr::LOCALHOST.into(), port), Source::Config);
+        probes.set_endpoints(&endpoints).expect("the endpoint");
+        let mut client = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
+        let local = client.local_addr().expect("the client's address").port();
+        let (mut server, _) = listener.accept().expect("accept");
+
+        // Nothing to send: an answer's record shows all three equal.
+        client.write_all(b"request").expect("a request");
+        std::thread::sleep(Duration::from_millis(100));
+        server.write_all(&[b'x'; 200]).expect("an answer");
+        std::thread::sleep(Duration::from_millis(100));
+        let idle = segments(&mut feed, &clock, local);
+        let &(una, nxt, write) = idle.last().expect("the answer's record");
+        assert!(
+            una == nxt && write == nxt,
+            "nothing unsent or unacknowledged: {idle:?}"
+        );
+
+        // The server reads nothing: the client writes until its send buffer is full, the
+        // server's receive window closes, and what the client wrote last stays unsent.
+        client.set_nonblocking(true).expect("non-blocking");
+        let chunk = [b'y'; 65536];
+        let mut written = 0usize;
+        loop {
+            match client.write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => panic!("writing: {e}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = segments(&mut feed, &clock, local);
+        server.write_all(&[b'z'; 300]).expect("a second answer");
+        std::thread::sleep(Duration::from_millis(100));
+        let blocked = segments(&mut feed, &clock, local);
+        let &(_, nxt, write) = blocked.last().expect("the second answer's record");
+        assert!(
+            write.wrapping_sub(nxt) > 0 && write.wrapping_sub(nxt) < 1 << 30,
+            "{written} bytes written, some unsent: snd_nxt {nxt}, write_seq {write}"
+        );
+    }
+
     /// The links of `probes`' Go-client programs, as the kernel lists them (`bpftool link`):
     /// the object is this test's own, so every one is on the test's file.
     fn go_links(probes: &mut Probes) -> usize {

@@ -32,7 +32,7 @@ impl ConnectionTable {
         // (busy connections send many; discarding the plan for each walked the whole table
         // every round). Anything else may add, move or end connections: walk again.
         if !matches!(ev.change, Change::Segment { .. }) {
-            self.next_sample_due = None;
+            self.upcoming = None;
         }
         let connect = matches!(
             ev.change,
@@ -87,6 +87,7 @@ impl ConnectionTable {
                 len,
                 snd_nxt,
                 snd_una,
+                write_seq,
                 srtt_us,
             } => {
                 let id = found?;
@@ -116,6 +117,10 @@ impl ConnectionTable {
                     conn.first_answer = conn.ordered.last_answer();
                 }
                 conn.last_request = conn.last_request.max(conn.ordered.last_request());
+                if snd_una == snd_nxt && write_seq == snd_nxt {
+                    // Nothing unsent, nothing unacknowledged: a look (LOOKED_SAMPLE_EVERY).
+                    conn.looked_at = conn.looked_at.max(Some(ev.at));
+                }
                 let due = conn.sample_due_at(ev.at);
                 let owner = conn.owner;
                 self.plan_sample(id, due, ev.at);
@@ -282,6 +287,7 @@ impl ConnectionTable {
                 data_segs_out: 0,
                 bytes_acked: 0,
                 sampled_at: None,
+                looked_at: None,
                 last_receive: None,
                 last_payload: None,
                 last_request: None,

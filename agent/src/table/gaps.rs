@@ -165,7 +165,7 @@ impl ConnectionTable {
         }
         if !ids.is_empty() {
             // Forgotten waits change what the sampler should look at.
-            self.next_sample_due = None;
+            self.upcoming = None;
         }
         ids.len()
     }

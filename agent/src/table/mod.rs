@@ -85,9 +85,18 @@ pub const QUIET_AFTER: Duration = Duration::from_secs(10);
 /// client's own path) is seen up to this much later.
 pub const QUIET_EVERY: Duration = Duration::from_secs(5);
 
-/// A connection whose `tcp_info` has not been read for this long has no readable evidence
-/// (a quiet connection is read every [`QUIET_EVERY`]).
+/// A connection whose `tcp_info` has not been read for this long, nor looked at by a segment
+/// (see [`LOOKED_SAMPLE_EVERY`]), has no readable evidence (a quiet connection is read every
+/// [`QUIET_EVERY`]).
 pub const SAMPLE_MAX_AGE: Duration = Duration::from_secs(QUIET_EVERY.as_secs() + 2);
+
+/// A segment record that shows the client with nothing unsent and nothing unacknowledged is a
+/// *look* at the connection: what a quiet connection is read for, it tells as well as a sample
+/// (a stall on the client's own path leaves its request unsent, and a record then shows it).
+/// A quiet connection is read [`QUIET_EVERY`] after its last look, sample or segment, and at
+/// least this often (its counters, and what only `tcp_info` tells): a watch that receives an
+/// event every few seconds costs its segments' records, not a socket read every few seconds.
+pub const LOOKED_SAMPLE_EVERY: Duration = Duration::from_secs(30);
 
 /// A socket's identity that userspace can see everywhere: network namespace and 4-tuple, in
 /// the socket's own address family (a dual-stack socket keeps its `::ffff:` addresses).
@@ -182,6 +191,9 @@ pub struct Connection {
     pub bytes_acked: u64,
     /// When the last sample was read; `None` before the first.
     pub sampled_at: Option<Instant>,
+    /// When a segment record last showed nothing unsent and nothing unacknowledged (a look:
+    /// see [`LOOKED_SAMPLE_EVERY`]).
+    pub looked_at: Option<Instant>,
     /// When data last arrived at all, keepalives included.
     pub last_receive: Option<Instant>,
     /// When an answer (payload, or a small record nothing replied to) last arrived.
@@ -259,10 +271,11 @@ impl Connection {
         }
     }
 
-    /// Whether its `tcp_info` evidence is current at `now`.
+    /// Whether its evidence is current at `now`: a sample of its `tcp_info`, or a look by a
+    /// segment since one (see [`LOOKED_SAMPLE_EVERY`]), within [`SAMPLE_MAX_AGE`].
     pub fn readable(&self, now: Instant) -> bool {
-        self.sampled_at
-            .is_some_and(|at| now.saturating_duration_since(at) <= SAMPLE_MAX_AGE)
+        let fresh = |at: Instant| now.saturating_duration_since(at) <= SAMPLE_MAX_AGE;
+        self.sampled_at.is_some_and(fresh) || (self.sampled_at.is_some() && self.looked_at.is_some_and(fresh))
     }
 }
 
@@ -367,16 +380,17 @@ pub struct ConnectionTable {
     /// Open streams per process, counted high (a stream's end is not counted: the count is
     /// made again from the connections when it reaches the bound; see `requests.rs`).
     open_streams: HashMap<u32, requests::OpenCount>,
-    /// The earliest a sample of a quiet connection will be due (the busy ones are in `busy`),
-    /// as the last walk of the table for the sampler found and the samples and segments
-    /// applied since say (None: a connection changed otherwise since, walk again). Lets the
-    /// sampler skip the walk until then.
-    next_sample_due: Option<Instant>,
+    /// When the quiet connections' samples are due (the busy ones are in `busy`), earliest
+    /// first, as the last walk of the table for the sampler found and the samples and segments
+    /// applied since say (None: a connection changed otherwise since, walk again). An entry
+    /// whose connection is gone, or due later by now (a segment looked at it and added its new
+    /// time), is dropped when its time comes. Lets a round skip the walk (see `plan.rs`).
+    upcoming: Option<plan::Upcoming>,
     /// See [`Self::namespaces`].
     namespaces: Set<u64>,
     /// Connections due at every round (not quiet), as the last walk and the samples and
-    /// segments since found them: a round reads these without a walk until
-    /// `next_sample_due` (see `plan.rs`).
+    /// segments since found them: a round reads these, and the `upcoming` ones whose time
+    /// came, without a walk (see `plan.rs`).
     busy: Set<ConnId>,
 }
 
@@ -402,7 +416,7 @@ impl ConnectionTable {
     /// (not lost: the client did nothing), the others are re-matched (a more specific endpoint
     /// may now apply). Processes left with nothing watched are forgotten.
     pub fn set_endpoints(&mut self, endpoints: EndpointSet, now: Instant) {
-        self.next_sample_due = None;
+        self.upcoming = None;
         self.endpoints = endpoints;
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
         let mut touched = Vec::new();

@@ -261,7 +261,7 @@ impl ConnectionTable {
     /// process may hold the same socket (a forked child keeps what it inherited): the next
     /// owner lookup through the socket inode finds it, and a socket nobody holds closes.
     pub fn forget_process(&mut self, pid: u32, _now: Instant) {
-        self.next_sample_due = None;
+        self.upcoming = None;
         self.processes.remove(&pid);
         self.open_streams.remove(&pid);
         let ids: Vec<ConnId> = self

@@ -10,8 +10,10 @@
 //! traffic. A namespace with [`DUMP_FROM`] due sockets or more is sampled with dumps
 //! filtered on the endpoints' ports instead (cheaper per socket, but a fixed walk of the
 //! kernel's whole established hash table per dump). A connection is sampled every second,
-//! or every [`QUIET_EVERY`](crate::table::QUIET_EVERY) while it is quiet (a watch with nothing to say: see
-//! [`Connection::quiet`](crate::table::Connection::quiet)), so idle connections, most of a node's, cost a quarter.
+//! or [`QUIET_EVERY`](crate::table::QUIET_EVERY) after the last look at it while it is quiet (a watch with nothing to say: see
+//! [`Connection::quiet`](crate::table::Connection::quiet); a segment record that shows nothing outstanding is a look too:
+//! [`LOOKED_SAMPLE_EVERY`](crate::table::LOOKED_SAMPLE_EVERY)), so idle connections, most of a node's, cost a quarter,
+//! and watches that receive events often little more than their records.
 //!
 //! Scans run at start-up, after an endpoint change, when the kernel's count of lost events
 //! grows (the resync that heals a burst), and every [`RESYNC_EVERY`] as a safety net.

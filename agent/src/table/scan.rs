@@ -14,7 +14,7 @@ impl ConnectionTable {
     /// (a socket found in CLOSE_WAIT was closed by the peer), and removes entries the scan
     /// proves gone (older than the scan, not found). Returns how many entries were added.
     pub fn reconcile_scan(&mut self, netns: u64, found: &[Scanned], started: Instant) -> usize {
-        self.next_sample_due = None;
+        self.upcoming = None;
         let mut added = 0;
         let mut present = std::collections::HashSet::new();
         for s in found.iter().filter(|s| s.tuple.netns == netns) {
@@ -68,7 +68,7 @@ impl ConnectionTable {
     /// Adds a connection found by a scan unless it is already known (the start-up scan of one
     /// socket; [`Self::reconcile_scan`] merges a whole namespace).
     pub fn insert_scanned(&mut self, tuple: Tuple, inode: u64, tcp_state: u32, now: Instant) -> bool {
-        self.next_sample_due = None;
+        self.upcoming = None;
         if self.by_tuple.contains_key(&tuple) {
             return false;
         }

@@ -336,6 +336,7 @@ fn segment(len: u16, sent: u32) -> Change {
         len,
         snd_nxt: 1_000_000 + sent,
         snd_una: 1_000_000 + sent,
+        write_seq: 1_000_000 + sent,
         srtt_us: 1000,
     }
 }
@@ -830,8 +831,13 @@ fn payload_that_segments_reported_keeps_the_sampling_plan_and_the_connection_qui
         None,
         "a segment of a quiet connection kept it quiet: no walk"
     );
-    // Its sample, when due, finds only what the segment reported: still quiet.
-    let next = quiet_from + QUIET_EVERY.as_millis() as u64;
+    // Its sample, due QUIET_EVERY after the segment (nothing outstanding: a look at it,
+    // LOOKED_SAMPLE_EVERY), finds only what the segment reported: still quiet.
+    let next = quiet_from + 2000 + QUIET_EVERY.as_millis() as u64;
+    assert!(lab
+        .table
+        .sample_targets(lab.at(next - 100))
+        .is_none_or(|t| t.is_empty()));
     let targets = lab.table.sample_targets(lab.at(next)).expect("due");
     assert_eq!(targets, vec![lab.tuple(40000)]);
     tcp.bytes_received += 900;
@@ -877,6 +883,129 @@ fn payload_that_segments_reported_keeps_the_sampling_plan_and_the_connection_qui
         .table
         .sample_targets(lab.at(later + 1600))
         .is_some_and(|t| t == vec![lab.tuple(40000)]));
+}
+
+/// Issue 26 item 6: a watch that receives an event every few seconds, with nothing unsent and
+/// nothing unacknowledged at each, is looked at by its segments' records: read only every
+/// LOOKED_SAMPLE_EVERY, its evidence current throughout. A record that shows a write not sent
+/// yet (how a stall on the client's own path begins) or one not acknowledged is no look: the
+/// sample comes QUIET_EVERY after the last look, as it did before looks.
+#[test]
+fn a_segment_that_shows_nothing_outstanding_is_a_look_and_postpones_the_sample() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let mut tcp = counters(2000, 4, 600, 3);
+    lab.sample(1000, 40000, tcp);
+    let quiet_from = 1000 + QUIET_AFTER.as_millis() as u64;
+    lab.sample(quiet_from, 40000, tcp);
+    let due = |lab: &mut Lab, ms: u64| {
+        let at = lab.at(ms);
+        lab.table
+            .sample_targets(at)
+            .is_some_and(|t| t.contains(&lab.tuple(40000)))
+    };
+    let readable = |lab: &Lab, ms: u64| lab.table.connections().next().unwrap().readable(lab.at(ms));
+    let quiet = |lab: &Lab, ms: u64| lab.table.connections().next().unwrap().quiet(lab.at(ms));
+    let (every, cap) = (
+        QUIET_EVERY.as_millis() as u64,
+        LOOKED_SAMPLE_EVERY.as_millis() as u64,
+    );
+    assert_eq!(
+        lab.table.sample_targets(lab.at(quiet_from + 1)),
+        Some(vec![]),
+        "the first walk"
+    );
+    // An event every 4 s: each record a look, the sample not due, the evidence current past
+    // SAMPLE_MAX_AGE since the sample ...
+    let mut at = quiet_from;
+    while at + 4000 + every <= quiet_from + cap {
+        at += 4000;
+        lab.apply(at, 0xa, 40000, segment(900, 600), 0);
+        tcp.bytes_received += 900;
+        tcp.data_segs_in += 1;
+        assert!(quiet(&lab, at + 3900), "at {at} ms");
+        assert_eq!(
+            lab.table.sample_targets(lab.at(at + 3900)),
+            None,
+            "looked at {at} ms: not due, and its time moved without a walk of the table"
+        );
+        assert!(readable(&lab, at + 3900), "looked at {at} ms");
+    }
+    assert!(at - quiet_from > SAMPLE_MAX_AGE.as_millis() as u64);
+    // ... due QUIET_EVERY after the last look, were no event to come,
+    let c = lab.table.connections().next().unwrap();
+    assert_eq!(c.sample_due_at(lab.at(at + 1000)), lab.at(at + every));
+    // ... and LOOKED_SAMPLE_EVERY after the last sample however often they come.
+    lab.apply(quiet_from + cap - 2000, 0xa, 40000, segment(900, 600), 0);
+    tcp.bytes_received += 900;
+    tcp.data_segs_in += 1;
+    assert!(
+        due(&mut lab, quiet_from + cap),
+        "LOOKED_SAMPLE_EVERY after the sample"
+    );
+    // The sample finds only what the records reported: still quiet.
+    let sampled = quiet_from + cap;
+    lab.sample(sampled, 40000, tcp);
+    assert!(quiet(&lab, sampled + 1000));
+
+    // A write waits unsent (write_seq ahead of snd_nxt): no look. Due as if no event came.
+    let unsent = Change::Segment {
+        len: 900,
+        snd_nxt: 1_000_600,
+        snd_una: 1_000_600,
+        write_seq: 1_000_700,
+        srtt_us: 1000,
+    };
+    lab.apply(sampled + 1000, 0xa, 40000, unsent, 0);
+    assert!(!due(&mut lab, sampled + 4000));
+    assert!(due(&mut lab, sampled + every), "QUIET_EVERY after the sample");
+    let sampled = sampled + every;
+    lab.sample(sampled, 40000, tcp);
+    // Sent and not acknowledged (snd_una behind snd_nxt): no look either; no evidence once
+    // the sample is SAMPLE_MAX_AGE old.
+    let unacked = Change::Segment {
+        len: 900,
+        snd_nxt: 1_000_600,
+        snd_una: 1_000_500,
+        write_seq: 1_000_600,
+        srtt_us: 1000,
+    };
+    lab.apply(sampled + 1000, 0xa, 40000, unacked, 0);
+    assert!(due(&mut lab, sampled + every), "QUIET_EVERY after the sample");
+    assert!(!readable(&lab, sampled + SAMPLE_MAX_AGE.as_millis() as u64 + 1));
+}
+
+/// The plan keeps each look's new time beside the old ones; looks that come much faster than
+/// their times (thousands a second on one connection) make the table walked again instead of
+/// growing the plan without bound.
+#[test]
+fn looks_that_outpace_their_times_make_the_plan_walk_again() {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let tcp = counters(2000, 4, 600, 3);
+    lab.sample(1000, 40000, tcp);
+    let quiet_from = 1000 + QUIET_AFTER.as_millis() as u64;
+    lab.sample(quiet_from, 40000, tcp);
+    assert_eq!(
+        lab.table.sample_targets(lab.at(quiet_from + 1)),
+        Some(vec![]),
+        "the first walk"
+    );
+    for ms in 0..1100 {
+        lab.apply(quiet_from + 2 + ms, 0xa, 40000, segment(900, 600), 0);
+    }
+    assert!(lab
+        .table
+        .connections()
+        .next()
+        .unwrap()
+        .quiet(lab.at(quiet_from + 1200)));
+    assert_eq!(
+        lab.table.sample_targets(lab.at(quiet_from + 1200)),
+        Some(vec![]),
+        "walked: nothing due"
+    );
+    assert_eq!(lab.table.sample_targets(lab.at(quiet_from + 1300)), None);
 }
 
 /// A connect storm reuses kernel socket addresses: a connection whose socket address changed

@@ -21,8 +21,10 @@ use crate::{Failed, Result};
 const CONNECTIONS: usize = 3000;
 /// Seconds between two payloads the server writes on each connection (spread over the interval).
 const PUSH_EVERY: &str = "5";
-/// Seconds measured per row, after the table is complete and a quiet spell could begin.
-const SECONDS: u64 = 20;
+/// Seconds measured per row, after the table is complete and a quiet spell could begin: one
+/// `LOOKED_SAMPLE_EVERY` (the agent's `table/mod.rs`), so that the sample every busy
+/// connection gets however often segments look at it falls in the window once.
+const SECONDS: u64 = 30;
 /// Issue 26's goal: the agent's whole CPU per busy connection and second, in µs.
 const BUSY_GOAL_US: f64 = 1.0;
 /// The agent's thread that samples, judges and acts each tick (`app/run.rs`), and the one

@@ -29,6 +29,7 @@ fn the_snapshot_carries_identity_verdict_endpoint_and_connections() {
         len: 1400,
         snd_nxt: 600,
         snd_una: 600,
+        write_seq: 600,
         srtt_us: 100,
     };
     lab.apply(200, 0xa, 40000, answer, 0);
