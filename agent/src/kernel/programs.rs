@@ -669,6 +669,18 @@ mod tests {
         .expect("load")
     }
 
+    /// The programs loaded, watching a loopback listener of this test's own: them, their ring,
+    /// the listener and its port.
+    fn watching_a_listener() -> (Probes, KernelFeed, std::net::TcpListener, u16) {
+        let (mut probes, feed) = loaded();
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen");
+        let port = listener.local_addr().expect("its address").port();
+        let mut endpoints = EndpointSet::default();
+        endpoints.insert(Endpoint::exact(Ipv4Addr::LOCALHOST.into(), port), Source::Config);
+        probes.set_endpoints(&endpoints).expect("the endpoint");
+        (probes, feed, listener, port)
+    }
+
     #[tokio::test]
     #[ignore = "needs root: run by cargo xtask test"]
     async fn the_endpoint_map_is_all_or_nothing() {
@@ -743,7 +755,7 @@ mod tests {
     async fn a_segment_does_not_wake_the_reader_and_a_connect_does_behind_it() {
         use std::{
             io::Write,
-            net::{TcpListener, TcpStream},
+            net::TcpStream,
             os::fd::AsRawFd,
             time::{Duration, Instant},
         };
@@ -816,13 +828,8 @@ mod tests {
             (segment, connect)
         }
 
-        let (mut probes, mut feed) = loaded();
+        let (_probes, mut feed, listener, port) = watching_a_listener();
         let clock = MonotonicClock::new();
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen");
-        let port = listener.local_addr().expect("its address").port();
-        let mut endpoints = EndpointSet::default();
-        endpoints.insert(Endpoint::exact(Ipv4Addr::LOCALHOST.into(), port), Source::Config);
-        probes.set_endpoints(&endpoints).expect("the endpoint");
         let _client = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
         let (mut server, _) = listener.accept().expect("accept");
         std::thread::sleep(Duration::from_millis(100));
@@ -874,7 +881,7 @@ mod tests {
     async fn a_segment_record_shows_what_the_client_has_not_sent() {
         use std::{
             io::{ErrorKind, Write},
-            net::{TcpListener, TcpStream},
+            net::TcpStream,
             time::Duration,
         };
 
@@ -902,13 +909,8 @@ mod tests {
             found
         }
 
-        let (mut probes, mut feed) = loaded();
+        let (_probes, mut feed, listener, port) = watching_a_listener();
         let clock = MonotonicClock::new();
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen");
-        let port = listener.local_addr().expect("its address").port();
-        let mut endpoints = EndpointSet::default();
-        endpoints.insert(Endpoint::exact(Ipv4Addr::LOCALHOST.into(), port), Source::Config);
-        probes.set_endpoints(&endpoints).expect("the endpoint");
         let mut client = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
         let local = client.local_addr().expect("the client's address").port();
         let (mut server, _) = listener.accept().expect("accept");

@@ -330,6 +330,26 @@ fn removing_an_endpoint_forgets_its_connections_without_a_loss() {
     assert!(lab.table.process(8).is_none());
 }
 
+/// One connection (port 40000), sampled at 1 s and again, unchanged, once it is quiet: the
+/// lab, its counters, and that moment (ms).
+fn quiet_lab() -> (Lab, TcpInfo, u64) {
+    let mut lab = Lab::new();
+    lab.connect(0, 0xa, 40000, 7);
+    let tcp = counters(2000, 4, 600, 3);
+    lab.sample(1000, 40000, tcp);
+    let quiet_from = 1000 + QUIET_AFTER.as_millis() as u64;
+    lab.sample(quiet_from, 40000, tcp);
+    (lab, tcp, quiet_from)
+}
+
+/// Whether a round at `ms` reads the connection of port 40000.
+fn due(lab: &mut Lab, ms: u64) -> bool {
+    let at = lab.at(ms);
+    lab.table
+        .sample_targets(at)
+        .is_some_and(|t| t.contains(&lab.tuple(40000)))
+}
+
 /// A segment arriving on socket `sk`: `len` bytes of payload after the client sent `sent`.
 fn segment(len: u16, sent: u32) -> Change {
     Change::Segment {
@@ -739,12 +759,6 @@ fn a_quiet_connection_is_sampled_every_few_seconds_anything_pending_every_second
     let mut lab = Lab::new();
     lab.connect(0, 0xa, 40000, 7);
     // Due: listed as due (None: the table knows that nothing is due yet, without a walk).
-    let due = |lab: &mut Lab, ms: u64| {
-        let at = lab.at(ms);
-        lab.table
-            .sample_targets(at)
-            .is_some_and(|t| t.contains(&lab.tuple(40000)))
-    };
     assert!(due(&mut lab, 0), "never sampled yet");
     let mut tcp = counters(2000, 4, 600, 3);
     lab.sample(1000, 40000, tcp);
@@ -813,12 +827,7 @@ fn a_quiet_connection_is_sampled_every_few_seconds_anything_pending_every_second
 #[test]
 fn payload_that_segments_reported_keeps_the_sampling_plan_and_the_connection_quiet() {
     // A watch that receives an event every few seconds, every segment reported by the kernel.
-    let mut lab = Lab::new();
-    lab.connect(0, 0xa, 40000, 7);
-    let mut tcp = counters(2000, 4, 600, 3);
-    lab.sample(1000, 40000, tcp);
-    let quiet_from = 1000 + QUIET_AFTER.as_millis() as u64;
-    lab.sample(quiet_from, 40000, tcp);
+    let (mut lab, mut tcp, quiet_from) = quiet_lab();
     let targets = lab
         .table
         .sample_targets(lab.at(quiet_from + 100))
@@ -892,18 +901,7 @@ fn payload_that_segments_reported_keeps_the_sampling_plan_and_the_connection_qui
 /// sample comes QUIET_EVERY after the last look, as it did before looks.
 #[test]
 fn a_segment_that_shows_nothing_outstanding_is_a_look_and_postpones_the_sample() {
-    let mut lab = Lab::new();
-    lab.connect(0, 0xa, 40000, 7);
-    let mut tcp = counters(2000, 4, 600, 3);
-    lab.sample(1000, 40000, tcp);
-    let quiet_from = 1000 + QUIET_AFTER.as_millis() as u64;
-    lab.sample(quiet_from, 40000, tcp);
-    let due = |lab: &mut Lab, ms: u64| {
-        let at = lab.at(ms);
-        lab.table
-            .sample_targets(at)
-            .is_some_and(|t| t.contains(&lab.tuple(40000)))
-    };
+    let (mut lab, mut tcp, quiet_from) = quiet_lab();
     let readable = |lab: &Lab, ms: u64| lab.table.connections().next().unwrap().readable(lab.at(ms));
     let quiet = |lab: &Lab, ms: u64| lab.table.connections().next().unwrap().quiet(lab.at(ms));
     let (every, cap) = (
@@ -980,12 +978,7 @@ fn a_segment_that_shows_nothing_outstanding_is_a_look_and_postpones_the_sample()
 /// growing the plan without bound.
 #[test]
 fn looks_that_outpace_their_times_make_the_plan_walk_again() {
-    let mut lab = Lab::new();
-    lab.connect(0, 0xa, 40000, 7);
-    let tcp = counters(2000, 4, 600, 3);
-    lab.sample(1000, 40000, tcp);
-    let quiet_from = 1000 + QUIET_AFTER.as_millis() as u64;
-    lab.sample(quiet_from, 40000, tcp);
+    let (mut lab, _, quiet_from) = quiet_lab();
     assert_eq!(
         lab.table.sample_targets(lab.at(quiet_from + 1)),
         Some(vec![]),
