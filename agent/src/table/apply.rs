@@ -95,6 +95,7 @@ impl ConnectionTable {
                     self.index_sk(id, ev.sk);
                 }
                 let conn = self.conns.get_mut(&id).expect("found");
+                let due_before = conn.sample_due_at(ev.at);
                 let segment = Segment {
                     at: ev.at,
                     len,
@@ -123,7 +124,11 @@ impl ConnectionTable {
                 }
                 let due = conn.sample_due_at(ev.at);
                 let owner = conn.owner;
-                self.plan_sample(id, due, ev.at);
+                // A quiet connection's time that did not move is in the plan already: adding it
+                // again for every record would only grow the plan.
+                if due <= ev.at || due != due_before {
+                    self.plan_sample(id, due, ev.at);
+                }
                 if let (Some(at), Some(pid)) = (request, owner) {
                     if let Some(p) = self.processes.get_mut(&pid) {
                         p.note_request(at);

@@ -274,8 +274,11 @@ impl Connection {
     /// Whether its evidence is current at `now`: a sample of its `tcp_info`, or a look by a
     /// segment since one (see [`LOOKED_SAMPLE_EVERY`]), within [`SAMPLE_MAX_AGE`].
     pub fn readable(&self, now: Instant) -> bool {
-        let fresh = |at: Instant| now.saturating_duration_since(at) <= SAMPLE_MAX_AGE;
-        self.sampled_at.is_some_and(fresh) || (self.sampled_at.is_some() && self.looked_at.is_some_and(fresh))
+        self.sampled_at.is_some()
+            && self
+                .sampled_at
+                .max(self.looked_at)
+                .is_some_and(|at| now.saturating_duration_since(at) <= SAMPLE_MAX_AGE)
     }
 }
 
