@@ -16,7 +16,8 @@
 //!   response), once [`SETTLE_AFTER`] has shown that no reply came.
 //! - Outbound bytes beyond keepalive size are a request, unless they follow inbound payload
 //!   within [`REPLY_WITHIN`] and fit two keepalive records (flow control: WINDOW_UPDATEs for
-//!   what was received).
+//!   what was received). The first segment seen (a connection older than the agent, or after
+//!   lost events) may follow payload unseen: what it finds sent is a request only beyond that.
 //! - Small records the client initiates (its own PINGs, a request HPACK made tiny) are matched
 //!   by small inbound ones (PING acks); two that nothing matched are a wait.
 use std::time::{Duration, Instant};
@@ -31,8 +32,12 @@ pub const SETTLE_AFTER: Duration = Duration::from_secs(1);
 
 /// A small record sent this soon after inbound payload is flow control for it (WINDOW_UPDATEs
 /// as the client reads), not something it asks. The send is timed by the peer's
-/// acknowledgement less a round trip, which the peer may delay (Linux: 40–200 ms).
-pub const REPLY_WITHIN: Duration = Duration::from_millis(300);
+/// acknowledgement less a round trip, which the peer may delay (Linux: 40–200 ms), and it
+/// comes when the client's goroutine has read the payload, which a loaded node delays too (a
+/// go1.24 informer's WINDOW_UPDATEs on a 2-core node under load crossed 300 ms and were taken
+/// for a request its quiet watch never answered). Below the 2 s at which a standby leader asks
+/// for its lease again, a request HPACK made small enough to look like flow control.
+pub const REPLY_WITHIN: Duration = Duration::from_secs(1);
 
 /// Requests closer together than this are one upload (streaming), not a new request each: the
 /// wait for an answer starts when the client stops sending.
@@ -89,6 +94,11 @@ impl Ordered {
         // Beyond half the sequence space: an older segment reported late, not a send.
         if out > 0 && out < 1 << 31 {
             let sent_at = seg.at.checked_sub(seg.srtt).unwrap_or(seg.at);
+            if prev_at.is_none() {
+                // What came before is unseen: payload may have, and a send that fits flow
+                // control for it cannot be told from it.
+                self.payload_since_send = Some(sent_at);
+            }
             request = self.sent(out, prev_at.map_or(sent_at, |p| sent_at.max(p)));
         }
         if seg.len > 0 {

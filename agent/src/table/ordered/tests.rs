@@ -210,6 +210,41 @@ fn the_first_segment_seen_times_what_it_acknowledges() {
 }
 
 #[test]
+fn what_the_first_segment_finds_is_no_request_if_it_fits_flow_control() {
+    // A go1.24 informer started just before the agent, reading its LIST's answer in 4 kB
+    // steps: a WINDOW_UPDATE record (48 bytes) after each. The first segment the agent sees is
+    // the peer's delayed acknowledgement of two of them, for payload that came before it
+    // looked; the quiet watches that follow answer nothing for minutes.
+    let mut o = Ordered::default();
+    let t0 = Instant::now();
+    let seg = |ms: u64, nxt: u32| Segment {
+        at: t0 + Duration::from_millis(ms),
+        len: 0,
+        snd_nxt: nxt,
+        snd_una: 1000,
+        srtt: RTT,
+    };
+    assert_eq!(o.apply(seg(2_000, 1096)), None);
+    assert_eq!(o.waiting(), None);
+    // What it sends next is counted from there.
+    assert!(o.apply(seg(5_000, 1096 + 200)).is_some(), "a request");
+}
+
+#[test]
+fn flow_control_a_loaded_client_sends_late_is_no_request() {
+    // Two WINDOW_UPDATE records (96 bytes) of a client whose reading goroutine waited for a
+    // CPU, acknowledged together 800 ms after the payload they are for. The same bytes 1.2 s
+    // after payload are a request.
+    let mut c = Conn::new();
+    c.seg(10_000, 1200, 500);
+    assert_eq!(c.seg(10_800, 0, 596), None);
+    assert_eq!(c.waiting(100_000), None);
+    c.seg(110_000, 1200, 596);
+    assert!(c.seg(111_200, 0, 692).is_some());
+    assert_eq!(c.waiting(120_000), Some(Duration::from_millis(111_199)));
+}
+
+#[test]
 fn a_segment_reported_late_is_no_send() {
     let mut c = Conn::new();
     c.seg(10_000, 0, 900);
