@@ -17,7 +17,8 @@
 //! - Outbound bytes beyond keepalive size are a request, unless they follow inbound payload
 //!   within [`REPLY_WITHIN`] and fit two keepalive records (flow control: WINDOW_UPDATEs for
 //!   what was received). The first segment seen (a connection older than the agent, or after
-//!   lost events) may follow payload unseen: what it finds sent is a request only beyond that.
+//!   lost events) may follow payload unseen: what it finds sent beyond one keepalive record is
+//!   a request only beyond two.
 //! - Small records the client initiates (its own PINGs, a request HPACK made tiny) are matched
 //!   by small inbound ones (PING acks); two that nothing matched are a wait.
 use std::time::{Duration, Instant};
@@ -94,9 +95,10 @@ impl Ordered {
         // Beyond half the sequence space: an older segment reported late, not a send.
         if out > 0 && out < 1 << 31 {
             let sent_at = seg.at.checked_sub(seg.srtt).unwrap_or(seg.at);
-            if prev_at.is_none() {
+            if prev_at.is_none() && out > KEEPALIVE_RECORD_BYTES {
                 // What came before is unseen: payload may have, and a send that fits flow
-                // control for it cannot be told from it.
+                // control for it cannot be told from it. (One keepalive record is counted as
+                // before: the client's own PING, whose ack is then no answer.)
                 self.payload_since_send = Some(sent_at);
             }
             request = self.sent(out, prev_at.map_or(sent_at, |p| sent_at.max(p)));

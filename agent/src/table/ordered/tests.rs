@@ -226,8 +226,28 @@ fn what_the_first_segment_finds_is_no_request_if_it_fits_flow_control() {
     };
     assert_eq!(o.apply(seg(2_000, 1096)), None);
     assert_eq!(o.waiting(), None);
+    assert!(o.settled());
     // What it sends next is counted from there.
     assert!(o.apply(seg(5_000, 1096 + 200)).is_some(), "a request");
+}
+
+#[test]
+fn a_first_segment_that_acks_the_clients_ping_is_no_answer() {
+    // The agent's first look at a quiet client-go connection: the peer's PING ack (39 bytes)
+    // acknowledges the client's PING. Keepalives both ways, no answer, nothing pending.
+    let mut o = Ordered::default();
+    let at = Instant::now();
+    let seg = Segment {
+        at,
+        len: 39,
+        snd_nxt: 1039,
+        snd_una: 1000,
+        srtt: RTT,
+    };
+    assert_eq!(o.apply(seg), None);
+    o.settle(at + Duration::from_secs(5));
+    assert_eq!(o.last_answer(), None);
+    assert!(o.settled());
 }
 
 #[test]
