@@ -34,10 +34,10 @@ pub const SETTLE_AFTER: Duration = Duration::from_secs(1);
 /// A small record sent this soon after inbound payload is flow control for it (WINDOW_UPDATEs
 /// as the client reads), not something it asks. The send is timed by the peer's
 /// acknowledgement less a round trip, which the peer may delay (Linux: 40–200 ms), and it
-/// comes when the client's goroutine has read the payload, which a loaded node delays too (a
-/// go1.24 informer's WINDOW_UPDATEs on a 2-core node under load crossed 300 ms and were taken
-/// for a request its quiet watch never answered). Below the 2 s at which a standby leader asks
-/// for its lease again, a request HPACK made small enough to look like flow control.
+/// comes when the client's goroutine has read the payload, which a loaded node delays too (at
+/// 300 ms, a go1.24 informer's WINDOW_UPDATEs on a loaded 2-core node could be taken for a
+/// request its quiet watch never answers). Below the 2 s at which a standby leader asks for
+/// its lease again, a request HPACK made small enough to look like flow control.
 pub const REPLY_WITHIN: Duration = Duration::from_secs(1);
 
 /// Requests closer together than this are one upload (streaming), not a new request each: the
