@@ -119,12 +119,11 @@ fn hold(done: &AtomicBool) {
             break;
         }
     }
-    // Closed one at a time, each when starts pause, or HOLD_AT_MOST after this one began: a
-    // removal holds the kernel's trace-event lock for 60-85 ms, so closing a slow inspection's
-    // dozen at once kept the next start's attach waiting (332 ms in CI, a start 2 s after a
-    // cold one); now a start that begins meanwhile waits for one removal at most.
-    // Every head start's thread closes under one lock: one removal under way on the node's
-    // agent at a time.
+    // Closed one at a time, each when starts pause, or HOLD_AT_MOST after this one began, and
+    // under one lock for every head start's thread: a removal holds the kernel's trace-event
+    // lock for 60-85 ms, so a slow inspection's dozen closed at once kept a start that came
+    // meanwhile waiting for several (135-161 ms here; likely the 332 ms of a CI start 2 s
+    // after a cold one). Now it waits for the one removal under way at most.
     while let Some(placeholder) = held.pop() {
         let _one = CLOSING.lock().unwrap_or_else(PoisonError::into_inner);
         wait_for_quiet(HOLD_AT_MOST.saturating_sub(started.elapsed()));
@@ -135,7 +134,7 @@ fn hold(done: &AtomicBool) {
 
 /// Taken to close a placeholder (see `hold`).
 static CLOSING: Mutex<()> = Mutex::new(());
-/// Placeholders registered and not closed yet.
+/// Placeholders registered and not closed yet (a test waits for none).
 static HELD: AtomicUsize = AtomicUsize::new(0);
 
 /// Waits until no head start has begun for [`QUIET`], at most `at_most`.
@@ -309,7 +308,7 @@ mod tests {
     }
 
     /// Root: a start that comes while a slow inspection's placeholders are being closed waits
-    /// for one removal (60-85 ms here), not for the dozen (the CI case: 332 ms).
+    /// for one removal (60-85 ms here), not for the dozen.
     #[test]
     fn a_start_while_placeholders_close_waits_for_one_removal_at_most() {
         let Some((_alone, site)) = uprobe_test() else {
