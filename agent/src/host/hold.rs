@@ -15,6 +15,12 @@
 //! that took a signal while held is let go with that signal, so nothing is lost. Threads that
 //! start while others are being stopped are found by listing `/proc/<pid>/task` again until it
 //! holds no thread not yet stopped (a stopped thread starts none).
+//!
+//! A thread has one tracer. One that another tracer holds (a second agent on the node, as in
+//! an upgrade's overlap or a test suite running agents side by side, each holding the same
+//! start while its own probes go in) is waited for, up to [`WAIT_FOR_TRACER`], and seized as
+//! soon as that tracer lets go: the start then stays held until this agent's probes are in
+//! too. The leader is seized first, so two agents never each hold a part of one process.
 use std::{
     collections::HashMap,
     io,
@@ -26,6 +32,12 @@ use std::{
 const MAX_ROUNDS: usize = 16;
 /// `PTRACE_EVENT_STOP`: the stop `PTRACE_INTERRUPT` asks for (`include/uapi/linux/ptrace.h`).
 const EVENT_STOP: i32 = 128;
+/// How long a thread held by another tracer is waited for: longer than another agent holds a
+/// start (its inspection and attach, up to ~0.5 s on a loaded node), far shorter than a
+/// debugger holds one (a process traced for good is then not held, as before).
+pub const WAIT_FOR_TRACER: Duration = Duration::from_secs(1);
+/// How often a thread held by another tracer is tried again.
+const RETRY_EVERY: Duration = Duration::from_micros(250);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -33,6 +45,10 @@ pub enum Error {
     Threads { pid: u32, source: io::Error },
     #[error("ptrace seize of thread {tid} of process {pid}: {source}")]
     Seize { pid: u32, tid: i32, source: io::Error },
+    #[error(
+        "thread {tid} of process {pid} is traced by {tracer}, which did not let go within {WAIT_FOR_TRACER:?}"
+    )]
+    Traced { pid: u32, tid: i32, tracer: u32 },
     #[error("process {pid} kept starting threads through {MAX_ROUNDS} rounds")]
     Restless { pid: u32 },
 }
@@ -50,8 +66,9 @@ pub struct Held {
 
 impl Held {
     /// Stops every thread of process `pid`. Err (having let go what it stopped) when the
-    /// kernel refuses (no `CAP_SYS_PTRACE`, Yama's `ptrace_scope` 3, a process traced already)
-    /// or the process will not be still; the caller then goes on without holding it.
+    /// kernel refuses (no `CAP_SYS_PTRACE`, Yama's `ptrace_scope` 3, a process another tracer
+    /// held through [`WAIT_FOR_TRACER`]) or the process will not be still; the caller then
+    /// goes on without holding it.
     pub fn hold(pid: u32) -> Result<Self, Error> {
         let mut held = Self {
             pid,
@@ -61,23 +78,25 @@ impl Held {
         };
         for _ in 0..MAX_ROUNDS {
             let tids = threads(pid).map_err(|source| Error::Threads { pid, source })?;
-            let new: Vec<i32> = tids
+            let mut new: Vec<i32> = tids
                 .into_iter()
                 .filter(|t| !held.threads.contains_key(t))
                 .collect();
             if new.is_empty() {
                 return Ok(held);
             }
+            // The leader first: whoever holds it holds the rest, the other waits holding none.
+            new.sort_unstable_by_key(|&tid| (tid != pid as i32, tid));
             let mut seized = Vec::with_capacity(new.len());
             for tid in new {
-                match seize(tid) {
+                match seize_when_free(pid, tid) {
                     Ok(()) => seized.push(tid),
                     // It exited between the listing and the seize.
-                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                    Err(source) => {
+                    Err(Error::Seize { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(err) => {
                         // Those seized are let go (by the drop) once stopped.
                         held.settle(seized);
-                        return Err(Error::Seize { pid, tid, source });
+                        return Err(err);
                     }
                 }
             }
@@ -147,6 +166,39 @@ fn threads(pid: u32) -> io::Result<Vec<i32>> {
         }
     }
     Ok(tids)
+}
+
+/// Seizes thread `tid` of process `pid`, waiting up to [`WAIT_FOR_TRACER`] while another
+/// tracer holds it; the kernel's other refusals (no privilege, Yama) are returned at once.
+fn seize_when_free(pid: u32, tid: i32) -> Result<(), Error> {
+    let since = Instant::now();
+    loop {
+        let source = match seize(tid) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let tracer = match source.raw_os_error() {
+            Some(libc::EPERM) => tracer(pid, tid).filter(|&t| t != 0),
+            _ => None,
+        };
+        match tracer {
+            Some(tracer) if since.elapsed() >= WAIT_FOR_TRACER => {
+                return Err(Error::Traced { pid, tid, tracer })
+            }
+            Some(_) => std::thread::sleep(RETRY_EVERY),
+            None => return Err(Error::Seize { pid, tid, source }),
+        }
+    }
+}
+
+/// The thread that traces thread `tid` of process `pid` (0: none), from its status; None when
+/// it cannot be read (the thread is gone).
+fn tracer(pid: u32, tid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Seizes thread `tid` and asks it to stop.

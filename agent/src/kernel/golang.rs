@@ -18,7 +18,7 @@ use crate::host::gobin::{
     self,
     http2::{self, Role},
 };
-use crate::host::hold::Held;
+use crate::host::hold::{self, Held};
 
 /// Go clients, probed in their binary.
 pub struct Go;
@@ -126,6 +126,12 @@ fn trace(
             if hold {
                 match Held::hold(pid) {
                     Ok(h) => *held.borrow_mut() = Some(h),
+                    // Another tracer kept this start past the wait: said for each such start.
+                    Err(err @ hold::Error::Traced { .. }) => tracing::warn!(
+                        pid,
+                        "a starting client-go process could not be held while its probes go in \
+                         (its first requests may go unseen): {err}"
+                    ),
                     Err(err) => {
                         // Said once (ptrace refused is refused for every start), then per start.
                         static SAID: std::sync::Once = std::sync::Once::new();

@@ -211,3 +211,81 @@ fn a_signal_taken_as_the_thread_is_seized_is_passed_on() {
     drop(child);
     let _ = std::fs::remove_file(&file);
 }
+
+/// Holds `pid` on a thread of its own (a [`Held`] stays on its thread) until `let_go` says
+/// so or is dropped: returns that thread's id, once every thread of `pid` is held, and its
+/// join handle, which gives the instant it let go.
+fn other_tracer(
+    pid: u32,
+    let_go: std::sync::mpsc::Receiver<()>,
+    hold_for: Duration,
+) -> (u32, thread::JoinHandle<Instant>) {
+    let (tx, held) = std::sync::mpsc::channel();
+    let holder = thread::spawn(move || {
+        let h = Held::hold(pid).expect("the spinner held by the other tracer");
+        // SAFETY: gettid(2) has no arguments.
+        let _ = tx.send((unsafe { libc::gettid() } as u32, h.threads()));
+        let _ = let_go.recv_timeout(hold_for);
+        drop(h);
+        Instant::now()
+    });
+    let (tid, threads) = held.recv().expect("the other tracer held the spinner");
+    assert_eq!(threads, 4, "the other tracer holds every thread");
+    (tid, holder)
+}
+
+/// A process another tracer holds (a second agent holding the same start) is waited for and
+/// held as soon as that tracer lets go, every thread of it, not given up at once.
+#[test]
+fn a_process_another_tracer_holds_is_held_as_soon_as_it_lets_go() {
+    let file = std::env::temp_dir().join(format!("lifeline-hold-other-{}", std::process::id()));
+    let child = spinner(&file);
+    let pid = child.id();
+    let (_keep, let_go) = std::sync::mpsc::channel();
+    let (_, holder) = other_tracer(pid, let_go, Duration::from_millis(300));
+    let held = Held::hold(pid).expect("held once the other tracer let go");
+    let got = Instant::now();
+    let let_go_at = holder.join().expect("the other tracer");
+    assert_eq!(held.threads(), 4, "every thread is held");
+    let (states, _) = threads_and_ticks(pid);
+    assert!(
+        states.iter().all(|s| *s == 't'),
+        "every thread stopped: {states:?}"
+    );
+    // Within a few retries of the other tracer's letting go (each 250 µs), with margin for
+    // this machine's scheduling.
+    let after = got.duration_since(let_go_at);
+    assert!(
+        after < Duration::from_millis(100),
+        "held {after:?} after the other let go"
+    );
+    drop(held);
+    drop(child);
+}
+
+/// A tracer that does not let go within the wait (a debugger) is named, and the wait is
+/// bounded: the start goes on unheld.
+#[test]
+fn a_tracer_that_keeps_the_process_is_named_after_a_bounded_wait() {
+    let file = std::env::temp_dir().join(format!("lifeline-hold-kept-{}", std::process::id()));
+    let child = spinner(&file);
+    let pid = child.id();
+    let (stop, let_go) = std::sync::mpsc::channel();
+    let (tracer, holder) = other_tracer(pid, let_go, Duration::from_secs(30));
+    let since = Instant::now();
+    let err = Held::hold(pid)
+        .err()
+        .expect("a process kept by its tracer is not held");
+    let waited = since.elapsed();
+    let _ = stop.send(());
+    holder.join().expect("the other tracer");
+    assert!(
+        err.to_string().contains(&format!("traced by {tracer}")),
+        "names the tracer {tracer}: {err}"
+    );
+    assert!(
+        waited >= super::WAIT_FOR_TRACER && waited < super::WAIT_FOR_TRACER + Duration::from_millis(500),
+        "waited {waited:?}"
+    );
+    drop(child);
+}
