@@ -385,21 +385,27 @@ impl Metrics {
         for client in snap.clients.iter().filter(|c| c.listed()) {
             let labels = client.labels();
             let state = client.verdict.state;
+            // The youngest payload's age: the latest instant, one subtraction.
             let age = client
                 .connections
                 .iter()
                 .filter_map(|c| c.last_payload)
-                .map(|at| snap.at.saturating_duration_since(at).as_secs_f64())
-                .min_by(f64::total_cmp);
+                .max()
+                .map(|at| snap.at.saturating_duration_since(at).as_secs_f64());
             let entry = worst.entry(labels.clone()).or_insert((state, age));
             if severity(state) > severity(entry.0) {
                 entry.0 = state;
             }
             // Counted per endpoint first: a client with 3,000 connections to one endpoint
-            // formats and looks its series up once a second, not 3,000 times.
-            let mut per_endpoint: HashMap<&Endpoint, i64> = HashMap::new();
+            // formats and looks its series up once a second, not 3,000 times. A client has a
+            // connection to few endpoints: a short list, searched, costs a connection one or
+            // two comparisons where a map hashed every connection's endpoint.
+            let mut per_endpoint: Vec<(&Endpoint, i64)> = Vec::new();
             for c in client.established() {
-                *per_endpoint.entry(&c.endpoint).or_default() += 1;
+                match per_endpoint.iter_mut().find(|(e, _)| *e == &c.endpoint) {
+                    Some((_, n)) => *n += 1,
+                    None => per_endpoint.push((&c.endpoint, 1)),
+                }
             }
             for (endpoint, n) in per_endpoint {
                 let endpoint = endpoint.to_string();
@@ -519,6 +525,50 @@ mod tests {
             rest = &tail[end..];
         }
         names
+    }
+
+    /// A client's established connections are counted per endpoint, its others not; its
+    /// receive age is its youngest payload's.
+    #[test]
+    fn connections_are_counted_per_endpoint_and_the_age_is_the_youngest_payloads() {
+        use crate::health::snapshot::ConnectionSnapshot;
+        use crate::testkit::{client_snapshot, endpoint, snapshot, APISERVER};
+        use lifeline_common::tcp_state::{ESTABLISHED, SYN_SENT};
+        use std::time::{Duration, Instant};
+        let now = Instant::now();
+        let mut client = client_snapshot(7, 1, State::Healthy, now);
+        let other = "10.0.0.9:6443";
+        let one = client.connections[0].clone();
+        let conn = |e: &str, state: u32, ago: Option<u64>| ConnectionSnapshot {
+            endpoint: endpoint(e),
+            tcp_state: state,
+            last_payload: ago.map(|s| now - Duration::from_secs(s)),
+            ..one.clone()
+        };
+        client.connections = vec![
+            conn(APISERVER, ESTABLISHED, Some(40)),
+            conn(other, ESTABLISHED, Some(7)),
+            conn(APISERVER, ESTABLISHED, None),
+            conn(other, SYN_SENT, None),
+            conn(APISERVER, ESTABLISHED, Some(12)),
+        ];
+        let metrics = Metrics::new("test", "test").expect("metrics");
+        metrics.update(&snapshot(now, vec![client]));
+        let text = metrics.render().expect("rendered");
+        let line = |e: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with("lifeline_client_connections{") && l.contains(&format!("endpoint=\"{e}\""))
+                })
+                .map(str::to_owned)
+        };
+        assert!(line(APISERVER).is_some_and(|l| l.ends_with(" 3")), "{text}");
+        assert!(line(other).is_some_and(|l| l.ends_with(" 1")), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("lifeline_client_last_receive_age_seconds{") && l.ends_with(" 7")),
+            "{text}"
+        );
     }
 
     /// A client names at most RESOURCES_PER_CLIENT resources, the node at most
