@@ -126,23 +126,23 @@ fn trace(
             if hold {
                 match Held::hold(pid) {
                     Ok(h) => *held.borrow_mut() = Some(h),
-                    // Another tracer kept this start past the wait: said for each such start.
-                    Err(err @ hold::Error::Traced { .. }) => tracing::warn!(
-                        pid,
-                        "a starting client-go process could not be held while its probes go in \
-                         (its first requests may go unseen): {err}"
-                    ),
                     Err(err) => {
-                        // Said once (ptrace refused is refused for every start), then per start.
-                        static SAID: std::sync::Once = std::sync::Once::new();
-                        SAID.call_once(|| {
+                        // A refusal is said once (ptrace refused is refused for every start),
+                        // then per start at debug; another tracer that kept this start past
+                        // the wait, for each such start.
+                        static SAID: std::sync::atomic::AtomicBool =
+                            std::sync::atomic::AtomicBool::new(false);
+                        let per_start = matches!(err, hold::Error::Traced { .. });
+                        if per_start || !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
                             tracing::warn!(
                                 pid,
                                 "a starting client-go process could not be held while its probes go in \
                                  (its first requests may go unseen): {err}"
                             );
-                        });
-                        tracing::debug!(pid, "not held while probed: {err}");
+                        }
+                        if !per_start {
+                            tracing::debug!(pid, "not held while probed: {err}");
+                        }
                     }
                 }
             }
