@@ -171,21 +171,38 @@ fn threads(pid: u32) -> io::Result<Vec<i32>> {
 /// Seizes thread `tid` of process `pid`, waiting up to [`WAIT_FOR_TRACER`] while another
 /// tracer holds it; the kernel's other refusals (no privilege, Yama) are returned at once.
 fn seize_when_free(pid: u32, tid: i32) -> Result<(), Error> {
+    retry_while_traced(pid, tid, || seize(tid), || tracer(pid, tid))
+}
+
+/// The waiting of [`seize_when_free`] over its two reads of the kernel: `seize` the thread,
+/// and read its `tracer` when refused. A refusal whose tracer then reads none is tried once
+/// more before it is taken for the kernel's own (no privilege, Yama): the tracer may have let
+/// go between the refusal and the read, and the next seize then succeeds.
+fn retry_while_traced(
+    pid: u32,
+    tid: i32,
+    mut seize: impl FnMut() -> io::Result<()>,
+    mut tracer: impl FnMut() -> Option<u32>,
+) -> Result<(), Error> {
     let since = Instant::now();
+    let mut refused_untraced = false;
     loop {
-        let source = match seize(tid) {
+        let source = match seize() {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
-        let tracer = match source.raw_os_error() {
-            Some(libc::EPERM) => tracer(pid, tid).filter(|&t| t != 0),
+        let traced_by = match source.raw_os_error() {
+            Some(libc::EPERM) => tracer().filter(|&t| t != 0),
             _ => None,
         };
-        match tracer {
+        match traced_by {
             Some(tracer) if since.elapsed() >= WAIT_FOR_TRACER => {
                 return Err(Error::Traced { pid, tid, tracer })
             }
             Some(_) => std::thread::sleep(RETRY_EVERY),
+            None if source.raw_os_error() == Some(libc::EPERM) && !refused_untraced => {
+                refused_untraced = true;
+            }
             None => return Err(Error::Seize { pid, tid, source }),
         }
     }

@@ -289,3 +289,39 @@ fn a_tracer_that_keeps_the_process_is_named_after_a_bounded_wait() {
     );
     drop(child);
 }
+
+/// The answers of a scripted kernel, in order, for [`super::retry_while_traced`].
+fn scripted<T: Clone>(answers: &[T]) -> impl FnMut() -> T + '_ {
+    let mut next = answers.iter();
+    move || next.next().expect("asked more often than scripted").clone()
+}
+
+fn eperm() -> Result<(), i32> {
+    Err(libc::EPERM)
+}
+
+/// A seize refused while another tracer held the thread, whose tracer reads none a moment
+/// later (it let go in between), is tried again and succeeds: it is not the kernel's own
+/// refusal. The same twice over is.
+#[test]
+fn a_tracer_letting_go_between_the_refusal_and_the_read_is_no_refusal() {
+    let run = |seizes: &[Result<(), i32>], tracers: &[Option<u32>]| {
+        let mut seize = scripted(seizes);
+        super::retry_while_traced(
+            7,
+            8,
+            || seize().map_err(std::io::Error::from_raw_os_error),
+            scripted(tracers),
+        )
+    };
+    // Held by 77, let go between the second refusal and its read.
+    assert!(run(&[eperm(), eperm(), Ok(())], &[Some(77), Some(0)]).is_ok());
+    // Let go between the first refusal and its read, taken by 78 before the next seize.
+    assert!(run(&[eperm(), eperm(), Ok(())], &[Some(0), Some(78)]).is_ok());
+    // Refused twice with no tracer: the kernel's own refusal (no privilege, Yama).
+    let err = run(&[eperm(), eperm()], &[Some(0), Some(0)]).unwrap_err();
+    assert!(matches!(err, super::Error::Seize { pid: 7, tid: 8, .. }), "{err}");
+    // A thread gone is said at once.
+    let err = run(&[Err(libc::ESRCH)], &[]).unwrap_err();
+    assert!(matches!(err, super::Error::Seize { .. }), "{err}");
+}
