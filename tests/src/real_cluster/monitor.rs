@@ -29,6 +29,9 @@ pub struct Sighting {
     pub pod: String,
     pub state: String,
     pub reason: String,
+    /// What the agent listed of the client then, for a failure to be explained from its
+    /// message: visibility, connections and streams (compact JSON).
+    pub listed: String,
 }
 
 impl fmt::Display for Sighting {
@@ -43,8 +46,25 @@ impl fmt::Display for Sighting {
         if !self.pod.is_empty() {
             write!(f, ", pod {}", self.pod)?;
         }
-        write!(f, ") {}: {}", self.state, self.reason)
+        write!(f, ") {}: {}", self.state, self.reason)?;
+        write!(f, "\n        as listed then: {}", self.listed)
     }
+}
+
+/// A client's visibility, connections and streams as `/api/v1/clients` lists them.
+fn listed(client: &Value) -> String {
+    let keep = [
+        "visibility",
+        "visibility_reason",
+        "streams_judged",
+        "connections",
+        "streams",
+    ];
+    let view: serde_json::Map<String, Value> = keep
+        .iter()
+        .filter_map(|k| client.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+        .collect();
+    Value::Object(view).to_string()
 }
 
 #[derive(Default)]
@@ -106,6 +126,7 @@ impl Monitor {
                                     pod: pod_of(c),
                                     state,
                                     reason: c["reason"].as_str().unwrap_or("").to_owned(),
+                                    listed: listed(c),
                                 });
                             }
                         }
@@ -179,5 +200,34 @@ impl Drop for Monitor {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// A sighting keeps what explains a judgement (visibility, connections, streams) and
+    /// drops the rest of the client's listing (its command line among them).
+    #[test]
+    fn a_sighting_keeps_the_clients_evidence_only() {
+        let client = json!({
+            "pid": 7,
+            "cmdline": "ll-informer --token=REDACTED",
+            "visibility": "streams",
+            "streams_judged": false,
+            "connections": [{"local": "10.0.0.2:40000", "bytes_received": 9}],
+            "streams": [],
+        });
+        let kept: serde_json::Value = serde_json::from_str(&super::listed(&client)).unwrap();
+        assert_eq!(
+            kept,
+            json!({
+                "visibility": "streams",
+                "streams_judged": false,
+                "connections": [{"local": "10.0.0.2:40000", "bytes_received": 9}],
+                "streams": [],
+            })
+        );
     }
 }
