@@ -12,13 +12,17 @@
 //!
 //! - Inbound payload (a segment beyond keepalive size) answers everything sent before it.
 //! - An inbound keepalive-sized record that the client replies to at once with one of its own
-//!   (a PING and its ack) is no answer; one that nothing replies to is (a HEADERS-only
-//!   response), once [`SETTLE_AFTER`] has shown that no reply came.
-//! - Outbound bytes beyond keepalive size are a request, unless they follow inbound payload
-//!   within [`REPLY_WITHIN`] and fit two keepalive records (flow control: WINDOW_UPDATEs for
-//!   what was received). The first segment seen (a connection older than the agent, or after
-//!   lost events) may follow payload unseen: what it finds sent beyond one keepalive record is
-//!   a request only beyond two.
+//!   size (a PING and its ack: the same frame in the same cipher) is no answer; one that
+//!   nothing replies to is (a HEADERS-only response), once [`SETTLE_AFTER`] has shown that no
+//!   reply came. A reply of another size (a WINDOW_UPDATE, 35 or 48 bytes, after a watch's
+//!   HEADERS) is no PING ack.
+//! - Outbound bytes that fit two keepalive records and follow inbound payload within
+//!   [`REPLY_WITHIN`] are flow control (WINDOW_UPDATEs for what was received), whatever the
+//!   client asked in between: it hands credit back as it reads, and it may ask its next
+//!   request before it has read the last answer. Other outbound bytes beyond keepalive size
+//!   are a request. The first segment seen (a connection older than the agent, or after lost
+//!   events) may follow payload unseen: what it finds sent beyond one keepalive record is a
+//!   request only beyond two.
 //! - Small records the client initiates (its own PINGs, a request HPACK made tiny) are matched
 //!   by small inbound ones (PING acks); two that nothing matched are a wait.
 use std::time::{Duration, Instant};
@@ -65,10 +69,11 @@ pub struct Segment {
 pub struct Ordered {
     /// Arrival and `snd_nxt` of the last segment.
     last: Option<(Instant, u32)>,
-    /// When payload arrived, if the client has sent nothing since.
-    payload_since_send: Option<Instant>,
-    /// A small inbound record not told apart yet (a PING, or a small answer).
-    small_in: Option<Instant>,
+    /// When payload last arrived (flow control for it may follow, see [`REPLY_WITHIN`]).
+    payload_in: Option<Instant>,
+    /// A small inbound record not told apart yet (a PING, or a small answer): when, and its
+    /// size.
+    small_in: Option<(Instant, u32)>,
     /// Small records the client initiated that no small inbound record matched yet.
     own_small: u32,
     first_own_small: Option<Instant>,
@@ -99,7 +104,7 @@ impl Ordered {
                 // What came before is unseen: payload may have, and a send that fits flow
                 // control for it cannot be told from it. (One keepalive record is counted as
                 // before: the client's own PING, whose ack is then no answer.)
-                self.payload_since_send = Some(sent_at);
+                self.payload_in = Some(sent_at);
             }
             request = self.sent(out, prev_at.map_or(sent_at, |p| sent_at.max(p)));
         }
@@ -114,20 +119,24 @@ impl Ordered {
     /// The client sent `out` bytes (new data) at about `at`.
     fn sent(&mut self, out: u32, at: Instant) -> Option<Instant> {
         let after_payload = self
-            .payload_since_send
-            .take()
+            .payload_in
             .is_some_and(|p| at.saturating_duration_since(p) <= REPLY_WITHIN);
-        if out <= KEEPALIVE_RECORD_BYTES && self.small_in.take().is_some() {
-            // A reply to a small inbound record: a PING and its ack, keepalives both ways.
+        if after_payload && out <= 2 * KEEPALIVE_RECORD_BYTES {
+            // Flow control for what was received (connection and stream WINDOW_UPDATEs),
+            // before anything else: a watch's HEADERS can be a 13-byte frame as a
+            // WINDOW_UPDATE is, so the size of a small inbound record does not tell them
+            // apart. That record stays to be told apart: nothing else replying, an answer.
             return None;
         }
-        if let Some(small) = self.small_in.take() {
+        if self.small_in.is_some_and(|(_, len)| len == out) {
+            // A reply the size of a small inbound record: a PING and its ack (the same frame
+            // in the same cipher), keepalives both ways.
+            self.small_in = None;
+            return None;
+        }
+        if let Some((small, _)) = self.small_in.take() {
             // The client went on to send something else: the small record was an answer.
             self.answer(small);
-        }
-        if after_payload && out <= 2 * KEEPALIVE_RECORD_BYTES {
-            // Flow control for what was received (connection and stream WINDOW_UPDATEs).
-            return None;
         }
         if out <= KEEPALIVE_RECORD_BYTES {
             self.own_small += 1;
@@ -147,7 +156,7 @@ impl Ordered {
     fn received(&mut self, len: u32, at: Instant) {
         if len > KEEPALIVE_RECORD_BYTES {
             self.answer(at);
-            self.payload_since_send = Some(at);
+            self.payload_in = Some(at);
             return;
         }
         if self.own_small > 0 {
@@ -158,7 +167,7 @@ impl Ordered {
             }
             return;
         }
-        if let Some(earlier) = self.small_in.replace(at) {
+        if let Some((earlier, _)) = self.small_in.replace((at, len)) {
             // Two small records in a row and no reply between them: the first was an answer.
             self.answer(earlier);
         }
@@ -174,7 +183,7 @@ impl Ordered {
     /// At `now`: a small inbound record that nothing replied to within [`SETTLE_AFTER`] was an
     /// answer.
     pub fn settle(&mut self, now: Instant) {
-        if let Some(small) = self.small_in {
+        if let Some((small, _)) = self.small_in {
             if now.saturating_duration_since(small) >= SETTLE_AFTER {
                 self.small_in = None;
                 self.answer(small);

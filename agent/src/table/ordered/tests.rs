@@ -273,3 +273,44 @@ fn a_segment_reported_late_is_no_send() {
     assert_eq!(c.seg(10_002, 0, 880), None);
     assert_eq!(c.waiting(10_003), None);
 }
+
+#[test]
+fn flow_control_for_a_list_read_after_the_watch_was_asked_is_no_request() {
+    // A go1.24 informer on a loaded node (the real-cluster soak): its LISTs' answers arrive,
+    // it asks for its watches at once, the watches' HEADERS come back (a 13-byte frame once
+    // HPACK indexed every header: 35 bytes), and only then does its reading goroutine hand
+    // back the LISTs' flow-control credit: WINDOW_UPDATEs for the connection and the stream
+    // (48 bytes), or for the connection alone (35 bytes, the HEADERS' size) once the stream
+    // has ended. Nothing else comes for minutes on a quiet cluster. Sent 200 ms after the
+    // answers; or, 48 bytes, 1.2 s after them, the HEADERS having come 500 ms after them (a
+    // reading goroutine that waited for a CPU, an apiserver slow to start the watch): too
+    // late for flow control, and by its size no ack of a PING.
+    for (update, headers, sent) in [(48, 10_011, 10_203), (35, 10_011, 10_203), (48, 10_500, 11_203)] {
+        let mut c = Conn::new();
+        c.seg(10_000, 0, 800); // the LISTs, acknowledged
+        c.seg(10_003, 4137, 800); // their answers (the rest of them coalesced)
+        c.seg(headers - 1, 0, 1000); // the watches, acknowledged
+        c.seg(headers, 35, 1000); // their HEADERS
+        let case = format!("{update} bytes {} ms after the answers", sent - 10_003);
+        assert_eq!(c.seg(sent, 0, 1000 + update), None, "{case}");
+        assert_eq!(c.waiting(100_000), None, "{case}: the watches were answered");
+    }
+}
+
+#[test]
+fn a_reply_of_another_size_is_no_ping_ack() {
+    // Long after any payload: a watch's HEADERS (44 bytes), then, before it settled, the
+    // client's own small record of another size (a WINDOW_UPDATE, 35 bytes). The HEADERS
+    // answered the watch.
+    let mut c = Conn::new();
+    c.seg(10_000, 0, 800); // the watch, acknowledged
+    c.seg(10_004, 44, 800); // its HEADERS
+    c.seg(10_500, 0, 835); // the client's 35 bytes, acknowledged within the second
+    assert_eq!(c.waiting(100_000), None, "the watch was answered");
+    // The peer's PING (39 bytes) and the client's ack of the same size: no answer.
+    let mut c = Conn::new();
+    c.seg(10_000, 0, 800);
+    c.seg(10_004, 39, 800);
+    c.seg(10_045, 0, 839);
+    assert_eq!(c.waiting(100_000), Some(Duration::from_millis(9_999)));
+}
