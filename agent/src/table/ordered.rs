@@ -206,16 +206,6 @@ impl Ordered {
         self.waiting_since.is_none() && self.small_in.is_none() && self.own_small == 0
     }
 
-    /// Payload arrived at `at` that no segment reported (the kernel counted it; see
-    /// `table/samples.rs`): it answers what was sent before it, as a reported one would. A
-    /// request sent after it still waits.
-    pub fn unreported_payload(&mut self, at: Instant) {
-        if self.waiting().is_some_and(|w| w <= at) {
-            self.small_in = None;
-            self.answer(at);
-        }
-    }
-
     pub fn last_answer(&self) -> Option<Instant> {
         self.last_answer
     }

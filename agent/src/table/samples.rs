@@ -10,7 +10,6 @@ use super::{
     Connection, ConnectionTable, Origin, Sample, Tuple, VANISH_GRACE,
 };
 use crate::host::sock_diag::TcpInfo;
-use lifeline_common::KEEPALIVE_RECORD_BYTES;
 
 /// How long after its arrival a segment's record may still wait in the ring: the pump's
 /// longest wait between drains ([`crate::app::pump::DRAIN_EVERY`], 250 ms) and a margin.
@@ -108,16 +107,6 @@ fn update_evidence(conn: &mut Connection, tcp: &TcpInfo, now: Instant) {
     let unreported = inbound && !reported && !first;
     if unreported && ago <= IN_FLIGHT {
         conn.inbound_unreported = Some(t_recv);
-    }
-    // Payload beyond a keepalive that no segment record reported still answers what was sent
-    // before it: a request the segments' order holds for unanswered must not outlive the
-    // answer the kernel counted (a go1.24 informer in the real-cluster soak received 67 KB
-    // with no record applied to its connection, and its handshake's send was judged stale
-    // 90 s later). A request sent after that payload still waits.
-    if unreported
-        && tcp.bytes_received.saturating_sub(conn.bytes_received) > u64::from(KEEPALIVE_RECORD_BYTES)
-    {
-        conn.ordered.unreported_payload(t_recv);
     }
     let changed = first
         || unreported_before

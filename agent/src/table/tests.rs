@@ -1161,36 +1161,3 @@ fn rounds_between_walks_read_the_busy_connections_and_a_quiet_one_when_due() {
         "{due:?}"
     );
 }
-
-/// Payload the kernel counted but no segment reported (the sampler sees `tcp_info` grow with
-/// no record since its last read) answers what was sent before it: the segments' order alone
-/// would keep that request waiting for ever. A request sent after that payload still waits.
-#[test]
-fn payload_no_segment_reported_answers_what_was_sent_before_it() {
-    let mut lab = Lab::new();
-    lab.connect(0, 0xa, 40000, 7);
-    lab.apply(100, 0xa, 40000, segment(1400, 500), 0);
-    lab.sample(200, 40000, counters(1400, 1, 500, 1));
-    // A request, acknowledged; its answer's segments never reach the table.
-    lab.apply(1000, 0xa, 40000, segment(0, 900), 0);
-    assert_eq!(waiting(&lab, 1001), Some(lab.at(999)));
-    let mut tcp = counters(1400 + 67_000, 40, 900, 2);
-    tcp.last_data_recv_ms = 1500; // arrived at 1500, read at 3000
-    lab.sample(3000, 40000, tcp);
-    assert_eq!(
-        waiting(&lab, 200_000),
-        None,
-        "answered by the payload the kernel counted"
-    );
-    // A request after the last unreported payload is not answered by it.
-    lab.apply(5000, 0xa, 40000, segment(0, 1300), 0);
-    let mut tcp = counters(1400 + 72_000, 41, 1300, 3);
-    tcp.last_data_recv_ms = 2000; // arrived at 4000, before the request
-    lab.sample(6000, 40000, tcp);
-    assert_eq!(waiting(&lab, 6001), Some(lab.at(4999)));
-    // A keepalive-sized record the kernel counted unreported answers nothing either.
-    let mut tcp = counters(1400 + 72_000 + 39, 42, 1300, 3);
-    tcp.last_data_recv_ms = 100;
-    lab.sample(7000, 40000, tcp);
-    assert_eq!(waiting(&lab, 7001), Some(lab.at(4999)));
-}
