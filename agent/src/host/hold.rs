@@ -191,18 +191,18 @@ fn retry_while_traced(
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
-        let traced_by = match source.raw_os_error() {
-            Some(libc::EPERM) => tracer().filter(|&t| t != 0),
-            _ => None,
+        let refused = source.raw_os_error() == Some(libc::EPERM);
+        let traced_by = if refused {
+            tracer().filter(|&t| t != 0)
+        } else {
+            None
         };
         match traced_by {
             Some(tracer) if since.elapsed() >= WAIT_FOR_TRACER => {
                 return Err(Error::Traced { pid, tid, tracer })
             }
             Some(_) => std::thread::sleep(RETRY_EVERY),
-            None if source.raw_os_error() == Some(libc::EPERM) && !refused_untraced => {
-                refused_untraced = true;
-            }
+            None if refused && !refused_untraced => refused_untraced = true,
             None => return Err(Error::Seize { pid, tid, source }),
         }
     }
