@@ -438,6 +438,47 @@ fn a_peers_pings_the_client_acks_are_no_answer() {
     assert!(reason(&c).contains("sent a request"), "{c}");
 }
 
+/// Ordered evidence through the real kernel program: the start of a go1.24 informer in the
+/// real-cluster soak, where byte order once took flow control for a PING's ack. A LIST and its
+/// answer; a watch asked at once and its HEADERS back as one 35-byte record (a 13-byte frame
+/// once HPACK indexed every header); then the client hands back the LIST's credit, 35 bytes
+/// (the size of that record), and nothing more comes. Healthy past stale_after; a request
+/// nothing answers after that is `stale` (the connection is followed all along).
+#[test]
+fn flow_control_after_a_watchs_small_headers_is_no_ping_ack() {
+    init!();
+    let sink = WebhookSink::start();
+    let (mut server, endpoint, agent, _dir) = local_server(&sink, "", &[]);
+    let mut client = Client::spawn(None, &[endpoint.parse().unwrap()]);
+    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    let conn = client.conns[0];
+    let gap = Duration::from_millis(30);
+    client.send(conn, 200); // the LIST
+    thread::sleep(gap);
+    assert!(server.send(4000) >= 1, "the LIST's answer");
+    thread::sleep(gap);
+    client.send(conn, 115); // the watch
+    thread::sleep(gap);
+    assert!(server.send(35) >= 1, "the watch's HEADERS");
+    thread::sleep(gap);
+    client.send(conn, 35); // WINDOW_UPDATE for the LIST's answer, read late
+    let quiet_until = Instant::now() + secs(STALE + 4.0);
+    while Instant::now() < quiet_until {
+        let clients = agent.clients();
+        let c = find_pid(&clients, client.pid()).expect("listed");
+        assert_eq!(
+            c["state"], "healthy",
+            "a watch answered with HEADERS, then quiet: {c}"
+        );
+        thread::sleep(Duration::from_millis(250));
+    }
+    client.send(conn, 200);
+    let asked = SystemTime::now();
+    let (c, at) = wait_state(&agent, client.pid(), "stale", secs(STALE + 5.0));
+    assert_within("stale", asked, at, STALE - 1.0, STALE + 2.0);
+    assert!(reason(&c).contains("sent a request"), "{c}");
+}
+
 /// Rule B: a client whose requests came every ~2 s is stale once it has neither sent nor
 /// received for silence_floor (twice its rhythm is less).
 #[test]
