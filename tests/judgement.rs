@@ -60,6 +60,25 @@ fn local_server(sink: &WebhookSink, config_tail: &str, flags: &[&str]) -> (Serve
     (server, endpoint, agent, dir)
 }
 
+/// [`local_server`] and one ll-client connected to it, judged healthy: the server, the agent,
+/// the client and its connection, and the agent's config directory.
+fn local_client(sink: &WebhookSink) -> (Server, Agent, Client, Conn, TempDir) {
+    let (server, endpoint, agent, dir) = local_server(sink, "", &[]);
+    let client = Client::spawn(None, &[endpoint.parse().unwrap()]);
+    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    let conn = client.conns[0];
+    (server, agent, client, conn, dir)
+}
+
+/// Ok while `pid` is listed healthy and no alert came.
+fn healthy_no_alerts(agent: &Agent, sink: &WebhookSink, pid: u32) -> Result<(), (Option<Value>, Vec<Value>)> {
+    let clients = agent.clients();
+    match find_pid(&clients, pid) {
+        Some(c) if c["state"] == "healthy" && sink.alerts().is_empty() => Ok(()),
+        other => Err((other.cloned(), sink.alerts())),
+    }
+}
+
 /// A server on every address of `net.b` and the agent watching it at `net.b_ip`: the server,
 /// that address, the agent and the agent's config directory.
 fn server_across(net: &VethPair, sink: &WebhookSink) -> (Server, SocketAddr, Agent, TempDir) {
@@ -205,11 +224,9 @@ fn an_idle_close_of_its_own_is_not_a_loss_a_peer_close_is() {
 fn the_clients_own_close_is_no_loss_whatever_the_peer_sends_after_it() {
     init!();
     let sink = WebhookSink::start();
-    let (mut server, endpoint, agent, _dir) = local_server(&sink, "", &[]);
-    let mut client = Client::spawn(None, &[endpoint.parse().unwrap()]);
-    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    let (mut server, agent, mut client, conn, _dir) = local_client(&sink);
     assert!(server.send(600) >= 1);
-    client.close(client.conns[0]);
+    client.close(conn);
     for _ in 0..5 {
         server.send(600);
         thread::sleep(Duration::from_millis(200));
@@ -354,9 +371,7 @@ fn unsafe_kill(pid: u32) {
 fn a_request_left_unanswered_is_stale_and_quiet_is_healthy() {
     init!();
     let sink = WebhookSink::start();
-    let (mut server, endpoint, agent, _dir) = local_server(&sink, "", &[]);
-    let mut client = Client::spawn(None, &[endpoint.parse().unwrap()]);
-    wait_state(&agent, client.pid(), "healthy", secs(5.0));
+    let (mut server, agent, mut client, conn, _dir) = local_client(&sink);
     hold(secs(STALE + 10.0), "a quiet connection healthy", || {
         let clients = agent.clients();
         match find_pid(&clients, client.pid()) {
@@ -364,7 +379,7 @@ fn a_request_left_unanswered_is_stale_and_quiet_is_healthy() {
             other => Err(other.cloned()),
         }
     });
-    client.send(client.conns[0], 300);
+    client.send(conn, 300);
     let sent = SystemTime::now();
     let (c, at) = wait_state(&agent, client.pid(), "stale", secs(STALE + 5.0));
     assert_within("stale", sent, at, STALE - 1.0, STALE + 2.0);
@@ -380,20 +395,13 @@ fn a_request_left_unanswered_is_stale_and_quiet_is_healthy() {
 fn an_answer_and_the_clients_reply_to_it_are_no_wait() {
     init!();
     let sink = WebhookSink::start();
-    let (mut server, endpoint, agent, _dir) = local_server(&sink, "", &[]);
-    let mut client = Client::spawn(None, &[endpoint.parse().unwrap()]);
-    wait_state(&agent, client.pid(), "healthy", secs(5.0));
-    let conn = client.conns[0];
+    let (mut server, agent, mut client, conn, _dir) = local_client(&sink);
     client.send(conn, 300);
     // (The agent's own probe holds a connection to the server too.)
     assert!(server.send(3400) >= 1);
     client.send(conn, 40);
     hold(secs(STALE + 4.0), "the answered client healthy", || {
-        let clients = agent.clients();
-        match find_pid(&clients, client.pid()) {
-            Some(c) if c["state"] == "healthy" && sink.alerts().is_empty() => Ok(()),
-            other => Err((other.cloned(), sink.alerts())),
-        }
+        healthy_no_alerts(&agent, &sink, client.pid())
     });
 }
 
@@ -448,10 +456,7 @@ fn a_peers_pings_the_client_acks_are_no_answer() {
 fn flow_control_after_a_watchs_small_headers_is_no_ping_ack() {
     init!();
     let sink = WebhookSink::start();
-    let (mut server, endpoint, agent, _dir) = local_server(&sink, "", &[]);
-    let mut client = Client::spawn(None, &[endpoint.parse().unwrap()]);
-    wait_state(&agent, client.pid(), "healthy", secs(5.0));
-    let conn = client.conns[0];
+    let (mut server, agent, mut client, conn, _dir) = local_client(&sink);
     let gap = Duration::from_millis(30);
     client.send(conn, 200); // the LIST
     thread::sleep(gap);
@@ -462,16 +467,11 @@ fn flow_control_after_a_watchs_small_headers_is_no_ping_ack() {
     assert!(server.send(35) >= 1, "the watch's HEADERS");
     thread::sleep(gap);
     client.send(conn, 35); // WINDOW_UPDATE for the LIST's answer, read late
-    let quiet_until = Instant::now() + secs(STALE + 4.0);
-    while Instant::now() < quiet_until {
-        let clients = agent.clients();
-        let c = find_pid(&clients, client.pid()).expect("listed");
-        assert_eq!(
-            c["state"], "healthy",
-            "a watch answered with HEADERS, then quiet: {c}"
-        );
-        thread::sleep(Duration::from_millis(250));
-    }
+    hold(
+        secs(STALE + 4.0),
+        "a watch answered with HEADERS, then quiet, healthy",
+        || healthy_no_alerts(&agent, &sink, client.pid()),
+    );
     client.send(conn, 200);
     let asked = SystemTime::now();
     let (c, at) = wait_state(&agent, client.pid(), "stale", secs(STALE + 5.0));
