@@ -158,18 +158,11 @@ fn cpu_seconds(pid: u32) -> f64 {
 /// CPU time of `pid`'s threads (`schedstat`), in seconds, summed per thread name (`comm`).
 fn threads_cpu_seconds(pid: u32) -> BTreeMap<String, f64> {
     let mut by_name = BTreeMap::new();
-    for task in fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let run = fs::read_to_string(task.path().join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
-        let (Some(ns), Ok(name)) = (run, fs::read_to_string(task.path().join("comm"))) else {
+    for thread in crate::schedstat::threads(pid) {
+        let Ok(name) = fs::read_to_string(thread.dir.join("comm")) else {
             continue;
         };
-        *by_name.entry(name.trim().to_owned()).or_insert(0.0) += ns as f64 / 1e9;
+        *by_name.entry(name.trim().to_owned()).or_insert(0.0) += thread.ran_ns as f64 / 1e9;
     }
     by_name
 }

@@ -34,6 +34,7 @@ mod hoststate;
 mod image;
 mod informer;
 mod kubernetes;
+mod schedstat;
 mod setup;
 mod vm;
 mod vm_suites;

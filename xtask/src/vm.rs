@@ -1021,15 +1021,9 @@ fn guest_deadline(started: Instant, timeout: Duration, waited: Duration) -> Inst
 /// but not running (`schedstat`'s second field): a vCPU thread starved by the host's other
 /// work. Zero when it cannot be read.
 fn run_queue_wait(pid: u32) -> Duration {
-    let waited = |task: &Path| -> Option<u64> {
-        let stat = fs::read_to_string(task.join("schedstat")).ok()?;
-        stat.split_whitespace().nth(1)?.parse().ok()
-    };
-    let most = fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|t| waited(&t.path()))
+    let most = crate::schedstat::threads(pid)
+        .iter()
+        .map(|t| t.waited_ns)
         .max()
         .unwrap_or(0);
     Duration::from_nanos(most)
