@@ -386,8 +386,8 @@ pub struct ConnectionTable {
     /// When the quiet connections' samples are due (the busy ones are in `busy`), earliest
     /// first, as the last walk of the table for the sampler found and the samples and segments
     /// applied since say (None: a connection changed otherwise since, walk again). An entry
-    /// whose connection is gone, or due later by now (a segment looked at it and added its new
-    /// time), is dropped when its time comes. Lets a round skip the walk (see `plan.rs`).
+    /// whose connection is gone, or due later by now (a segment looked at it and planned its
+    /// new time), is dropped when its time comes. Lets a round skip the walk (see `plan.rs`).
     upcoming: Option<plan::Upcoming>,
     /// See [`Self::namespaces`].
     namespaces: Set<u64>,
