@@ -135,10 +135,14 @@ struct Group {
 /// than ~200-byte snapshots; each owner's connections come as one run, so that a connection
 /// costs no hash lookup (a busy controller holds thousands, judged every second).
 fn group_by_owner(table: &ConnectionTable, t: &Thresholds, now: Instant) -> HashMap<u32, Group> {
-    let mut ordered: Vec<(OwnerKey, bool, &Connection)> = table
-        .connections()
-        .filter_map(|c| Some((owner_key(c.owner?, c.tuple.local), c.streams.responded, c)))
-        .collect();
+    // Sized once: grown by doubling, a busy controller's thousands would be copied again and
+    // again each second.
+    let mut ordered: Vec<(OwnerKey, bool, &Connection)> = Vec::with_capacity(table.connection_count());
+    ordered.extend(
+        table
+            .connections()
+            .filter_map(|c| Some((owner_key(c.owner?, c.tuple.local), c.streams.responded, c))),
+    );
     ordered.sort_unstable_by_key(|&(key, _, _)| key);
     let mut groups = HashMap::new();
     for run in ordered.chunk_by(|a, b| owner_of(a.0) == owner_of(b.0)) {
@@ -146,7 +150,8 @@ fn group_by_owner(table: &ConnectionTable, t: &Thresholds, now: Instant) -> Hash
         let mut group = Group {
             judged,
             connections: Vec::with_capacity(run.len()),
-            ..Group::default()
+            facts: Vec::with_capacity(run.len()),
+            attempts: Vec::new(),
         };
         for (i, &(_, _, c)) in run.iter().enumerate() {
             // Visited in address order, not memory order: fetched a few ahead, their misses
