@@ -237,7 +237,7 @@ fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
     if let Some(known) = known_tls_conn(conn, data, tgid, ends) {
         return Some(known);
     }
-    let sk = walk_to_socket(data)?;
+    let sk = Some(walk_to_socket(data)).filter(|&sk| sk != 0)?;
     let found = TlsConn {
         data,
         sk,
@@ -315,19 +315,20 @@ fn tls_slot_free(slot: *mut Slot<TlsConn>, conn: u64, tgid: u32) -> bool {
 }
 
 /// The watched socket under a `tls.Conn`'s `net.Conn` data word `data` (see [`tls_conn`]).
-#[inline(always)]
-fn walk_to_socket(data: u64) -> Option<u64> {
+/// Out of line (see [`send_frame`]); 0: none.
+#[inline(never)]
+fn walk_to_socket(data: u64) -> u64 {
     if let Some(sk) = tcp_conn_socket(data) {
-        return Some(sk);
+        return sk;
     }
     for at in [8u64, 16, 24] {
         if let Some(inner) = user_u64(data + at) {
             if let Some(sk) = tcp_conn_socket(inner) {
-                return Some(sk);
+                return sk;
             }
         }
     }
-    None
+    0
 }
 
 #[inline(always)]
@@ -357,8 +358,25 @@ fn plausible(length: u32, frame_type: u8, stream_id: u32) -> bool {
     }
 }
 
+/// A frame record's type, flags, direction and stream, in one word for [`send_frame`] (a
+/// function of its own takes at most five arguments).
 #[inline(always)]
-fn send_frame(sk: u64, goroutine: u64, frame_type: u8, flags: u8, stream_id: u32, length: u32, dir: u8) {
+fn frame_word(frame_type: u8, flags: u8, stream_id: u32, dir: u8) -> u64 {
+    u64::from(frame_type) | u64::from(flags) << 8 | u64::from(dir) << 16 | u64::from(stream_id) << 32
+}
+
+/// Sends a frame record (`word`: [`frame_word`]). Out of line, like every path that sends or
+/// searches: each program runs once per watch event with a cold cache, and what the common
+/// call (a frame of a known connection, coalesced) touches is its own few instructions, not
+/// the copies of this one inlined around them.
+#[inline(never)]
+fn send_frame(sk: u64, goroutine: u64, word: u64, length: u32) {
+    let (frame_type, flags, dir, stream_id) = (
+        word as u8,
+        (word >> 8) as u8,
+        (word >> 16) as u8,
+        (word >> 32) as u32,
+    );
     let tgid = tgid();
     if !stream_budget(sk, tgid) {
         return;
@@ -480,7 +498,12 @@ fn try_go_tls_read(ctx: &ProbeContext) -> Option<()> {
             if let Some(slot) = reader_slot(r.r14, tgid) {
                 slot::fill(slot, r.r14, tgid, reader);
             }
-            send_frame(reader.sk, r.r14, READING, 0, 0, 0, direction::RECEIVED);
+            send_frame(
+                reader.sk,
+                r.r14,
+                frame_word(READING, 0, 0, direction::RECEIVED),
+                0,
+            );
         }
         None => {
             let _ = READERS.remove(key);
@@ -566,16 +589,33 @@ fn try_go_frame_conn(ctx: &ProbeContext) -> Option<()> {
     frame_in(buf, reader, r.r14)
 }
 
-/// The goroutine's reader through the `*bufio.Reader` at `through`, looked for and kept: the
-/// `*tls.Conn` it reads (its `rd`, or a field of a wrapper there: +8, +16, +24 as in
-/// [`walk_to_socket`]) whose record the write probe keeps. Found, it is said with `READING`;
-/// not, it is kept as leading nowhere until `TLS_FOUND` moves.
+/// The goroutine's reader through the `*bufio.Reader` at `through`, looked for and kept (see
+/// [`find_reader`]): None when it leads to no watched connection.
 #[inline(always)]
 fn reader_through(through: u64, goroutine: u64, tgid: u32) -> Option<(Reader, &'static mut Reader)> {
+    let sk = find_reader(through, goroutine, tgid);
+    if sk == 0 {
+        return None;
+    }
+    // Sent here, not by the search: the kernel bounds the stack of a chain of calls (512
+    // bytes on 5.10, each frame rounded up), and this one is the shorter.
+    send_frame(sk, goroutine, frame_word(READING, 0, 0, direction::RECEIVED), 0);
+    reader_of(goroutine, tgid)
+}
+
+/// Looks for the `*tls.Conn` that the `*bufio.Reader` at `through` reads (its `rd`, or a
+/// field of a wrapper there: +8, +16, +24 as in [`walk_to_socket`]) among the records the
+/// write probe keeps, and keeps what it found as goroutine `goroutine`'s reader. Found, its
+/// socket is returned (for the caller to say `READING`); not, it is kept as leading nowhere
+/// until `TLS_FOUND` moves, and 0 returned. Out of line (see [`send_frame`]).
+#[inline(never)]
+fn find_reader(through: u64, goroutine: u64, tgid: u32) -> u64 {
     // Read before any lookup: a record made after them moves it.
     let found_count = count_of(&TLS_FOUND);
     let ends = segment_ends();
-    let rd = user_u64(through + BUFIO_RD_DATA)?;
+    let Some(rd) = user_u64(through + BUFIO_RD_DATA) else {
+        return 0;
+    };
     let mut found = None;
     for at in [0u64, 8, 16, 24] {
         let conn = if at == 0 { Some(rd) } else { user_u64(rd + at) };
@@ -605,14 +645,11 @@ fn reader_through(through: u64, goroutine: u64, tgid: u32) -> Option<(Reader, &'
         _pad: 0,
     };
     let _ = READERS.insert(key, reader, 0);
-    let slot = reader_slot(goroutine, tgid)?;
+    let Some(slot) = reader_slot(goroutine, tgid) else {
+        return 0;
+    };
     slot::fill(slot, goroutine, tgid, reader);
-    if sk == 0 {
-        return None;
-    }
-    send_frame(sk, goroutine, READING, 0, 0, 0, direction::RECEIVED);
-    // SAFETY: an array value, which lives as long as the map.
-    Some((reader, unsafe { &mut (*slot).value }))
+    sk
 }
 
 /// The frame header in `buf` that goroutine `goroutine` read from `reader`'s connection.
@@ -711,11 +748,8 @@ fn frame_received(
     send_frame(
         sk,
         goroutine,
-        frame_type,
-        flags,
-        stream_id,
+        frame_word(frame_type, flags, stream_id, direction::RECEIVED),
         length,
-        direction::RECEIVED,
     );
     Some(())
 }
@@ -744,7 +778,7 @@ fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
             if head[..5] == PREFACE[..] {
                 // A connection that begins under the probes: its reader's first read comes
                 // before its first frame, so every frame of it is seen.
-                send_frame(sk, goroutine, FRESH, 0, 0, 0, direction::SENT);
+                send_frame(sk, goroutine, frame_word(FRESH, 0, 0, direction::SENT), 0);
                 PREFACE_LEN
             } else {
                 let length = u32::from(head[0]) << 16 | u32::from(head[1]) << 8 | u32::from(head[2]);
@@ -782,7 +816,12 @@ fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
             _ => false,
         };
         if report {
-            send_frame(sk, goroutine, frame_type, flags, stream, length, direction::SENT);
+            send_frame(
+                sk,
+                goroutine,
+                frame_word(frame_type, flags, stream, direction::SENT),
+                length,
+            );
         }
         at += 9 + u64::from(length);
     }
@@ -797,9 +836,14 @@ fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
 
 /// The written frames can no longer be followed on `conn` until a write starts a frame again:
 /// userspace stops judging the connection's open streams (one of their ends may go unseen).
-#[inline(always)]
+#[inline(never)]
 fn lose_place(conn: &mut TlsConn, goroutine: u64) -> Option<()> {
     conn.in_step = 0;
-    send_frame(conn.sk, goroutine, LOST_PLACE, 0, 0, 0, direction::SENT);
+    send_frame(
+        conn.sk,
+        goroutine,
+        frame_word(LOST_PLACE, 0, 0, direction::SENT),
+        0,
+    );
     None
 }
