@@ -1,11 +1,15 @@
 //! The OpenSSL-client uprobes (`ebpf/src/openssl.rs`): loaded with the other programs,
-//! attached by symbol to the libssl of one client process at a time (and, to bind its older
-//! connections, to its libc's `read` and `write` for a while), detached when it goes.
+//! attached to the libssl of one client process at a time (and, to bind its older
+//! connections, to its libc's `read` and `write` for a while), detached when it goes. The read
+//! and write probes go on the library's internal read and write functions where it has them
+//! as `host/sslbin.rs` finds them (a place the kernel emulates), else on the exported entries.
 use std::{collections::HashSet, num::NonZeroU32, path::Path};
 
 use aya::{programs::uprobe::UProbeAttachLocation, Ebpf};
 
 use lifeline_common::SslCall;
+
+use crate::host::sslbin::{self, Internals};
 
 use super::{
     object::Result,
@@ -13,6 +17,7 @@ use super::{
 };
 
 /// Program and the exported function it goes on (entry, except `ssl_read_ret`: returns),
+/// where the library's internal functions cannot take the read and write probes
 /// in the order they are attached: a request is judged from its request line on
 /// (`ssl_write`), so the probes that see its response are attached before it, never after
 /// (the client runs meanwhile; see `go_probes::Sites::each`).
@@ -51,13 +56,43 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
     uprobes::load(ebpf, &[BINDING_PROGRAM])
 }
 
+/// The binding and freeing sites of [`SITES`], then the read and write probes on the internal
+/// functions `internals` found (file offsets): the same programs, in the same order.
+fn internal_sites(internals: Internals) -> [(&'static str, UProbeAttachLocation<'static>); 6] {
+    [
+        ("ssl_set_fd", UProbeAttachLocation::Symbol("SSL_set_fd")),
+        ("ssl_set_fd", UProbeAttachLocation::Symbol("SSL_set_rfd")),
+        ("ssl_free", UProbeAttachLocation::Symbol("SSL_free")),
+        (
+            "ssl_read_ret",
+            UProbeAttachLocation::AbsoluteOffset(internals.read),
+        ),
+        // `ssl_read_ex`: the internal function takes `SSL_read_ex`'s arguments.
+        (
+            "ssl_read_ex",
+            UProbeAttachLocation::AbsoluteOffset(internals.read),
+        ),
+        ("ssl_write", UProbeAttachLocation::AbsoluteOffset(internals.write)),
+    ]
+}
+
 /// Attaches every site in `library` for client process `pid` alone: all or nothing. A
 /// libssl is shared by every process on the node that speaks TLS (or every container of one
 /// base image): probed for the whole file, each of them would pay a trap per SSL call
 /// (issue 26).
 pub(super) fn attach(ebpf: &mut Ebpf, library: &Path, pid: NonZeroU32) -> Result<Links> {
+    let scope = uprobes::Scope::Process(pid);
+    match sslbin::internals(library) {
+        Ok(Some(internals)) => {
+            tracing::debug!(library = %library.display(), ?internals, "the read and write probes go on the internal functions");
+            return uprobes::attach(ebpf, library, scope, internal_sites(internals));
+        }
+        Ok(None) => {}
+        // The attach by symbol below says what is wrong with the file, if anything is.
+        Err(err) => tracing::debug!("{err}"),
+    }
     let places = SITES.map(|(name, symbol)| (name, UProbeAttachLocation::Symbol(symbol)));
-    uprobes::attach(ebpf, library, uprobes::Scope::Process(pid), places)
+    uprobes::attach(ebpf, library, scope, places)
 }
 
 /// Attaches the binding probe to `libc`'s `read` and `write` for client process `pid` alone:
@@ -86,14 +121,28 @@ pub(super) fn unbound_since(ebpf: &Ebpf, since_ns: u64) -> HashSet<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::SITES;
+    use std::collections::BTreeSet;
 
-    /// Attached in [`SITES`] order: every probe that sees a response before the one that
-    /// names a request.
+    use super::{internal_sites, Internals, SITES};
+
+    /// Attached in [`SITES`] order, or the internal sites' order: every probe that sees a
+    /// response before the one that names a request, and the same programs on either.
     #[test]
     fn the_probes_that_see_responses_are_attached_before_the_request_line_probe() {
-        let first_write = SITES.iter().position(|(p, _)| *p == "ssl_write").unwrap();
-        let last_other = SITES.iter().rposition(|(p, _)| *p != "ssl_write").unwrap();
-        assert!(last_other < first_write, "{SITES:?}");
+        let internal = internal_sites(Internals { read: 1, write: 2 }).map(|(p, _)| p);
+        for programs in [SITES.map(|(p, _)| p).to_vec(), internal.to_vec()] {
+            let first_write = programs.iter().position(|p| *p == "ssl_write").unwrap();
+            let last_other = programs.iter().rposition(|p| *p != "ssl_write").unwrap();
+            assert!(last_other < first_write, "{programs:?}");
+        }
+        // `ssl_read` (SSL_read's own arguments) has no place of its own there: the internal
+        // function takes `SSL_read_ex`'s.
+        let theirs: BTreeSet<_> = SITES
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| *p != "ssl_read")
+            .collect();
+        let ours: BTreeSet<_> = internal.iter().copied().collect();
+        assert_eq!(ours, theirs);
     }
 }
