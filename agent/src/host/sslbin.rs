@@ -86,11 +86,15 @@ fn exported(file: &object::File<'_>, name: &str) -> Option<u64> {
         .map(|s| s.address())
 }
 
+/// The section that holds `address`.
+fn section_of<'d, 'f>(file: &'f object::File<'d>, address: u64) -> Option<object::Section<'d, 'f>> {
+    file.sections()
+        .find(|s| (s.address()..s.address() + s.size()).contains(&address))
+}
+
 /// Up to [`SCAN`] bytes of code from `address`.
 fn code_at<'d>(file: &object::File<'d>, address: u64) -> Option<&'d [u8]> {
-    let section = file
-        .sections()
-        .find(|s| (s.address()..s.address() + s.size()).contains(&address))?;
+    let section = section_of(file, address)?;
     let data = section.data().ok()?;
     let from = usize::try_from(address - section.address()).ok()?;
     data.get(from..(from + SCAN).min(data.len()))
@@ -98,9 +102,7 @@ fn code_at<'d>(file: &object::File<'d>, address: u64) -> Option<&'d [u8]> {
 
 /// The file offset of `address`, in the section that holds it.
 fn file_offset(file: &object::File<'_>, address: u64) -> Option<u64> {
-    let section = file
-        .sections()
-        .find(|s| (s.address()..s.address() + s.size()).contains(&address))?;
+    let section = section_of(file, address)?;
     let (offset, _) = section.file_range()?;
     Some(address - section.address() + offset)
 }
