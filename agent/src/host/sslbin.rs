@@ -1,20 +1,23 @@
 //! Where the OpenSSL read and write probes cost a client least. A uprobe on the first
 //! instruction of `SSL_read`, `SSL_read_ex`, `SSL_write` or `SSL_write_ex` (`sub rsp, imm` in
-//! Debian's libssl 3) is single-stepped by the kernel: a second trap, ~9.5 µs of the client's
-//! time per call on this project's VMs, where a push or a jump is emulated (~0.6 µs, see
-//! `gobin/prologue.rs`). A python client's request (`SSL_write_ex`, `SSL_read_ex`) cost it
-//! ~22 µs more with probes on those entries and ~4 µs more with them on the function below,
-//! measured with kernel uprobe events alone (docs/benchmarks.md).
+//! Debian's libssl builds) is single-stepped by the kernel: a second trap, ~9.5 µs of the
+//! client's time per call on this project's VMs, where a push or a jump is emulated (~0.6 µs,
+//! see `gobin/prologue.rs`). A python client's request (`SSL_write_ex`, `SSL_read_ex`) cost it
+//! 19.5–28.5 µs more with probes on those entries and 1.2–9.3 µs more with them on the calls
+//! below, measured with kernel uprobe events alone (docs/benchmarks.md).
 //!
 //! Each pair hands its arguments to one internal function, `ssl_read_internal(s, buf, num,
-//! readbytes)` and `ssl_write_internal(s, buf, num, written)` (OpenSSL 1.1.1 and 3), which
-//! opens by pushing the registers it keeps: an instruction the kernel emulates. The internal
-//! function is found where the `_ex` variant calls it first thing (nothing but `endbr64` and
-//! `sub rsp, imm` before the call, so its arguments are the `_ex` variant's own), and kept only
-//! when the plain variant calls it too and it opens with a push (after `endbr64`, which moves
-//! no stack: a return probe there still finds the return address at RSP). Anything else keeps
-//! the exported entries, as before. The probes' programs are the same on either place: the
-//! internal function takes the `_ex` variants' arguments and returns 1 on success.
+//! readbytes)` and `ssl_write_internal(s, buf, num, written)`, which in Debian's OpenSSL 1.1.1
+//! and 3.0 opens by pushing the registers it keeps: an instruction the kernel emulates. The
+//! internal function is found where the `_ex` variant calls it first thing (nothing but
+//! `endbr64` and `sub rsp, imm` before the call, so its arguments are the `_ex` variant's own),
+//! and kept only when the plain variant calls it too and it opens with a push (after
+//! `endbr64`, which moves no stack: a return probe there still finds the return address at
+//! RSP). Anything else keeps that pair on the exported entries, as before: OpenSSL 3.5's
+//! `SSL_write_ex` (trixie) hands over to `SSL_write_ex2` with one more argument, so its writes
+//! stay there while its reads move; sid's internal read function opens with a `sub` itself. The
+//! probes' programs are the same on either place: the internal function takes the `_ex`
+//! variants' arguments and returns 1 on success.
 use std::{
     io,
     path::{Path, PathBuf},
@@ -31,11 +34,12 @@ pub enum Error {
     Parse { path: PathBuf, source: object::Error },
 }
 
-/// Where the read and the write probes go in a libssl, as file offsets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where the read and the write probes go in a libssl, as file offsets: each None where the
+/// exported entries stay its places.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Internals {
-    pub read: u64,
-    pub write: u64,
+    pub read: Option<u64>,
+    pub write: Option<u64>,
 }
 
 /// Bytes of an exported function read for its calls: the wrappers are a few instructions.
@@ -43,9 +47,9 @@ const SCAN: usize = 96;
 /// Instructions allowed before the `_ex` variant's call (`endbr64`, `sub rsp, imm`).
 const BEFORE_CALL: usize = 2;
 
-/// The internal read and write functions of the libssl at `path` where they can take the
-/// probes (see the module's text); None where the exported entries stay the places.
-pub fn internals(path: &Path) -> Result<Option<Internals>, Error> {
+/// The internal read and write functions of the libssl at `path`, each where it can take the
+/// probes (see the module's text).
+pub fn internals(path: &Path) -> Result<Internals, Error> {
     let data = std::fs::read(path).map_err(|source| Error::Read {
         path: path.to_owned(),
         source,
@@ -57,16 +61,15 @@ pub fn internals(path: &Path) -> Result<Option<Internals>, Error> {
     Ok(internals_in(&file))
 }
 
-fn internals_in(file: &object::File<'_>) -> Option<Internals> {
+fn internals_in(file: &object::File<'_>) -> Internals {
     if file.architecture() != object::Architecture::X86_64 {
-        return None;
+        return Internals::default();
     }
-    let read = shared_callee(file, "SSL_read_ex", "SSL_read")?;
-    let write = shared_callee(file, "SSL_write_ex", "SSL_write")?;
-    Some(Internals {
-        read: file_offset(file, read)?,
-        write: file_offset(file, write)?,
-    })
+    let place = |ex, plain| shared_callee(file, ex, plain).and_then(|at| file_offset(file, at));
+    Internals {
+        read: place("SSL_read_ex", "SSL_read"),
+        write: place("SSL_write_ex", "SSL_write"),
+    }
 }
 
 /// The place in the function that `ex` calls first thing and `plain` calls too, if it opens
@@ -223,6 +226,12 @@ mod tests {
         // A register written before the call: the callee's arguments may not be the caller's.
         let moved = [&[0x48, 0x89, 0xfe][..], code].concat(); // mov rsi, rdi
         assert_eq!(leading_call(&moved, at - 3), None);
+        // OpenSSL 3.5's SSL_write_ex (trixie, sid) hands over to SSL_write_ex2 with one more
+        // argument: endbr64; mov r8, rcx; xor ecx, ecx; jmp.
+        let ex2 = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x49, 0x89, 0xc8, 0x31, 0xc9, 0xe9, 0x02, 0x70, 0xfe, 0xff,
+        ];
+        assert_eq!(leading_call(&ex2, 0x3ee90), None);
         // No call within the instructions allowed.
         assert_eq!(leading_call(SSL_READ.1, SSL_READ.0), None);
         assert_eq!(leading_call(&code[..6], at), None);
@@ -253,8 +262,8 @@ mod tests {
         assert_eq!(pushing_entry(&[0xff, 0x34, 0x24], at), None);
     }
 
-    /// The libssl this machine's clients use, where there is one: both internal functions
-    /// found, each where the kernel emulates its first instruction.
+    /// The libssl this machine's clients use (Debian bookworm's 3.0), where there is one: both
+    /// internal functions found, each where the kernel emulates its first instruction.
     #[test]
     fn the_systems_libssl_3_has_both_internal_functions() {
         let path = Path::new("/usr/lib/x86_64-linux-gnu/libssl.so.3");
@@ -262,10 +271,13 @@ mod tests {
             eprintln!("no {} here", path.display());
             return;
         }
-        let found = internals(path).expect("read").expect("both found");
-        assert_ne!(found.read, found.write);
+        let found = internals(path).expect("read");
+        let (Some(read), Some(write)) = (found.read, found.write) else {
+            panic!("{found:?}");
+        };
+        assert_ne!(read, write);
         let data = std::fs::read(path).unwrap();
-        for offset in [found.read, found.write] {
+        for offset in [read, write] {
             let code = &data[offset as usize..offset as usize + 4];
             assert_eq!(
                 decoder(code, offset).decode().mnemonic(),

@@ -78,8 +78,8 @@ impl Follow {
 }
 
 /// Client processes followed through their libssl at once on a node: each has
-/// [`SITES`](super::ssl_probes::SITES) uprobes of its own (9, or 6 on a libssl whose internal
-/// read and write functions take them, and 2 on its libc while its
+/// [`SITES`](super::ssl_probes::SITES) uprobes of its own (6 to 9: fewer where the library's
+/// internal read and write functions take them, and 2 on its libc while its
 /// older connections are bound), so the node's uprobes and the agent's descriptors stay
 /// bounded (2,816). A client past it keeps the connection-level judgement and is followed as
 /// soon as another goes.

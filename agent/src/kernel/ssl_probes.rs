@@ -56,24 +56,30 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<()> {
     uprobes::load(ebpf, &[BINDING_PROGRAM])
 }
 
-/// The binding and freeing sites of [`SITES`], then the read and write probes on the internal
-/// functions `internals` found (file offsets): the same programs, in the same order.
-fn internal_sites(internals: Internals) -> [(&'static str, UProbeAttachLocation<'static>); 6] {
-    [
-        ("ssl_set_fd", UProbeAttachLocation::Symbol("SSL_set_fd")),
-        ("ssl_set_fd", UProbeAttachLocation::Symbol("SSL_set_rfd")),
-        ("ssl_free", UProbeAttachLocation::Symbol("SSL_free")),
-        (
-            "ssl_read_ret",
-            UProbeAttachLocation::AbsoluteOffset(internals.read),
-        ),
-        // `ssl_read_ex`: the internal function takes `SSL_read_ex`'s arguments.
-        (
-            "ssl_read_ex",
-            UProbeAttachLocation::AbsoluteOffset(internals.read),
-        ),
-        ("ssl_write", UProbeAttachLocation::AbsoluteOffset(internals.write)),
-    ]
+/// The sites of a libssl in [`SITES`] order: the binding and freeing ones, then the read
+/// probes and the write probe, each pair on the internal function `internals` found for it
+/// (file offsets; the same programs: the internal read function takes `SSL_read_ex`'s
+/// arguments), else on the exported entries.
+fn sites(internals: Internals) -> Vec<(&'static str, UProbeAttachLocation<'static>)> {
+    let exported = |programs: &'static [&'static str]| {
+        SITES
+            .iter()
+            .filter(move |(program, _)| programs.contains(program))
+            .map(|&(program, symbol)| (program, UProbeAttachLocation::Symbol(symbol)))
+    };
+    let mut sites: Vec<_> = exported(&["ssl_set_fd", "ssl_free"]).collect();
+    match internals.read {
+        Some(at) => sites.extend([
+            ("ssl_read_ret", UProbeAttachLocation::AbsoluteOffset(at)),
+            ("ssl_read_ex", UProbeAttachLocation::AbsoluteOffset(at)),
+        ]),
+        None => sites.extend(exported(&["ssl_read_ret", "ssl_read", "ssl_read_ex"])),
+    }
+    match internals.write {
+        Some(at) => sites.push(("ssl_write", UProbeAttachLocation::AbsoluteOffset(at))),
+        None => sites.extend(exported(&["ssl_write"])),
+    }
+    sites
 }
 
 /// Attaches every site in `library` for client process `pid` alone: all or nothing. A
@@ -81,18 +87,13 @@ fn internal_sites(internals: Internals) -> [(&'static str, UProbeAttachLocation<
 /// base image): probed for the whole file, each of them would pay a trap per SSL call
 /// (issue 26).
 pub(super) fn attach(ebpf: &mut Ebpf, library: &Path, pid: NonZeroU32) -> Result<Links> {
-    let scope = uprobes::Scope::Process(pid);
-    match sslbin::internals(library) {
-        Ok(Some(internals)) => {
-            tracing::debug!(library = %library.display(), ?internals, "the read and write probes go on the internal functions");
-            return uprobes::attach(ebpf, library, scope, internal_sites(internals));
-        }
-        Ok(None) => {}
-        // The attach by symbol below says what is wrong with the file, if anything is.
-        Err(err) => tracing::debug!("{err}"),
-    }
-    let places = SITES.map(|(name, symbol)| (name, UProbeAttachLocation::Symbol(symbol)));
-    uprobes::attach(ebpf, library, scope, places)
+    let internals = sslbin::internals(library).unwrap_or_else(|err| {
+        // The attach by symbol says what is wrong with the file, if anything is.
+        tracing::debug!("{err}");
+        Internals::default()
+    });
+    tracing::debug!(library = %library.display(), ?internals, "where the OpenSSL read and write probes go");
+    uprobes::attach(ebpf, library, uprobes::Scope::Process(pid), sites(internals))
 }
 
 /// Attaches the binding probe to `libc`'s `read` and `write` for client process `pid` alone:
@@ -123,26 +124,28 @@ pub(super) fn unbound_since(ebpf: &Ebpf, since_ns: u64) -> HashSet<u32> {
 mod tests {
     use std::collections::BTreeSet;
 
-    use super::{internal_sites, Internals, SITES};
+    use super::{sites, Internals, SITES};
 
-    /// Attached in [`SITES`] order, or the internal sites' order: every probe that sees a
-    /// response before the one that names a request, and the same programs on either.
+    /// Attached in [`SITES`] order on any placement: every probe that sees a response before
+    /// the one that names a request, and the programs of the exported entries (but `ssl_read`,
+    /// whose arguments the internal read function does not take).
     #[test]
     fn the_probes_that_see_responses_are_attached_before_the_request_line_probe() {
-        let internal = internal_sites(Internals { read: 1, write: 2 }).map(|(p, _)| p);
-        for programs in [SITES.map(|(p, _)| p).to_vec(), internal.to_vec()] {
-            let first_write = programs.iter().position(|p| *p == "ssl_write").unwrap();
-            let last_other = programs.iter().rposition(|p| *p != "ssl_write").unwrap();
-            assert!(last_other < first_write, "{programs:?}");
+        for read in [None, Some(1)] {
+            for write in [None, Some(2)] {
+                let programs: Vec<&str> = sites(Internals { read, write }).iter().map(|(p, _)| *p).collect();
+                let first_write = programs.iter().position(|p| *p == "ssl_write").unwrap();
+                let last_other = programs.iter().rposition(|p| *p != "ssl_write").unwrap();
+                assert!(last_other < first_write, "{programs:?}");
+                let theirs: BTreeSet<_> = SITES
+                    .iter()
+                    .map(|(p, _)| *p)
+                    .filter(|p| read.is_none() || *p != "ssl_read")
+                    .collect();
+                assert_eq!(programs.iter().copied().collect::<BTreeSet<_>>(), theirs);
+                let expected = if read.is_some() { 5 } else { 7 } + if write.is_some() { 1 } else { 2 };
+                assert_eq!(programs.len(), expected, "{programs:?}");
+            }
         }
-        // `ssl_read` (SSL_read's own arguments) has no place of its own there: the internal
-        // function takes `SSL_read_ex`'s.
-        let theirs: BTreeSet<_> = SITES
-            .iter()
-            .map(|(p, _)| *p)
-            .filter(|p| *p != "ssl_read")
-            .collect();
-        let ours: BTreeSet<_> = internal.iter().copied().collect();
-        assert_eq!(ours, theirs);
     }
 }
