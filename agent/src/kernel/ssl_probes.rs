@@ -16,9 +16,9 @@ use super::{
     uprobes::{self, Links},
 };
 
-/// Program and the exported function it goes on (entry, except `ssl_read_ret`: returns),
-/// where the library's internal functions cannot take the read and write probes
-/// in the order they are attached: a request is judged from its request line on
+/// Program and the exported function it goes on (entry, except `ssl_read_ret`: returns; the
+/// read and write probes only where the library's internal functions cannot take them, see
+/// `sites`), in the order they are attached: a request is judged from its request line on
 /// (`ssl_write`), so the probes that see its response are attached before it, never after
 /// (the client runs meanwhile; see `go_probes::Sites::each`).
 pub const SITES: [(&str, &str); 9] = [
