@@ -18,20 +18,17 @@
 //! stay there while its reads move; sid's internal read function opens with a `sub` itself. The
 //! probes' programs are the same on either place: the internal function takes the `_ex`
 //! variants' arguments and returns 1 on success.
-use std::{
-    io,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
-use object::{Object, ObjectSection, ObjectSymbol};
+
+use crate::host::gobin::{image::Image, Problem};
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
-    #[error("{path} is no ELF file this agent reads: {source}")]
-    Parse { path: PathBuf, source: object::Error },
+#[error("{path}: {problem}")]
+pub struct Error {
+    path: PathBuf,
+    problem: Problem,
 }
 
 /// Where the read and the write probes go in a libssl, as file offsets: each None where the
@@ -43,71 +40,55 @@ pub struct Internals {
 }
 
 /// Bytes of an exported function read for its calls: the wrappers are a few instructions.
-const SCAN: usize = 96;
+const SCAN: u64 = 96;
 /// Instructions allowed before the `_ex` variant's call (`endbr64`, `sub rsp, imm`).
 const BEFORE_CALL: usize = 2;
 
 /// The internal read and write functions of the libssl at `path`, each where it can take the
-/// probes (see the module's text).
+/// probes (see the module's text). Reads its ELF headers, dynamic symbols and a few hundred
+/// bytes of code, never the whole file.
 pub fn internals(path: &Path) -> Result<Internals, Error> {
-    let data = std::fs::read(path).map_err(|source| Error::Read {
+    internals_in(path).map_err(|problem| Error {
         path: path.to_owned(),
-        source,
-    })?;
-    let file = object::File::parse(&*data).map_err(|source| Error::Parse {
-        path: path.to_owned(),
-        source,
-    })?;
-    Ok(internals_in(&file))
+        problem,
+    })
 }
 
-fn internals_in(file: &object::File<'_>) -> Internals {
-    if file.architecture() != object::Architecture::X86_64 {
-        return Internals::default();
+fn internals_in(path: &Path) -> Result<Internals, Problem> {
+    let image = Image::open(path)?;
+    let [read_ex, read, write_ex, write] =
+        image.dynamic_symbols(["SSL_read_ex", "SSL_read", "SSL_write_ex", "SSL_write"])?;
+    Ok(Internals {
+        read: shared_callee(&image, read_ex, read)?,
+        write: shared_callee(&image, write_ex, write)?,
+    })
+}
+
+/// The file offset of the place in the function that `ex` calls first thing and `plain`
+/// calls too, if it opens with an emulated push.
+fn shared_callee(image: &Image, ex: Option<u64>, plain: Option<u64>) -> Result<Option<u64>, Problem> {
+    let (Some(ex), Some(plain)) = (ex, plain) else {
+        return Ok(None);
+    };
+    let Some(callee) = code_at(image, ex)?.and_then(|code| leading_call(&code, ex)) else {
+        return Ok(None);
+    };
+    if !code_at(image, plain)?.is_some_and(|code| calls(&code, plain, callee)) {
+        return Ok(None);
     }
-    let place = |ex, plain| shared_callee(file, ex, plain).and_then(|at| file_offset(file, at));
-    Internals {
-        read: place("SSL_read_ex", "SSL_read"),
-        write: place("SSL_write_ex", "SSL_write"),
-    }
+    let entry = code_at(image, callee)?.and_then(|code| pushing_entry(&code, callee));
+    Ok(entry
+        .and_then(|at| image.file_offset(at))
+        .map(|(offset, _)| offset))
 }
 
-/// The place in the function that `ex` calls first thing and `plain` calls too, if it opens
-/// with an emulated push.
-fn shared_callee(file: &object::File<'_>, ex: &str, plain: &str) -> Option<u64> {
-    let ex = exported(file, ex)?;
-    let callee = leading_call(code_at(file, ex)?, ex)?;
-    let plain = exported(file, plain)?;
-    calls(code_at(file, plain)?, plain, callee).then_some(())?;
-    pushing_entry(code_at(file, callee)?, callee)
-}
-
-/// The address of the dynamic symbol `name`.
-fn exported(file: &object::File<'_>, name: &str) -> Option<u64> {
-    file.dynamic_symbols()
-        .find(|s| s.is_definition() && s.name() == Ok(name))
-        .map(|s| s.address())
-}
-
-/// The section that holds `address`.
-fn section_of<'d, 'f>(file: &'f object::File<'d>, address: u64) -> Option<object::Section<'d, 'f>> {
-    file.sections()
-        .find(|s| (s.address()..s.address() + s.size()).contains(&address))
-}
-
-/// Up to [`SCAN`] bytes of code from `address`.
-fn code_at<'d>(file: &object::File<'d>, address: u64) -> Option<&'d [u8]> {
-    let section = section_of(file, address)?;
-    let data = section.data().ok()?;
-    let from = usize::try_from(address - section.address()).ok()?;
-    data.get(from..(from + SCAN).min(data.len()))
-}
-
-/// The file offset of `address`, in the section that holds it.
-fn file_offset(file: &object::File<'_>, address: u64) -> Option<u64> {
-    let section = section_of(file, address)?;
-    let (offset, _) = section.file_range()?;
-    Some(address - section.address() + offset)
+/// Up to [`SCAN`] bytes of the code at `address`, as far as its segment holds them in the file
+/// (None where none does).
+fn code_at(image: &Image, address: u64) -> Result<Option<Vec<u8>>, Problem> {
+    let Some((offset, left)) = image.file_offset(address) else {
+        return Ok(None);
+    };
+    image.read_at(offset, left.min(SCAN), "code").map(Some)
 }
 
 fn decoder(code: &[u8], at: u64) -> Decoder<'_> {
@@ -260,6 +241,22 @@ mod tests {
         assert_eq!(pushing_entry(SSL_READ.1, SSL_READ.0), None);
         // push of memory, not a register.
         assert_eq!(pushing_entry(&[0xff, 0x34, 0x24], at), None);
+    }
+
+    /// A file that is no ELF library: an error naming it, so that the caller keeps the
+    /// exported entries and says why.
+    #[test]
+    fn a_file_that_is_no_library_is_named_in_the_error() {
+        let dir = std::env::temp_dir().join(format!("lifeline-sslbin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("libssl.so.3");
+        std::fs::write(&path, b"not an ELF file").unwrap();
+        let err = internals(&path).map(|_| ()).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            err.contains("libssl.so.3") && err.contains("not an ELF file"),
+            "{err}"
+        );
     }
 
     /// The libssl this machine's clients use (Debian bookworm's 3.0), where there is one: both

@@ -1,14 +1,17 @@
 //! The ELF file as the reader needs it: its x86-64 check, the few sections a Go binary is read
-//! through, its PT_LOAD segments (virtual address to file offset), and reads of byte ranges at
-//! file offsets. Only the ELF headers go through `object` (with a `ReadCache`, so the file is
-//! never read whole); section contents are read with `pread` so that I/O errors keep their
-//! cause.
+//! through, its PT_LOAD segments (virtual address to file offset), its dynamic symbols on
+//! demand (a shared library's exports, `host/sslbin.rs`), and reads of byte ranges at file
+//! offsets. Only the ELF headers and symbol tables go through `object` (with a `ReadCache`, so
+//! the file is never read whole); section contents are read with `pread` so that I/O errors
+//! keep their cause.
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use object::read::elf::ElfFile64;
-use object::{Architecture, Endianness, FileKind, Object, ObjectSection, ObjectSegment, ReadCache};
+use object::{
+    Architecture, Endianness, FileKind, Object, ObjectSection, ObjectSegment, ObjectSymbol, ReadCache,
+};
 
 use crate::host::gobin::Problem;
 
@@ -103,6 +106,25 @@ impl Image {
     /// The section named `name` (one of [`KEPT`]), if the file has it with contents.
     pub fn section(&self, name: &str) -> Option<Section> {
         self.sections.iter().copied().find(|s| s.name == name)
+    }
+
+    /// The addresses of the dynamic symbols `names` that the file defines, in their order (None
+    /// where it defines no such symbol): one pass over `.dynsym`, through a cache of the reads
+    /// it needs.
+    pub fn dynamic_symbols<const N: usize>(&self, names: [&str; N]) -> Result<[Option<u64>; N], Problem> {
+        let cache = ReadCache::new(&self.file);
+        let elf = ElfFile64::<Endianness, _>::parse(&cache).map_err(|e| Problem::Malformed {
+            what: format!("ELF headers ({e})"),
+            offset: 0,
+        })?;
+        let mut found = [None; N];
+        for symbol in elf.dynamic_symbols().filter(|s| s.is_definition()) {
+            let Ok(name) = symbol.name() else { continue };
+            if let Some(i) = names.iter().position(|n| *n == name) {
+                found[i] = Some(symbol.address());
+            }
+        }
+        Ok(found)
     }
 
     /// The file offset where the byte at virtual address `vaddr` is stored, with how many bytes
