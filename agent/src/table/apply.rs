@@ -311,6 +311,7 @@ impl ConnectionTable {
         if tuple.local.port() != 0 {
             self.by_tuple.insert(tuple, id);
         }
+        self.ownerless.insert(id);
         id
     }
 
@@ -339,6 +340,7 @@ impl ConnectionTable {
     /// Removes a connection from every index; returns it.
     pub(super) fn unlink(&mut self, id: ConnId) -> Option<Connection> {
         let conn = self.conns.remove(&id)?;
+        self.ownerless.remove(&id);
         self.streams_gone(&conn);
         if let Some(sk) = conn.sk {
             if self.by_sk.get(&sk) == Some(&id) {

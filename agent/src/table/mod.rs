@@ -395,6 +395,10 @@ pub struct ConnectionTable {
     /// segments since found them: a round reads these, and the `upcoming` ones whose time
     /// came, without a walk (see `plan.rs`).
     busy: Set<ConnId>,
+    /// Connections without an owner, for the sampler's owner lookup each round
+    /// ([`Self::ownerless`]): a walk of the table for them touched every connection each
+    /// second (a busy controller's thousands, each a cache miss) to find none.
+    ownerless: Set<ConnId>,
 }
 
 impl ConnectionTable {

@@ -105,6 +105,7 @@ impl ConnectionTable {
         }
         let conn = self.conns.get_mut(&id).expect("caller checked");
         conn.owner = Some(pid);
+        self.ownerless.remove(&id);
         let (state, origin, first_seen, endpoint) =
             (conn.tcp_state, conn.origin, conn.first_seen, conn.endpoint);
         let p = self.processes.get_mut(&pid).expect("inserted");
@@ -274,6 +275,7 @@ impl ConnectionTable {
             let conn = self.conns.get_mut(&id).expect("listed");
             if conn.inode.is_some() {
                 conn.owner = None;
+                self.ownerless.insert(id);
             } else {
                 self.unlink(id);
             }

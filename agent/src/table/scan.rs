@@ -82,10 +82,12 @@ impl ConnectionTable {
         true
     }
 
-    /// Connections whose owner is not known yet, with their socket inode when known.
+    /// Connections whose owner is not known yet, with their socket inode when known: from
+    /// the table's index of them, not a walk.
     pub fn ownerless(&self) -> Vec<(Tuple, Option<u64>)> {
-        self.conns
-            .values()
+        self.ownerless
+            .iter()
+            .filter_map(|id| self.conns.get(id))
             .filter(|c| c.owner.is_none())
             .map(|c| (c.tuple, c.inode))
             .collect()

@@ -676,6 +676,55 @@ fn a_forked_child_keeps_the_socket_its_parent_leaves_behind() {
     assert_eq!(child.loss, None);
 }
 
+/// The sampler's owner lookup each round reads the table's index of ownerless connections,
+/// not the table: the index holds exactly the connections whose owner is unknown, through
+/// every way an owner comes and goes, and nothing of a connection that is gone.
+#[test]
+fn the_index_of_ownerless_connections_follows_every_owner_change() {
+    let mut lab = Lab::new();
+    let agrees = |table: &ConnectionTable, expected: usize| {
+        let mut walked: Vec<(Tuple, Option<u64>)> = table
+            .connections()
+            .filter(|c| c.owner.is_none())
+            .map(|c| (c.tuple, c.inode))
+            .collect();
+        let mut indexed = table.ownerless();
+        walked.sort_by_key(|(t, _)| t.local);
+        indexed.sort_by_key(|(t, _)| t.local);
+        assert_eq!(indexed, walked);
+        assert_eq!(indexed.len(), expected);
+        assert_eq!(
+            table.ownerless.len(),
+            expected,
+            "no id of a connection gone or owned"
+        );
+    };
+    // Its connect names its owner.
+    lab.connect(0, 0xa, 40000, 7);
+    agrees(&lab.table, 0);
+    // Found by a scan: owner unknown until its inode is looked up.
+    assert!(lab
+        .table
+        .insert_scanned(lab.tuple(40001), 77, tcp_state::ESTABLISHED, lab.at(0)));
+    agrees(&lab.table, 1);
+    lab.table.set_owner(&lab.tuple(40001), process(8, 1), lab.at(1));
+    agrees(&lab.table, 0);
+    // Its owner exits: kept (its inode known from a sample) without an owner.
+    lab.sample(1000, 40000, counters(2000, 4, 600, 3));
+    lab.table.forget_process(7, lab.at(2000));
+    agrees(&lab.table, 1);
+    // Gone: closed, then out of the table.
+    lab.close(3000, 0xa, 40000);
+    lab.apply(3100, 0xa, 40000, state(tcp_state::FIN_WAIT1, tcp_state::CLOSE), 0);
+    assert!(lab.table.connections().all(|c| c.tuple != lab.tuple(40000)));
+    agrees(&lab.table, 0);
+    // An exited owner whose connections have no inode: they go with it.
+    lab.connect(4000, 0xc, 40002, 9);
+    lab.table.forget_process(9, lab.at(4100));
+    agrees(&lab.table, 0);
+    assert_eq!(lab.table.connections().count(), 1);
+}
+
 #[test]
 fn owners_found_for_a_scan_are_set_in_one_batch() {
     let mut lab = Lab::new();
