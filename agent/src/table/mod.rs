@@ -397,7 +397,7 @@ pub struct ConnectionTable {
     busy: Set<ConnId>,
     /// Connections without an owner, for the sampler's owner lookup each round
     /// ([`Self::ownerless`]): a walk of the table for them touched every connection each
-    /// second (a busy controller's thousands, each a cache miss) to find none.
+    /// second (a busy controller's thousands) to find none.
     ownerless: Set<ConnId>,
 }
 
