@@ -367,7 +367,7 @@ fn judged_healthy<'a>(clients: &'a [Value], who: &Who, endpoint: &str) -> Result
     let connected = connections(c)
         .iter()
         .any(|k| k["tcp_state"] == "ESTABLISHED" && k["endpoint"] == endpoint);
-    if c["state"] == "healthy" && !reason.contains("not judged yet") && connected {
+    if c["state"] == "healthy" && !reason.contains("not judged") && connected {
         Ok(c)
     } else {
         Err(format!(

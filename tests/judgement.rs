@@ -96,9 +96,7 @@ fn wait_state(agent: &Agent, pid: u32, state: &str, timeout: Duration) -> (Value
         find_pid(clients, pid)
             .filter(|c| {
                 let reason = c["reason"].as_str().unwrap_or("");
-                c["state"] == state
-                    && !reason.contains("not judged yet")
-                    && !reason.contains("not a client yet")
+                c["state"] == state && !reason.contains("not judged") && !reason.contains("not a client yet")
             })
             .cloned()
     });

@@ -521,7 +521,7 @@ pub fn wait_healthy_clients(agent: &Agent, pids: &[u32]) {
             .all(|pid| {
                 find_pid(clients, *pid).is_some_and(|c| {
                     c["state"] == "healthy"
-                        && !c["reason"].as_str().unwrap_or("").contains("not judged yet")
+                        && !c["reason"].as_str().unwrap_or("").contains("not judged")
                         && connections(c).iter().any(|k| k["tcp_state"] == "ESTABLISHED")
                 })
             })

@@ -172,11 +172,8 @@ impl ConnectionTable {
                     self.attach_owner(id, info, ev.at);
                 }
                 self.index_sk(id, ev.sk);
-                let conn = self.conns.get_mut(&id).expect("found or inserted");
-                if ev.local.port() != 0 && conn.tuple != tuple {
-                    self.by_tuple.remove(&conn.tuple);
-                    conn.tuple = tuple;
-                    self.by_tuple.insert(tuple, id);
+                if ev.local.port() != 0 && self.conns[&id].tuple != tuple {
+                    self.retuple(id, tuple, ev.at);
                 }
                 let conn = self.conns.get_mut(&id).expect("found or inserted");
                 conn.tcp_state = new;
@@ -335,6 +332,38 @@ impl ConnectionTable {
                 c.sk = None;
             }
         }
+    }
+
+    /// Connection `id`'s socket has the complete `tuple` now (its port is chosen after the
+    /// connect event). Another entry of that tuple is the same socket, added by a scan that
+    /// found it before the pump applied its events (the ring is drained every 250 ms; a rescan
+    /// after an endpoint change comes at any moment), or an older socket of the tuple whose end
+    /// was missed: it goes, and `id` keeps its inode and owner where it lacks them. Left in
+    /// place, that entry was out of the index: no event and no sample reached it again, and
+    /// its client held an ESTABLISHED connection for good (never `disconnected`).
+    fn retuple(&mut self, id: ConnId, tuple: Tuple, at: Instant) {
+        if let Some(other) = self.by_tuple.get(&tuple).copied().filter(|o| *o != id) {
+            if let Some(gone) = self.unlink(other) {
+                let conn = self.conns.get_mut(&id).expect("caller checked");
+                conn.inode = conn.inode.or(gone.inode);
+                let owner = conn.owner;
+                match (owner, gone.owner) {
+                    (None, Some(pid)) => {
+                        if let Some(info) = self.processes.get(&pid).map(|p| p.info.clone()) {
+                            self.attach_owner(id, info, at);
+                        }
+                    }
+                    (Some(kept), Some(pid)) if kept != pid => self.update_connected(pid, at),
+                    _ => {}
+                }
+            }
+        }
+        let conn = self.conns.get_mut(&id).expect("caller checked");
+        let old = std::mem::replace(&mut conn.tuple, tuple);
+        if self.by_tuple.get(&old) == Some(&id) {
+            self.by_tuple.remove(&old);
+        }
+        self.by_tuple.insert(tuple, id);
     }
 
     /// Removes a connection from every index; returns it.

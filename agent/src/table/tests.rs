@@ -613,6 +613,77 @@ fn a_socket_found_closed_by_the_peer_at_start_up_is_a_loss() {
     assert_eq!(lab.table.process(8).unwrap().trying_since, Some(lab.at(200)));
 }
 
+/// A scan that finds a socket before the pump has applied its connect and establishment (the
+/// ring is drained every 250 ms; a rescan after an endpoint change comes at any moment) adds
+/// it; the events then name the same socket. One entry stays, the one events and samples
+/// reach, and the apiserver's reset ends the client's connection. (A second, scanned entry of
+/// the tuple got no event and no sample again and kept its client connected for good: the
+/// never-redial client of `no_opt_in_means_no_action` was never `disconnected` in CI.)
+#[test]
+fn a_socket_scanned_before_its_events_are_applied_stays_one_connection() {
+    let mut lab = Lab::new();
+    let t = lab.tuple(40000);
+    let found = [Scanned {
+        tuple: t,
+        inode: 77,
+        tcp_state: tcp_state::ESTABLISHED,
+    }];
+    lab.table.reconcile_scan(NETNS, &found, lab.at(100));
+    lab.table.set_owner(&t, process(7, 1), lab.at(150));
+    lab.connect(50, 0xa, 40000, 7);
+    let conns: Vec<&Connection> = lab.table.connections().collect();
+    assert_eq!(conns.len(), 1, "one socket, one connection: {conns:#?}");
+    assert_eq!(conns[0].tuple, t);
+    assert_eq!(conns[0].owner, Some(7));
+    assert_eq!(conns[0].inode, Some(77), "the scan's inode is kept");
+    assert!(conns[0].established_at.is_some(), "its establishment was seen");
+    lab.sample(1000, 40000, counters(2000, 3, 300, 2));
+    assert!(
+        lab.table.connections().all(|c| c.readable(lab.at(1000))),
+        "the sample reached it"
+    );
+    // The apiserver goes: a reset ends the only connection.
+    lab.apply(
+        3000,
+        0xa,
+        40000,
+        state(tcp_state::ESTABLISHED, tcp_state::CLOSE),
+        libc::ECONNRESET,
+    );
+    assert_eq!(lab.table.connections().count(), 0);
+    assert_eq!(loss(&lab, 7), Some((LossCause::Reset, lab.at(3000))));
+    assert!(lab.table.process(7).unwrap().connected_since.is_none());
+}
+
+/// The same for a client whose connect event had no owner (the process was gone from
+/// `/proc` when the pump looked): the scanned entry's owner is kept.
+#[test]
+fn a_scanned_entry_gives_its_owner_to_the_socket_events_name() {
+    let mut lab = Lab::new();
+    let t = lab.tuple(40000);
+    let found = [Scanned {
+        tuple: t,
+        inode: 77,
+        tcp_state: tcp_state::ESTABLISHED,
+    }];
+    lab.table.reconcile_scan(NETNS, &found, lab.at(100));
+    lab.table.set_owner(&t, process(7, 1), lab.at(150));
+    let syn = lab.ev(50, 0xa, 0, state(tcp_state::CLOSE, tcp_state::SYN_SENT), Some(7));
+    lab.table.apply_event(&syn, None);
+    lab.apply(
+        51,
+        0xa,
+        40000,
+        state(tcp_state::SYN_SENT, tcp_state::ESTABLISHED),
+        0,
+    );
+    let conns: Vec<&Connection> = lab.table.connections().collect();
+    assert_eq!(conns.len(), 1, "{conns:#?}");
+    assert_eq!((conns[0].owner, conns[0].inode), (Some(7), Some(77)));
+    assert!(lab.table.ownerless().is_empty());
+    assert!(lab.table.process(7).unwrap().connected_since.is_some());
+}
+
 #[test]
 fn a_vanished_socket_waits_a_moment_for_the_event_that_explains_it() {
     let mut lab = Lab::new();
