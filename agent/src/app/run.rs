@@ -208,10 +208,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .unwrap_or_else(|| config::DEFAULT_LISTEN.parse().expect("valid default"));
     let node = alerts::node_name(args.node_name.as_deref());
     let cluster = start_cluster(&args, &node).await;
+    // What discovery had found by now is in force from the start: `follow_discovery` installs
+    // (and rescans for) only what differs from it.
+    let discovered = cluster
+        .as_ref()
+        .map(|c| c.endpoints().borrow().clone())
+        .unwrap_or_default();
     let mut endpoints = base_endpoints.clone();
-    if let Some(c) = &cluster {
-        cluster::endpoints::merge_into(&mut endpoints, &c.endpoints().borrow());
-    }
+    cluster::endpoints::merge_into(&mut endpoints, &discovered);
     if endpoints.is_empty() {
         return Err(Error::NoEndpoints("none from flags, config or discovery".into()));
     }
@@ -332,7 +336,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let endpoint_feed = Arc::new(Mutex::new(EndpointFeed {
         base: base_endpoints,
-        discovered: EndpointSet::default(),
+        discovered,
         probes: probes.clone(),
         table: table.clone(),
         commands: commands.clone(),
