@@ -50,6 +50,17 @@ pub struct Image {
     segments: Vec<Segment>,
 }
 
+/// The ELF headers of the file `cache` reads (its section and segment tables are read on
+/// demand, through the cache).
+fn headers<'a>(
+    cache: &'a ReadCache<&'a File>,
+) -> Result<ElfFile64<'a, Endianness, &'a ReadCache<&'a File>>, Problem> {
+    ElfFile64::parse(cache).map_err(|e| Problem::Malformed {
+        what: format!("ELF headers ({e})"),
+        offset: 0,
+    })
+}
+
 impl Image {
     /// Opens `path` and reads its ELF headers; fails unless it is a 64-bit x86-64 ELF file.
     pub fn open(path: &Path) -> Result<Image, Problem> {
@@ -61,10 +72,7 @@ impl Image {
                 Ok(FileKind::Elf32) => return Err(Problem::NotX86_64("a 32-bit ELF file".into())),
                 _ => return Err(Problem::NotElf),
             }
-            let elf = ElfFile64::<Endianness, _>::parse(&cache).map_err(|e| Problem::Malformed {
-                what: format!("ELF headers ({e})"),
-                offset: 0,
-            })?;
+            let elf = headers(&cache)?;
             if elf.architecture() != Architecture::X86_64 {
                 return Err(Problem::NotX86_64(format!("{:?}", elf.architecture())));
             }
@@ -113,10 +121,7 @@ impl Image {
     /// it needs.
     pub fn dynamic_symbols<const N: usize>(&self, names: [&str; N]) -> Result<[Option<u64>; N], Problem> {
         let cache = ReadCache::new(&self.file);
-        let elf = ElfFile64::<Endianness, _>::parse(&cache).map_err(|e| Problem::Malformed {
-            what: format!("ELF headers ({e})"),
-            offset: 0,
-        })?;
+        let elf = headers(&cache)?;
         let mut found = [None; N];
         for symbol in elf.dynamic_symbols().filter(|s| s.is_definition()) {
             let Ok(name) = symbol.name() else { continue };
