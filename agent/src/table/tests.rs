@@ -613,14 +613,10 @@ fn a_socket_found_closed_by_the_peer_at_start_up_is_a_loss() {
     assert_eq!(lab.table.process(8).unwrap().trying_since, Some(lab.at(200)));
 }
 
-/// A scan that finds a socket before the pump has applied its connect and establishment (the
-/// ring is drained every 250 ms; a rescan after an endpoint change comes at any moment) adds
-/// it; the events then name the same socket. One entry stays, the one events and samples
-/// reach, and the apiserver's reset ends the client's connection. (A second, scanned entry of
-/// the tuple got no event and no sample again and kept its client connected for good: the
-/// never-redial client of `no_opt_in_means_no_action` was never `disconnected` in CI.)
-#[test]
-fn a_socket_scanned_before_its_events_are_applied_stays_one_connection() {
+/// A table whose scan at 100 ms found port 40000's socket established (inode 77) and its
+/// owner, pid 7, while the socket's connect (50 ms) and establishment (51 ms) were still in
+/// the ring; and that socket's tuple.
+fn scanned_at_100ms_before_its_events() -> (Lab, Tuple) {
     let mut lab = Lab::new();
     let t = lab.tuple(40000);
     let found = [Scanned {
@@ -630,6 +626,18 @@ fn a_socket_scanned_before_its_events_are_applied_stays_one_connection() {
     }];
     lab.table.reconcile_scan(NETNS, &found, lab.at(100));
     lab.table.set_owner(&t, process(7, 1), lab.at(150));
+    (lab, t)
+}
+
+/// A scan that finds a socket before the pump has applied its connect and establishment (the
+/// ring is drained every 250 ms; a rescan after an endpoint change comes at any moment) adds
+/// it; the events then name the same socket. One entry stays, the one events and samples
+/// reach, and the apiserver's reset ends the client's connection. (A second, scanned entry of
+/// the tuple got no event and no sample again and kept its client connected for good: the
+/// never-redial client of `no_opt_in_means_no_action` was never `disconnected` in CI.)
+#[test]
+fn a_socket_scanned_before_its_events_are_applied_stays_one_connection() {
+    let (mut lab, t) = scanned_at_100ms_before_its_events();
     lab.connect(50, 0xa, 40000, 7);
     let conns: Vec<&Connection> = lab.table.connections().collect();
     assert_eq!(conns.len(), 1, "one socket, one connection: {conns:#?}");
@@ -659,15 +667,7 @@ fn a_socket_scanned_before_its_events_are_applied_stays_one_connection() {
 /// `/proc` when the pump looked): the scanned entry's owner is kept.
 #[test]
 fn a_scanned_entry_gives_its_owner_to_the_socket_events_name() {
-    let mut lab = Lab::new();
-    let t = lab.tuple(40000);
-    let found = [Scanned {
-        tuple: t,
-        inode: 77,
-        tcp_state: tcp_state::ESTABLISHED,
-    }];
-    lab.table.reconcile_scan(NETNS, &found, lab.at(100));
-    lab.table.set_owner(&t, process(7, 1), lab.at(150));
+    let (mut lab, _) = scanned_at_100ms_before_its_events();
     let syn = lab.ev(50, 0xa, 0, state(tcp_state::CLOSE, tcp_state::SYN_SENT), Some(7));
     lab.table.apply_event(&syn, None);
     lab.apply(
