@@ -336,11 +336,11 @@ impl ConnectionTable {
 
     /// Connection `id`'s socket has the complete `tuple` now (its port is chosen after the
     /// connect event). Another entry of that tuple is the same socket, added by a scan that
-    /// found it before the pump applied its events (the ring is drained every 250 ms; a rescan
-    /// after an endpoint change comes at any moment), or an older socket of the tuple whose end
-    /// was missed: it goes, and `id` keeps its inode and owner where it lacks them. Left in
-    /// place, that entry was out of the index: no event and no sample reached it again, and
-    /// its client held an ESTABLISHED connection for good (never `disconnected`).
+    /// found it before the pump applied its events (scans run on the sampler's thread, and a
+    /// connect waits in the ring until the pump's thread next runs), or an older socket of the
+    /// tuple whose end was missed: it goes, and `id` keeps its inode and owner where it lacks
+    /// them. Left in place, that entry was out of the index: no event and no sample reached it
+    /// again, and its client held an ESTABLISHED connection for good (never `disconnected`).
     fn retuple(&mut self, id: ConnId, tuple: Tuple, at: Instant) {
         if let Some(other) = self.by_tuple.get(&tuple).copied().filter(|o| *o != id) {
             if let Some(gone) = self.unlink(other) {

@@ -630,8 +630,8 @@ fn scanned_at_100ms_before_its_events() -> (Lab, Tuple) {
 }
 
 /// A scan that finds a socket before the pump has applied its connect and establishment (the
-/// ring is drained every 250 ms; a rescan after an endpoint change comes at any moment) adds
-/// it; the events then name the same socket. One entry stays, the one events and samples
+/// scan runs on the sampler's thread; the events wait in the ring until the pump's thread next
+/// runs) adds it; the events then name the same socket. One entry stays, the one events and samples
 /// reach, and the apiserver's reset ends the client's connection. (A second, scanned entry of
 /// the tuple got no event and no sample again and kept its client connected for good: the
 /// never-redial client of `no_opt_in_means_no_action` was never `disconnected` in CI.)
