@@ -50,8 +50,8 @@ pub struct Image {
     segments: Vec<Segment>,
 }
 
-/// The ELF headers of the file `cache` reads (its section and segment tables are read on
-/// demand, through the cache).
+/// The ELF headers of the file `cache` reads, parsed (every read through the cache), with the
+/// one error for headers that do not parse.
 fn headers<'a>(
     cache: &'a ReadCache<&'a File>,
 ) -> Result<ElfFile64<'a, Endianness, &'a ReadCache<&'a File>>, Problem> {
