@@ -1,6 +1,7 @@
 //! Waiting: polling until a condition holds, or asserting it keeps holding, and the values shown
 //! in the panic messages when it does not.
 use std::fmt;
+use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -9,13 +10,30 @@ use serde_json::Value;
 /// Interval of every polling loop.
 pub(crate) const POLL: Duration = Duration::from_millis(50);
 
-/// Calls `poll` every 50 ms until it returns `Ok`, for at most `timeout`. On timeout, panics
-/// naming `what` and showing the last value `poll` observed (its `Err`).
+/// `timeout` as this machine needs it: times `LIFELINE_WAIT_SCALE` in a guest under emulation
+/// (the guests' script sets it, `xtask/src/vm_suites.rs`: under TCG beside a busy host a
+/// config reload took over 2 s to be in force), unchanged on the host. Only waits for a
+/// condition to come are scaled, never how long one must hold.
+fn scaled(timeout: Duration) -> Duration {
+    static SCALE: OnceLock<f64> = OnceLock::new();
+    let scale = *SCALE.get_or_init(|| {
+        std::env::var("LIFELINE_WAIT_SCALE")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| *s >= 1.0)
+            .unwrap_or(1.0)
+    });
+    timeout.mul_f64(scale)
+}
+
+/// Calls `poll` every 50 ms until it returns `Ok`, for at most `timeout` (see [`scaled`]). On
+/// timeout, panics naming `what` and showing the last value `poll` observed (its `Err`).
 pub fn wait_until<T, S: fmt::Debug>(
     timeout: Duration,
     what: &str,
     mut poll: impl FnMut() -> Result<T, S>,
 ) -> T {
+    let timeout = scaled(timeout);
     let start = Instant::now();
     loop {
         match poll() {

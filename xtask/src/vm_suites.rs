@@ -257,6 +257,8 @@ fn script(chosen: &[(&str, Vec<&str>)]) -> String {
     let mut s = String::from(
         "# The root suites' chosen tests (xtask/src/vm_suites.rs), after the test above.\n\
          export LIFELINE_BIN=/usr/local/bin/lifeline PATH=/usr/sbin:$PATH RUST_BACKTRACE=1\n\
+         # Waits for a condition may last three times as long under TCG (tests/src/wait.rs).\n\
+         export LIFELINE_WAIT_SCALE=3\n\
          suites_rc=0\n",
     );
     for (suite, tests) in chosen {
