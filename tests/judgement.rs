@@ -107,8 +107,10 @@ fn elapsed(from: SystemTime, to: SystemTime) -> f64 {
     to.duration_since(from).unwrap_or_default().as_secs_f64()
 }
 
-/// Asserts `what` happened between `low` and `high` seconds after `from`.
+/// Asserts `what` happened between `low` and `high` seconds after `from` (`high` times
+/// [`wait_scale`] in a guest under emulation).
 fn assert_within(what: &str, from: SystemTime, at: SystemTime, low: f64, high: f64) {
+    let high = high * wait_scale();
     let took = elapsed(from, at);
     assert!(
         (low..=high).contains(&took),

@@ -548,8 +548,10 @@ pub fn wait_state(agent: &Agent, pid: u32, state: &str, timeout: Duration) -> (V
     (c, SystemTime::from(since))
 }
 
-/// Asserts `at - fault` is within `[low, high]` seconds.
+/// Asserts `at - fault` is within `[low, high]` seconds (`high` times
+/// [`wait_scale`](crate::wait::wait_scale) in a guest under emulation).
 pub fn assert_detected(what: &str, fault: SystemTime, at: SystemTime, low: f64, high: f64) {
+    let high = high * crate::wait::wait_scale();
     let took = at
         .duration_since(fault)
         .map_or_else(|e| -e.duration().as_secs_f64(), |d| d.as_secs_f64());

@@ -15,15 +15,21 @@ pub(crate) const POLL: Duration = Duration::from_millis(50);
 /// config reload took over 2 s to be in force), unchanged on the host. Only waits for a
 /// condition to come are scaled, never how long one must hold.
 fn scaled(timeout: Duration) -> Duration {
+    timeout.mul_f64(wait_scale())
+}
+
+/// `LIFELINE_WAIT_SCALE` (at least 1; 1 when unset, as on the host): how much later than on
+/// the host a condition may come here. Detection bounds scale their upper end by it, never
+/// their lower end (judging too early is no matter of a slow machine).
+pub fn wait_scale() -> f64 {
     static SCALE: OnceLock<f64> = OnceLock::new();
-    let scale = *SCALE.get_or_init(|| {
+    *SCALE.get_or_init(|| {
         std::env::var("LIFELINE_WAIT_SCALE")
             .ok()
             .and_then(|v| v.parse::<f64>().ok())
             .filter(|s| *s >= 1.0)
             .unwrap_or(1.0)
-    });
-    timeout.mul_f64(scale)
+    })
 }
 
 /// Calls `poll` every 50 ms until it returns `Ok`, for at most `timeout` (see [`scaled`]). On
