@@ -363,18 +363,8 @@ impl std::fmt::Display for Who {
 /// `Ok` when `who` is listed, judged healthy, with an established connection to `endpoint`.
 fn judged_healthy<'a>(clients: &'a [Value], who: &Who, endpoint: &str) -> Result<&'a Value, String> {
     let c = who.find(clients).ok_or_else(|| format!("{who} is not listed"))?;
-    let reason = c["reason"].as_str().unwrap_or("");
-    let connected = connections(c)
-        .iter()
-        .any(|k| k["tcp_state"] == "ESTABLISHED" && k["endpoint"] == endpoint);
-    if c["state"] == "healthy" && !reason.contains("not judged") && connected {
-        Ok(c)
-    } else {
-        Err(format!(
-            "{who} is {} ({reason}); connected to {endpoint}: {connected}",
-            c["state"]
-        ))
-    }
+    lifeline_integration::judged_healthy(c, Some(endpoint)).map_err(|is| format!("{who} is {is}"))?;
+    Ok(c)
 }
 
 /// Waits until every `(who, endpoint)` is judged healthy; records those that are not after

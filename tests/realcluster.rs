@@ -398,18 +398,8 @@ fn judged_healthy(clients: &[Value], e: &Expected) -> Result<(), String> {
             e.what, e.pid, e.comm, e.endpoint
         ));
     };
-    let reason = c["reason"].as_str().unwrap_or("");
-    let connected = connections(c)
-        .iter()
-        .any(|k| k["tcp_state"] == "ESTABLISHED" && k["endpoint"] == e.endpoint.to_string());
-    if c["state"] == "healthy" && !reason.contains("not judged") && connected {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} (pid {}) is {} ({reason}); connected to {}: {connected}",
-            e.what, e.pid, c["state"], e.endpoint
-        ))
-    }
+    lifeline_integration::judged_healthy(c, Some(&e.endpoint.to_string()))
+        .map_err(|is| format!("{} (pid {}) is {is}", e.what, e.pid))
 }
 
 fn describe(sightings: &[Sighting]) -> String {

@@ -13,14 +13,14 @@ use serde_json::Value;
 
 use crate::programs::{Client, Conn};
 use crate::setup::{free_port, lifeline_bin, TempDir};
-use crate::wait::{hold, wait_until, Pretty, Shown, POLL};
+use crate::wait::{hold, scaled, wait_until, Pretty, Shown, POLL};
 
 /// How long the agent gets to become ready: a bound on a hang, not a measure of start-up
 /// (`lifeline check` and the guests' detection check time that). On the host an agent is
-/// ready in about a second; in a guest under TCG, four agents of a suite loading their
-/// programs at once beside a busy host took over 10 s each (the 5.10 guest, CI of 2026-12-07:
-/// 64 s of its run waiting for a CPU).
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// ready in about a second; in a guest it is scaled (`wait::scaled`): under TCG, four agents of
+/// a suite loading their programs at once beside a busy host took over 10 s each (the 5.10
+/// guest, CI of 2026-12-07: 64 s of its run waiting for a CPU).
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Rows of `/api/v1/clients` reduced to what identifies them: pid → its (local, remote) pairs.
 pub type Table = BTreeMap<u32, BTreeSet<Conn>>;
@@ -56,6 +56,31 @@ pub fn pid_of(client: &Value) -> u32 {
 /// The client object of process `pid`, if listed.
 pub fn find_pid(clients: &[Value], pid: u32) -> Option<&Value> {
     clients.iter().find(|c| pid_of(c) == pid)
+}
+
+/// Whether client object `c` carries a judgement: its reason says neither "not judged" (too
+/// young, or its evidence could not be read) nor "not a client yet" (its connect seen, not its
+/// establishment).
+pub fn judged(c: &Value) -> bool {
+    let reason = c["reason"].as_str().unwrap_or("");
+    !reason.contains("not judged") && !reason.contains("not a client yet")
+}
+
+/// `Ok` when client object `c` is judged healthy and holds an established connection (to
+/// `endpoint`, when given); else what it is instead.
+pub fn judged_healthy(c: &Value, endpoint: Option<&str>) -> Result<(), String> {
+    let connected = connections(c)
+        .iter()
+        .any(|k| k["tcp_state"] == "ESTABLISHED" && endpoint.is_none_or(|e| k["endpoint"] == e));
+    if c["state"] == "healthy" && judged(c) && connected {
+        return Ok(());
+    }
+    let to = endpoint.map(|e| format!(" to {e}")).unwrap_or_default();
+    Err(format!(
+        "{} ({}); an established connection{to}: {connected}",
+        c["state"],
+        c["reason"].as_str().unwrap_or("")
+    ))
 }
 
 pub fn connections(client: &Value) -> &[Value] {
@@ -318,7 +343,7 @@ impl Agent {
             .spawn()
             .expect("spawn lifeline");
         let mut agent = Agent { child, addr, dir };
-        let start = Instant::now();
+        let (start, ready_timeout) = (Instant::now(), scaled(READY_TIMEOUT));
         loop {
             if let Some(status) = agent.child.try_wait().expect("try_wait") {
                 panic!("{shown} exited with {status} before becoming ready");
@@ -326,8 +351,8 @@ impl Agent {
             if matches!(http_get(addr, probe), Ok((200, _))) {
                 return agent;
             }
-            if start.elapsed() > READY_TIMEOUT {
-                panic!("{shown}: {probe} not 200 within {READY_TIMEOUT:?}");
+            if start.elapsed() > ready_timeout {
+                panic!("{shown}: {probe} not 200 within {ready_timeout:?}");
             }
             thread::sleep(POLL);
         }

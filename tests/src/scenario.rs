@@ -19,8 +19,8 @@ use std::{
 use serde_json::Value;
 
 use crate::{
-    client_script, connections, find_pid, setup::ip, wait_until, write_kubeconfig, Agent, ApiServer, NetNs,
-    TempDir, Watched, SYSTEM_PYTHON,
+    client_script, find_pid, judged_healthy, setup::ip, wait_until, write_kubeconfig, Agent, ApiServer,
+    NetNs, TempDir, Watched, SYSTEM_PYTHON,
 };
 
 /// One host of the topology.
@@ -518,13 +518,7 @@ connect_failures: 3\n  connect_window: 30s\nreceivers:\n  - {{ name: sink, webho
 pub fn wait_healthy_clients(agent: &Agent, pids: &[u32]) {
     agent.wait_clients(secs(MIN_AGE + 20), "every client healthy and judged", |clients| {
         pids.iter()
-            .all(|pid| {
-                find_pid(clients, *pid).is_some_and(|c| {
-                    c["state"] == "healthy"
-                        && !c["reason"].as_str().unwrap_or("").contains("not judged")
-                        && connections(c).iter().any(|k| k["tcp_state"] == "ESTABLISHED")
-                })
-            })
+            .all(|pid| find_pid(clients, *pid).is_some_and(|c| judged_healthy(c, None).is_ok()))
             .then_some(())
     });
 }

@@ -14,7 +14,7 @@ pub(crate) const POLL: Duration = Duration::from_millis(50);
 /// (the guests' script sets it, `xtask/src/vm_suites.rs`: under TCG beside a busy host a
 /// config reload took over 2 s to be in force), unchanged on the host. Only waits for a
 /// condition to come are scaled, never how long one must hold.
-fn scaled(timeout: Duration) -> Duration {
+pub(crate) fn scaled(timeout: Duration) -> Duration {
     timeout.mul_f64(wait_scale())
 }
 
