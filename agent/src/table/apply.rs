@@ -341,7 +341,7 @@ impl ConnectionTable {
     /// tuple whose end was missed: it goes, and `id` keeps its inode and owner where it lacks
     /// them. Left in place, that entry was out of the index: no event and no sample reached it
     /// again, and its client held an ESTABLISHED connection for good (never `disconnected`).
-    fn retuple(&mut self, id: ConnId, tuple: Tuple, at: Instant) {
+    pub(super) fn retuple(&mut self, id: ConnId, tuple: Tuple, at: Instant) {
         if let Some(other) = self.by_tuple.get(&tuple).copied().filter(|o| *o != id) {
             if let Some(gone) = self.unlink(other) {
                 let conn = self.conns.get_mut(&id).expect("caller checked");

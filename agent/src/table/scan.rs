@@ -2,9 +2,15 @@
 //! what the table holds (`reconcile_scan`), a socket found at start-up (`insert_scanned`), and
 //! the owners of scanned connections, found through their socket inodes (`ownerless`,
 //! `set_owners`).
-use std::{collections::BTreeSet, time::Instant};
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::SocketAddr,
+    time::Instant,
+};
 
-use super::{process::end_of, ConnId, ConnectionTable, Origin, Scanned, Tuple};
+use lifeline_common::tcp_state;
+
+use super::{process::end_of, ConnId, Connection, ConnectionTable, Map, Origin, Scanned, Tuple};
 use crate::host::process::ProcessInfo;
 
 impl ConnectionTable {
@@ -17,6 +23,8 @@ impl ConnectionTable {
         self.upcoming = None;
         let mut added = 0;
         let mut present = std::collections::HashSet::new();
+        // What this scan added: a connect whose event came first may be one of them.
+        let mut new = Vec::new();
         for s in found.iter().filter(|s| s.tuple.netns == netns) {
             let Some(endpoint) = self.endpoints.matching(s.tuple.remote) else {
                 continue;
@@ -44,9 +52,11 @@ impl ConnectionTable {
                     conn.inode = Some(s.inode).filter(|i| *i != 0);
                     conn.tcp_state = s.tcp_state;
                     added += 1;
+                    new.push(id);
                 }
             }
         }
+        added -= self.merge_connects(netns, &new, started);
         // Entries of this namespace older than the scan that it did not find are gone; a
         // connect whose port was never learned (its events were lost) too.
         let gone: Vec<ConnId> = self
@@ -63,6 +73,58 @@ impl ConnectionTable {
             }
         }
         added
+    }
+
+    /// Connects of namespace `netns` whose entry still lacks its port (an entry is made at
+    /// the connect, when the kernel has not chosen it yet, and takes its tuple at the
+    /// establishment or failure) met by a scan that found them in SYN_SENT: the scan added
+    /// each as a new entry (among `added`), unowned, and would remove the connect's as unseen,
+    /// so that a failure of the connect after the scan was nobody's. Where one such connect
+    /// and one added socket share a remote address, and that socket is in SYN_SENT, they are
+    /// one socket: the connect's entry takes the tuple (keeping its owner and socket address,
+    /// gaining the inode) and the added entry goes. Where more sockets to one remote are new
+    /// to the table (several connects at once, or one established whose event is still on its
+    /// way), which is which is not known: left as before. Returns how many added entries went.
+    fn merge_connects(&mut self, netns: u64, added: &[ConnId], started: Instant) -> usize {
+        let connect_of = |conns: &Map<ConnId, Connection>, id: &ConnId| {
+            conns
+                .get(id)
+                .filter(|c| c.tcp_state == tcp_state::SYN_SENT)
+                .map(|c| c.tuple)
+        };
+        if !added.iter().any(|id| connect_of(&self.conns, id).is_some()) {
+            return 0;
+        }
+        let mut connecting: HashMap<SocketAddr, Vec<ConnId>> = HashMap::new();
+        for (id, c) in &self.conns {
+            if c.tuple.netns == netns
+                && c.first_seen < started
+                && c.tuple.local.port() == 0
+                && c.tcp_state == tcp_state::SYN_SENT
+            {
+                connecting.entry(c.tuple.remote).or_default().push(*id);
+            }
+        }
+        let mut found: HashMap<SocketAddr, Vec<ConnId>> = HashMap::new();
+        for id in added {
+            if let Some(c) = self.conns.get(id) {
+                found.entry(c.tuple.remote).or_default().push(*id);
+            }
+        }
+        let mut merged = 0;
+        for (remote, scanned) in found {
+            let (Some([connect]), [scanned]) =
+                (connecting.get(&remote).map(Vec::as_slice), scanned.as_slice())
+            else {
+                continue;
+            };
+            let Some(tuple) = connect_of(&self.conns, scanned) else {
+                continue;
+            };
+            self.retuple(*connect, tuple, started);
+            merged += 1;
+        }
+        merged
     }
 
     /// Adds a connection found by a scan unless it is already known (the start-up scan of one

@@ -1281,3 +1281,116 @@ fn rounds_between_walks_read_the_busy_connections_and_a_quiet_one_when_due() {
         "{due:?}"
     );
 }
+
+/// A scan during a connect's SYN_SENT finds the socket with its port, which the connect's
+/// entry (port 0 until established) lacks: the connect's failure afterwards is still its
+/// process's.
+#[test]
+fn a_connect_scanned_in_syn_sent_fails_for_its_process() {
+    let mut lab = Lab::new();
+    lab.syn(0, 0xa, 7);
+    let t = lab.tuple(40000);
+    let found = [Scanned {
+        tuple: t,
+        inode: 77,
+        tcp_state: tcp_state::SYN_SENT,
+    }];
+    assert_eq!(
+        lab.table.reconcile_scan(NETNS, &found, lab.at(100)),
+        0,
+        "nothing new"
+    );
+    let conns: Vec<&Connection> = lab.table.connections().collect();
+    assert_eq!(conns.len(), 1, "{conns:#?}");
+    assert_eq!(
+        (conns[0].tuple, conns[0].owner, conns[0].inode),
+        (t, Some(7), Some(77))
+    );
+    let mut gave_up = lab.ev(
+        500,
+        0xa,
+        40000,
+        state(tcp_state::SYN_SENT, tcp_state::CLOSE),
+        None,
+    );
+    gave_up.sk_err = libc::ECONNREFUSED;
+    assert_eq!(
+        lab.table.apply_event(&gave_up, None),
+        Some(Applied::ConnectFailed {
+            pid: 7,
+            endpoint: endpoint(APISERVER),
+            reason: FailureReason::Refused
+        })
+    );
+    assert_eq!(lab.table.connections().count(), 0);
+    assert_eq!(lab.table.process(7).unwrap().connect_failures.len(), 1);
+}
+
+/// The same connect established after the scan: one connection, its process's.
+#[test]
+fn a_connect_scanned_in_syn_sent_is_one_connection_once_established() {
+    let mut lab = Lab::new();
+    lab.syn(0, 0xa, 7);
+    let found = [Scanned {
+        tuple: lab.tuple(40000),
+        inode: 77,
+        tcp_state: tcp_state::SYN_SENT,
+    }];
+    lab.table.reconcile_scan(NETNS, &found, lab.at(100));
+    lab.apply(
+        200,
+        0xa,
+        40000,
+        state(tcp_state::SYN_SENT, tcp_state::ESTABLISHED),
+        0,
+    );
+    let conns: Vec<&Connection> = lab.table.connections().collect();
+    assert_eq!(conns.len(), 1, "{conns:#?}");
+    assert_eq!((conns[0].owner, conns[0].inode), (Some(7), Some(77)));
+    assert!(conns[0].established_at.is_some());
+    assert!(lab.table.ownerless().is_empty());
+    assert!(lab.table.process(7).unwrap().connected_since.is_some());
+}
+
+/// Two connects to one remote in flight at a scan: which found socket is which is not
+/// known, so neither takes a tuple; the scan's entries stand for the sockets, as before.
+#[test]
+fn connects_a_scan_cannot_tell_apart_are_not_merged() {
+    let mut lab = Lab::new();
+    lab.syn(0, 0xa, 7);
+    lab.syn(1, 0xb, 7);
+    let found = [40000, 40001].map(|port| Scanned {
+        tuple: lab.tuple(port),
+        inode: u64::from(port),
+        tcp_state: tcp_state::SYN_SENT,
+    });
+    assert_eq!(lab.table.reconcile_scan(NETNS, &found, lab.at(100)), 2);
+    let mut tuples: Vec<Tuple> = lab.table.connections().map(|c| c.tuple).collect();
+    tuples.sort_by_key(|t| t.local.port());
+    assert_eq!(tuples, [lab.tuple(40000), lab.tuple(40001)]);
+}
+
+/// A connect in flight and another socket to the same remote, established, both new to the
+/// table at a scan (the second's events still on their way): not merged either.
+#[test]
+fn a_connect_beside_another_new_socket_to_its_remote_is_not_merged() {
+    let mut lab = Lab::new();
+    lab.syn(0, 0xa, 7);
+    let found = [
+        Scanned {
+            tuple: lab.tuple(40000),
+            inode: 77,
+            tcp_state: tcp_state::ESTABLISHED,
+        },
+        Scanned {
+            tuple: lab.tuple(40001),
+            inode: 78,
+            tcp_state: tcp_state::SYN_SENT,
+        },
+    ];
+    assert_eq!(lab.table.reconcile_scan(NETNS, &found, lab.at(100)), 2);
+    assert!(
+        lab.table.connections().all(|c| c.owner.is_none()),
+        "none given an owner by guess"
+    );
+}
