@@ -10,11 +10,17 @@
 //!   kernel and only those two values are ever copied out.
 //! - `go_tls_write`, at `crypto/tls.(*Conn).Write(b []byte)`: the frame headers in `b` (type,
 //!   flags, stream, length; never a payload), for watched sockets only.
+//! - `go_frame_result`, in `(*Framer).ReadFrame` where it tests the error of the header read
+//!   it called: the header of each frame the client read, in the result registers, and, from
+//!   the goroutine, which connection it came from (the framer kept on the stack, checked when
+//!   a watched socket closed and every second, leads to it as below). A frame of a known
+//!   reader reads none of the client's memory. Where a copy's `ReadFrame` does not keep the
+//!   header there, that copy has `go_frame_conn` instead:
 //! - `go_frame_conn`, in `readFrameHeader` where it tests the error of its read: the header of
 //!   each frame the client read, in the buffer it read it into, and which connection it came
 //!   from, through the framer's `*bufio.Reader` (its second argument) to the `*tls.Conn` the
-//!   write probe found. Where every copy of `readFrameHeader` keeps both arguments where this
-//!   program reads them, it is the only read probe: one trap per frame.
+//!   write probe found. Where every copy has one of these two, they are the only read probes:
+//!   one trap per frame.
 //! - Else `go_tls_read`, at `crypto/tls.(*Conn).Read`: which watched socket the goroutine
 //!   reads; and `go_frame_read` at the same jump as `go_frame_conn` (the header only), or
 //!   where that place is not found `go_frame_header`, at each RET of `readFrameHeader`
@@ -66,6 +72,12 @@ const MAX_FRAME: u32 = (1 << 24) - 1;
 /// Words `go_frame_conn` reads from `GO_FRAME_BUF_SLOT`: `buf`'s pointer first, `r`'s data
 /// word last.
 const FRAME_SPILL_WORDS: usize = ((GO_FRAME_READER_SLOT - GO_FRAME_BUF_SLOT) / 8 + 1) as usize;
+/// Where a `Framer` keeps the data word of its `r io.Reader` (its first field; the framer's
+/// `*bufio.Reader`): the same in every copy since x/net's first (2014).
+const FRAMER_READER_DATA: u64 = 8;
+/// How long `go_frame_result` takes a goroutine's reader as known without reading the framer
+/// it reads: a check a second per read loop.
+const READER_CHECK_NS: u64 = 1_000_000_000;
 /// Where a `bufio.Reader` keeps the data word of the `io.Reader` it reads (`rd`, after `buf
 /// []byte` and `rd`'s type word): the same since Go 1.0.
 const BUFIO_RD_DATA: u64 = 32;
@@ -91,16 +103,18 @@ static READER_CACHE: Array<Slot<Reader>> = Array::with_max_entries(slot::SLOTS, 
 #[derive(Clone, Copy)]
 struct Reader {
     /// What the goroutine reads through: the `*tls.Conn` and its `net.Conn` data word (a conn
-    /// at a reused address differs), as `go_tls_read` found them; or, as `go_frame_conn` found
-    /// it, the framer's `*bufio.Reader` and the `*tls.Conn` under it.
+    /// at a reused address differs), as `go_tls_read` found them; as `go_frame_conn` found it,
+    /// the framer's `*bufio.Reader` (`data` 0); as `go_frame_result` found it, the `*Framer`
+    /// and when it was last checked (`data`, ns; see `READER_CHECK_NS`).
     conn: u64,
     data: u64,
-    /// The watched socket; 0 (`go_frame_conn` only): the reader leads to no connection known
+    /// The watched socket; 0 (frame probes only): the reader leads to no connection known
     /// when `TLS_FOUND` read `data_sent_ns`, so it is not looked for again until that moves.
     sk: u64,
     /// The stream whose DATA was last reported (0: none) and when.
     stream_id: u32,
-    _pad: u32,
+    /// `go_frame_result`: the low 32 bits of `SEGMENT_ENDS` when the reader was last checked.
+    ends_seen: u32,
     data_sent_ns: u64,
 }
 
@@ -491,13 +505,10 @@ fn try_go_tls_read(ctx: &ProbeContext) -> Option<()> {
                 data,
                 sk: found.sk,
                 stream_id: 0,
-                _pad: 0,
+                ends_seen: 0,
                 data_sent_ns: 0,
             };
-            let _ = READERS.insert(key, reader, 0);
-            if let Some(slot) = reader_slot(r.r14, tgid) {
-                slot::fill(slot, r.r14, tgid, reader);
-            }
+            keep_reader(r.r14, tgid, reader);
             send_frame(
                 reader.sk,
                 r.r14,
@@ -589,11 +600,114 @@ fn try_go_frame_conn(ctx: &ProbeContext) -> Option<()> {
     frame_in(buf, reader, r.r14)
 }
 
+#[uprobe]
+pub fn go_frame_result(ctx: ProbeContext) -> u32 {
+    let _ = try_go_frame_result(&ctx);
+    0
+}
+
+/// At the error check after the framer's call of the frame-header read, `(*Framer).ReadFrame`'s
+/// (userspace attaches it only where the header is still in the result registers there and
+/// the framer is kept at RBP+16: `host/gobin/frame_result.rs`): the header in RAX (`valid`),
+/// RBX, RCX, RDI, RSI, the error's type word in R8 (0: none). It replaces `go_frame_conn` in
+/// that copy, and reads none of the client's memory for a goroutine whose reader is known: a
+/// read loop reads one framer for its life, and leaves only after closing its connection, so
+/// a goroutine reused for another read loop comes after a watched socket closed
+/// (`SEGMENT_ENDS` moved). The framer is read and compared then, and at least every
+/// `READER_CHECK_NS`.
+fn try_go_frame_result(ctx: &ProbeContext) -> Option<()> {
+    let r = regs(ctx);
+    if r.r8 != 0 || r.rax & 0xff != 1 {
+        return None;
+    }
+    let tgid = tgid();
+    // SAFETY: helper with no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let ends = segment_ends().unwrap_or(0) as u32;
+    let reader = match reader_of(r.r14, tgid) {
+        Some((known, cached))
+            if known.sk != 0 && known.ends_seen == ends && now.wrapping_sub(known.data) < READER_CHECK_NS =>
+        {
+            (known, cached)
+        }
+        known => checked_reader(r.rbp, r.r14, tgid, known.map(|(k, _)| k), now)?,
+    };
+    frame_received(
+        reader,
+        r.r14,
+        r.rbx as u8,
+        r.rcx as u8,
+        r.rdi as u32,
+        r.rsi as u32 & 0x7fff_ffff,
+    )
+}
+
+/// The reader of goroutine `goroutine` (whose cached record was `known`) checked against the
+/// framer kept at `rbp + 16`: the same framer, whose socket is still watched, is checked
+/// again as of `now`; another is looked for through its `*bufio.Reader` (see
+/// [`reader_through`]).
+#[inline(always)]
+fn checked_reader(
+    rbp: u64,
+    goroutine: u64,
+    tgid: u32,
+    known: Option<Reader>,
+    now: u64,
+) -> Option<(Reader, &'static mut Reader)> {
+    let framer = user_u64(rbp + 16)?;
+    match known {
+        Some(known) if known.conn == framer && known.sk == 0 => {
+            if count_of(&TLS_FOUND) == Some(known.data_sent_ns) {
+                return None;
+            }
+        }
+        // SAFETY: copied out at once.
+        Some(known) if known.conn == framer && unsafe { SEGMENTS.get(known.sk) }.is_some() => {
+            let checked = Reader {
+                data: now,
+                ends_seen: segment_ends().unwrap_or(0) as u32,
+                ..known
+            };
+            keep_reader(goroutine, tgid, checked);
+            return reader_of(goroutine, tgid);
+        }
+        _ => {}
+    }
+    let through = user_u64(framer + FRAMER_READER_DATA)?;
+    reader_through_as(through, framer, now, goroutine, tgid)
+}
+
+/// Keeps `reader` as goroutine `goroutine`'s, in `READERS` and its cache slot.
+#[inline(always)]
+fn keep_reader(goroutine: u64, tgid: u32, reader: Reader) {
+    let key = GoroutineKey {
+        goroutine,
+        tgid,
+        _pad: 0,
+    };
+    let _ = READERS.insert(key, reader, 0);
+    if let Some(slot) = reader_slot(goroutine, tgid) {
+        slot::fill(slot, goroutine, tgid, reader);
+    }
+}
+
 /// The goroutine's reader through the `*bufio.Reader` at `through`, looked for and kept (see
 /// [`find_reader`]): None when it leads to no watched connection.
 #[inline(always)]
 fn reader_through(through: u64, goroutine: u64, tgid: u32) -> Option<(Reader, &'static mut Reader)> {
-    let sk = find_reader(through, goroutine, tgid);
+    reader_through_as(through, through, 0, goroutine, tgid)
+}
+
+/// [`reader_through`], the reader kept under `key` with `data` (see [`Reader`]).
+#[inline(always)]
+fn reader_through_as(
+    through: u64,
+    key: u64,
+    data: u64,
+    goroutine: u64,
+    tgid: u32,
+) -> Option<(Reader, &'static mut Reader)> {
+    let sk = find_reader(through, key, data, goroutine, tgid);
     if sk == 0 {
         return None;
     }
@@ -605,11 +719,12 @@ fn reader_through(through: u64, goroutine: u64, tgid: u32) -> Option<(Reader, &'
 
 /// Looks for the `*tls.Conn` that the `*bufio.Reader` at `through` reads (its `rd`, or a
 /// field of a wrapper there: +8, +16, +24 as in [`walk_to_socket`]) among the records the
-/// write probe keeps, and keeps what it found as goroutine `goroutine`'s reader. Found, its
-/// socket is returned (for the caller to say `READING`); not, it is kept as leading nowhere
-/// until `TLS_FOUND` moves, and 0 returned. Out of line (see [`send_frame`]).
+/// write probe keeps, and keeps what it found as goroutine `goroutine`'s reader, under `key`
+/// with `data` (see [`Reader`]). Found, its socket is returned (for the caller to say
+/// `READING`); not, it is kept as leading nowhere until `TLS_FOUND` moves, and 0 returned. Out
+/// of line (see [`send_frame`]).
 #[inline(never)]
-fn find_reader(through: u64, goroutine: u64, tgid: u32) -> u64 {
+fn find_reader(through: u64, key: u64, data: u64, goroutine: u64, tgid: u32) -> u64 {
     // Read before any lookup: a record made after them moves it.
     let found_count = count_of(&TLS_FOUND);
     let ends = segment_ends();
@@ -620,35 +735,26 @@ fn find_reader(through: u64, goroutine: u64, tgid: u32) -> u64 {
     for at in [0u64, 8, 16, 24] {
         let conn = if at == 0 { Some(rd) } else { user_u64(rd + at) };
         let Some(conn) = conn else { continue };
-        let Some(data) = user_u64(conn + 8) else { continue };
-        if let Some(known) = known_tls_conn(conn, data, tgid, ends) {
-            found = Some((conn, known.sk));
+        let Some(word) = user_u64(conn + 8) else { continue };
+        if let Some(known) = known_tls_conn(conn, word, tgid, ends) {
+            found = Some(known.sk);
             break;
         }
     }
-    let (conn, sk) = found.unwrap_or((0, 0));
+    let sk = found.unwrap_or(0);
     let reader = Reader {
-        conn: through,
-        data: conn,
+        conn: key,
+        data,
         sk,
         stream_id: 0,
-        _pad: 0,
+        ends_seen: ends.unwrap_or(0) as u32,
         data_sent_ns: if sk == 0 {
             found_count.unwrap_or(u64::MAX)
         } else {
             0
         },
     };
-    let key = GoroutineKey {
-        goroutine,
-        tgid,
-        _pad: 0,
-    };
-    let _ = READERS.insert(key, reader, 0);
-    let Some(slot) = reader_slot(goroutine, tgid) else {
-        return 0;
-    };
-    slot::fill(slot, goroutine, tgid, reader);
+    keep_reader(goroutine, tgid, reader);
     sk
 }
 

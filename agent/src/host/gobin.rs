@@ -28,6 +28,7 @@
 //! informer 2.4–5.4 ms (4.0–7.7 before).
 pub mod buildinfo;
 pub mod call_check;
+pub mod frame_result;
 pub mod http2;
 pub mod image;
 pub mod moduledata;
@@ -67,6 +68,10 @@ pub struct Function {
     pub entry_probe_offset: u64,
     /// The error check after its first call, the jump as a file offset (see [`call_check`]).
     pub call_check: Option<call_check::CallCheck>,
+    /// `(*Framer).ReadFrame` of an HTTP/2 copy only: the error check after its call of the
+    /// copy's `readFrameHeader`, where the header is in the result registers and the framer
+    /// at RBP+16, the jump as a file offset (see [`frame_result`]).
+    pub frame_result: Option<u64>,
     /// The file offset of each RET instruction, in address order (never empty).
     pub returns: Vec<u64>,
 }
@@ -151,6 +156,12 @@ fn read(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection, Proble
         let mut functab = region(header.functab, table.size, ".gopclntab functab")?;
         pclntab::find(&header, &mut names, &mut functab, wanted)?
     };
+    // Where each copy's `readFrameHeader` starts: what its `ReadFrame` must call.
+    let frame_headers: Vec<(String, u64)> = located
+        .iter()
+        .filter(|l| http2::role(&l.name) == Some(http2::Role::ReadFrameHeader))
+        .map(|l| (l.name.clone(), l.entry))
+        .collect();
     let mut functions = Vec::with_capacity(located.len());
     for pclntab::Located { name, entry, end } in located {
         let code = image.read_vaddr(entry, end - entry, &format!("the code of {name}"))?;
@@ -169,6 +180,16 @@ fn read(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection, Proble
             jump: entry_offset + (check.jump - entry),
             ..check
         });
+        let frame_result = if http2::role(&name) == Some(http2::Role::ReadFrame) {
+            let callees: Vec<u64> = frame_headers
+                .iter()
+                .filter(|(header, _)| http2::same_copy(header, &name))
+                .map(|(_, at)| *at)
+                .collect();
+            frame_result::find(&code, entry, &callees).map(|r| entry_offset + (r.jump - entry))
+        } else {
+            None
+        };
         functions.push(Function {
             name,
             entry,
@@ -176,6 +197,7 @@ fn read(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection, Proble
             entry_offset,
             entry_probe_offset,
             call_check,
+            frame_result,
             returns,
         });
     }
@@ -497,13 +519,15 @@ mod tests {
     #[test]
     #[ignore = "root tier: reads the Kubernetes binaries that `cargo xtask setup` builds"]
     fn the_kubernetes_binaries_have_every_probed_function() {
-        const AGENT: [&str; 6] = [
+        const AGENT: [&str; 8] = [
             "crypto/tls.(*Conn).Read",
             "crypto/tls.(*Conn).Write",
             "net/http.(*http2ClientConn).writeHeader",
             "k8s.io/kubernetes/vendor/golang.org/x/net/http2.(*ClientConn).writeHeader",
             "net/http.http2readFrameHeader",
             "k8s.io/kubernetes/vendor/golang.org/x/net/http2.readFrameHeader",
+            "net/http.(*http2Framer).ReadFrame",
+            "k8s.io/kubernetes/vendor/golang.org/x/net/http2.(*Framer).ReadFrame",
         ];
         const K8S_BIN: &str = "/var/tmp/lifeline-k8s/v1.20.2/bin";
         let paths = std::env::var("GOBIN_INSPECT").unwrap_or_else(|_| {
@@ -550,6 +574,10 @@ mod tests {
                 .filter(|f| f.name.ends_with("readFrameHeader"))
             {
                 assert_frame_probe_reads_both(f);
+            }
+            // Both copies' ReadFrame keep the header in the result registers at their check.
+            for f in found.functions.iter().filter(|f| f.name.ends_with("ReadFrame")) {
+                assert!(f.frame_result.is_some(), "{path}: {}: no frame result", f.name);
             }
         }
     }

@@ -19,13 +19,15 @@ pub const TLS_READ: &str = "go_tls_read";
 pub const FRAME_HEADER: &str = "go_frame_header";
 pub const FRAME_READ: &str = "go_frame_read";
 pub const FRAME_CONN: &str = "go_frame_conn";
-pub const PROGRAMS: [&str; 6] = [
+pub const FRAME_RESULT: &str = "go_frame_result";
+pub const PROGRAMS: [&str; 7] = [
     WRITE_HEADER,
     TLS_WRITE,
     TLS_READ,
     FRAME_HEADER,
     FRAME_READ,
     FRAME_CONN,
+    FRAME_RESULT,
 ];
 
 /// Where in one binary each program goes: file offsets.
@@ -35,11 +37,17 @@ pub struct Sites {
     pub write_header: Vec<u64>,
     /// Entry of `crypto/tls.(*Conn).Write`.
     pub tls_write: Vec<u64>,
-    /// Entry of `crypto/tls.(*Conn).Read`, unless `frame_conn_reads` are the frame probes.
+    /// Entry of `crypto/tls.(*Conn).Read`, unless `frame_results` and `frame_conn_reads` are
+    /// the frame probes.
     pub tls_read: Vec<u64>,
-    /// The error check after `readFrameHeader`'s read in every copy, where each keeps both its
-    /// `buf` and its reader where `go_frame_conn` reads them: the frames and which connection
-    /// they came from, in one probe (`tls_read` then stays empty).
+    /// The error check after `(*Framer).ReadFrame`'s header read, in each copy where the
+    /// header is still in the result registers there and the framer kept at RBP+16
+    /// (`host::gobin::frame_result`): the frames and which connection, with no read of the
+    /// client's memory for a known reader.
+    pub frame_results: Vec<u64>,
+    /// The error check after `readFrameHeader`'s read in every other copy, where each keeps
+    /// both its `buf` and its reader where `go_frame_conn` reads them: the frames and which
+    /// connection they came from, in one probe (`tls_read` then stays empty).
     pub frame_conn_reads: Vec<u64>,
     /// The error check after `readFrameHeader`'s read, in each copy where it was found
     /// (`host::gobin::call_check`: a probe there costs the client a sixteenth of one on a RET).
@@ -52,14 +60,15 @@ impl Sites {
     /// Every (program, offset), in the order they are attached. The client runs while they
     /// are attached one by one, and a stream is judged once its connection's reads are
     /// followed (`READING`, `FRESH`) and its request was named: so the probes that see its
-    /// end (`FRAME_CONN`, `FRAME_READ`, `FRAME_HEADER`) and name it (`WRITE_HEADER`) come
-    /// first, the ones that start the evidence (`TLS_READ`, then `TLS_WRITE`, which also says
-    /// `FRESH`) last. (`FRAME_CONN` says `READING` too, but only of a connection whose record
-    /// `TLS_WRITE` made.)
+    /// end (`FRAME_RESULT`, `FRAME_CONN`, `FRAME_READ`, `FRAME_HEADER`) and name it
+    /// (`WRITE_HEADER`) come first, the ones that start the evidence (`TLS_READ`, then
+    /// `TLS_WRITE`, which also says `FRESH`) last. (`FRAME_RESULT` and `FRAME_CONN` say
+    /// `READING` too, but only of a connection whose record `TLS_WRITE` made.)
     /// The other way round, a request sent between the last two attachments had its response
     /// unseen and was called stuck (CI, kube-controller-manager probed during its start-up).
     fn each(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         [
+            (FRAME_RESULT, &self.frame_results),
             (FRAME_CONN, &self.frame_conn_reads),
             (FRAME_READ, &self.frame_header_reads),
             (FRAME_HEADER, &self.frame_header_returns),
@@ -113,6 +122,7 @@ mod tests {
             write_header: vec![1, 2],
             tls_write: vec![3],
             tls_read: vec![4],
+            frame_results: vec![10],
             frame_conn_reads: vec![9],
             frame_header_reads: vec![8],
             frame_header_returns: vec![5, 6, 7],
@@ -121,6 +131,7 @@ mod tests {
         assert_eq!(
             order,
             [
+                (FRAME_RESULT, 10),
                 (FRAME_CONN, 9),
                 (FRAME_READ, 8),
                 (FRAME_HEADER, 5),

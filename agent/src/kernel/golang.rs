@@ -187,17 +187,23 @@ fn trace(
             write_header,
             read_frame_header,
         } => {
-            let frames = frame_probes(&read_frame_header);
+            let read_frame: Vec<&gobin::Function> = inspection
+                .functions
+                .iter()
+                .filter(|f| http2::role(&f.name) == Some(Role::ReadFrame))
+                .collect();
+            let frames = frame_probes(&read_frame_header, &read_frame);
             Sites {
                 write_header: write_header.iter().map(|f| f.entry_probe_offset).collect(),
                 tls_write,
                 // Which connection a frame came from is known from the frame probe itself, or
                 // from the goroutine's last read.
-                tls_read: if frames.conn_reads.is_empty() {
+                tls_read: if frames.results.is_empty() && frames.conn_reads.is_empty() {
                     tls_read
                 } else {
                     Vec::new()
                 },
+                frame_results: frames.results,
                 frame_conn_reads: frames.conn_reads,
                 frame_header_reads: frames.reads,
                 frame_header_returns: frames.returns,
@@ -238,6 +244,7 @@ fn trace(
                 held_threads,
                 held_ms,
                 tls_reads_probed = !sites.tls_read.is_empty(),
+                frame_results = sites.frame_results.len(),
                 "following this Go client's HTTP/2 streams"
             );
             Some(Ok(Some(Binary {
@@ -256,7 +263,11 @@ fn trace(
 /// Where the frame probes go in the copies of `readFrameHeader`.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct FrameProbes {
-    /// `go_frame_conn` at every copy's check (then `go_tls_read` is not needed), or none.
+    /// `go_frame_result` in the copies whose `ReadFrame` keeps the header in the result
+    /// registers at its check, and
+    results: Vec<u64>,
+    /// `go_frame_conn` at every other copy's check (then `go_tls_read` is not needed), or
+    /// neither.
     conn_reads: Vec<u64>,
     /// Else `go_frame_read` at the checks where `buf` is kept where it reads it,
     reads: Vec<u64>,
@@ -264,40 +275,48 @@ struct FrameProbes {
     returns: Vec<u64>,
 }
 
-/// The frame probes for `read_frame_header`, the copies of `readFrameHeader`: at the error
-/// check after each one's read (see `host::gobin::call_check`) if each keeps `buf` and its
-/// reader where `go_frame_conn` reads them; else per copy, at that check if it keeps `buf`
-/// where `go_frame_read` reads it, or at its RETs.
-fn frame_probes(read_frame_header: &[&gobin::Function]) -> FrameProbes {
+/// The frame probes for `read_frame_header`, the copies of `readFrameHeader`: where every
+/// copy has a probe that knows the connection too, in its `ReadFrame` (of `read_frame`) where
+/// the header is in the result registers at the check after its call (see
+/// `host::gobin::frame_result`), else at the error check after its own read (see
+/// `host::gobin::call_check`) where it keeps `buf` and its reader where `go_frame_conn` reads
+/// them; else per copy, at that check if it keeps `buf` where `go_frame_read` reads it, or at
+/// its RETs.
+fn frame_probes(read_frame_header: &[&gobin::Function], read_frame: &[&gobin::Function]) -> FrameProbes {
     use lifeline_common::{GO_FRAME_BUF_SLOT, GO_FRAME_READER_SLOT};
     let check_with_buf = |f: &&gobin::Function| {
         f.call_check
             .filter(|check| check.first_argument == GO_FRAME_BUF_SLOT)
     };
-    let conn_reads: Option<Vec<u64>> = read_frame_header
-        .iter()
-        .map(|f| {
-            check_with_buf(f)
-                .filter(|check| check.second_argument_data == Some(GO_FRAME_READER_SLOT))
-                .map(|check| check.jump)
-        })
-        .collect();
-    match conn_reads {
-        Some(conn_reads) if !conn_reads.is_empty() => FrameProbes {
-            conn_reads,
-            ..FrameProbes::default()
-        },
-        _ => {
-            let mut probes = FrameProbes::default();
-            for f in read_frame_header {
-                match check_with_buf(f) {
-                    Some(check) => probes.reads.push(check.jump),
-                    None => probes.returns.extend_from_slice(&f.returns),
-                }
-            }
-            probes
+    let result_of = |f: &&gobin::Function| {
+        read_frame
+            .iter()
+            .filter(|r| http2::same_copy(&r.name, &f.name))
+            .find_map(|r| r.frame_result)
+    };
+    let mut known = FrameProbes::default();
+    let every_copy_knows_its_connection = read_frame_header.iter().all(|f| {
+        if let Some(jump) = result_of(f) {
+            known.results.push(jump);
+            return true;
+        }
+        let conn_read = check_with_buf(f)
+            .filter(|check| check.second_argument_data == Some(GO_FRAME_READER_SLOT))
+            .map(|check| check.jump);
+        known.conn_reads.extend(conn_read);
+        conn_read.is_some()
+    });
+    if every_copy_knows_its_connection && !read_frame_header.is_empty() {
+        return known;
+    }
+    let mut probes = FrameProbes::default();
+    for f in read_frame_header {
+        match check_with_buf(f) {
+            Some(check) => probes.reads.push(check.jump),
+            None => probes.returns.extend_from_slice(&f.returns),
         }
     }
+    probes
 }
 
 /// Go 1.17 and later pass arguments in registers on amd64.
@@ -330,15 +349,74 @@ mod tests {
                 first_argument: buf,
                 second_argument_data: reader,
             }),
+            frame_result: None,
             returns: vec![jump + 1, jump + 2],
         }
+    }
+
+    /// The `ReadFrame` of the copy in package `package` (the bundle: `net/http`), with the
+    /// header in its result registers at the check `jump` (0: not).
+    fn read_frame(package: &str, jump: u64) -> Function {
+        let name = if package == "net/http" {
+            "net/http.(*http2Framer).ReadFrame".to_string()
+        } else {
+            format!("{package}.(*Framer).ReadFrame")
+        };
+        Function {
+            name,
+            frame_result: (jump != 0).then_some(jump),
+            call_check: None,
+            ..copy(0, 0, None)
+        }
+    }
+
+    #[test]
+    fn frames_read_from_the_result_registers_where_a_copys_read_frame_keeps_them() {
+        let both = |jump| copy(jump, GO_FRAME_BUF_SLOT, Some(GO_FRAME_READER_SLOT));
+        let xnet_header = Function {
+            name: "golang.org/x/net/http2.readFrameHeader".into(),
+            ..both(0x20)
+        };
+        // The bundle's ReadFrame keeps it, x/net's does not: one probe each, no go_tls_read.
+        let frames = [
+            &read_frame("net/http", 0x100),
+            &read_frame("golang.org/x/net/http2", 0),
+        ];
+        assert_eq!(
+            frame_probes(&[&both(0x10), &xnet_header], &frames),
+            FrameProbes {
+                results: vec![0x100],
+                conn_reads: vec![0x20],
+                ..FrameProbes::default()
+            }
+        );
+        // A ReadFrame of another copy is not this copy's.
+        assert_eq!(
+            frame_probes(&[&both(0x10)], &[&read_frame("golang.org/x/net/http2", 0x200)]),
+            FrameProbes {
+                conn_reads: vec![0x10],
+                ..FrameProbes::default()
+            }
+        );
+        // A copy with neither: every copy as before, the ReadFrame site unused.
+        let neither = Function {
+            name: "golang.org/x/net/http2.readFrameHeader".into(),
+            ..copy(0x20, GO_FRAME_BUF_SLOT, None)
+        };
+        assert_eq!(
+            frame_probes(&[&both(0x10), &neither], &frames),
+            FrameProbes {
+                reads: vec![0x10, 0x20],
+                ..FrameProbes::default()
+            }
+        );
     }
 
     #[test]
     fn frames_and_their_connection_in_one_probe_only_where_every_copy_allows_it() {
         let both = |jump| copy(jump, GO_FRAME_BUF_SLOT, Some(GO_FRAME_READER_SLOT));
         assert_eq!(
-            frame_probes(&[&both(0x10), &both(0x20)]),
+            frame_probes(&[&both(0x10), &both(0x20)], &[]),
             FrameProbes {
                 conn_reads: vec![0x10, 0x20],
                 ..FrameProbes::default()
@@ -347,7 +425,7 @@ mod tests {
         // One copy keeps its reader elsewhere: the buffer reads, and go_tls_read beside them.
         let elsewhere = copy(0x20, GO_FRAME_BUF_SLOT, Some(GO_FRAME_READER_SLOT + 8));
         assert_eq!(
-            frame_probes(&[&both(0x10), &elsewhere]),
+            frame_probes(&[&both(0x10), &elsewhere], &[]),
             FrameProbes {
                 reads: vec![0x10, 0x20],
                 ..FrameProbes::default()
@@ -356,18 +434,21 @@ mod tests {
         // One copy without the check, one without its reader kept, one with buf elsewhere.
         let buf_elsewhere = copy(0x30, GO_FRAME_BUF_SLOT + 8, Some(GO_FRAME_READER_SLOT));
         assert_eq!(
-            frame_probes(&[
-                &copy(0, 0, None),
-                &copy(0x20, GO_FRAME_BUF_SLOT, None),
-                &buf_elsewhere
-            ]),
+            frame_probes(
+                &[
+                    &copy(0, 0, None),
+                    &copy(0x20, GO_FRAME_BUF_SLOT, None),
+                    &buf_elsewhere
+                ],
+                &[]
+            ),
             FrameProbes {
                 reads: vec![0x20],
                 returns: vec![1, 2, 0x31, 0x32],
                 ..FrameProbes::default()
             }
         );
-        assert_eq!(frame_probes(&[]), FrameProbes::default());
+        assert_eq!(frame_probes(&[], &[]), FrameProbes::default());
     }
 
     #[test]

@@ -992,11 +992,12 @@ mod tests {
             write_header: vec![0x1000],
             tls_write: vec![0x2000],
             tls_read: vec![0x3000],
+            frame_results: vec![0x7000],
             frame_conn_reads: vec![0x6000],
             frame_header_reads: vec![0x5000],
             frame_header_returns: vec![0x4000, 0x4010, 0x4020],
         };
-        let n = 8;
+        let n = 9;
         let links = probes.attach_go(&file, &sites).expect("attach");
         assert_eq!(go_links(&mut probes), n);
         // Off (on their own thread, 60-85 ms each) and on again at once.

@@ -35,6 +35,9 @@ pub enum Role {
     WriteHeader,
     /// `readFrameHeader` of an HTTP/2 copy.
     ReadFrameHeader,
+    /// `(*Framer).ReadFrame` of an HTTP/2 copy: where the header its `readFrameHeader` call
+    /// returned may be read from the result registers (`frame_result`).
+    ReadFrame,
     /// Other code of an HTTP/2 client (its round trip), evidence that the binary has one.
     Client,
 }
@@ -48,7 +51,7 @@ pub fn role(name: &str) -> Option<Role> {
     }
     // A binary has ~100,000 names, which a process start races through: most are settled by
     // their tails.
-    if !(name.ends_with("Header") || name.ends_with("RoundTrip")) {
+    if !(name.ends_with("Header") || name.ends_with("RoundTrip") || name.ends_with("ReadFrame")) {
         return None;
     }
     let (package, rest) = split(name)?;
@@ -59,6 +62,8 @@ pub fn role(name: &str) -> Option<Role> {
         Some(Role::WriteHeader)
     } else if is("readFrameHeader", "http2readFrameHeader") {
         Some(Role::ReadFrameHeader)
+    } else if is("(*Framer).ReadFrame", "(*http2Framer).ReadFrame") {
+        Some(Role::ReadFrame)
     } else if is("(*ClientConn).RoundTrip", "(*http2ClientConn).RoundTrip")
         || is("(*Transport).RoundTrip", "(*http2Transport).RoundTrip")
     {
@@ -119,6 +124,11 @@ pub fn client(functions: &[Function]) -> Client<'_> {
     Client::Unrecognised { found }
 }
 
+/// Whether the functions named `a` and `b` belong to one copy of the client.
+pub fn same_copy(a: &str, b: &str) -> bool {
+    copy(a).is_some() && copy(a) == copy(b)
+}
+
 /// The copy `name` belongs to: its package, and whether it is the `http2`-prefixed bundle in it.
 fn copy(name: &str) -> Option<(&str, bool)> {
     let (package, _) = split(name)?;
@@ -147,6 +157,7 @@ mod tests {
             entry_offset: 0x1000,
             entry_probe_offset: 0x1004,
             call_check: None,
+            frame_result: None,
             returns: vec![0x10f0],
         }
     }
@@ -173,6 +184,9 @@ mod tests {
                 "example.com/app/vendor/golang.org/x/net/http2.readFrameHeader",
                 ReadFrameHeader,
             ),
+            ("net/http.(*http2Framer).ReadFrame", ReadFrame),
+            ("golang.org/x/net/http2.(*Framer).ReadFrame", ReadFrame),
+            ("net/http/internal/http2.(*Framer).ReadFrame", ReadFrame),
             ("net/http/internal/http2.(*ClientConn).RoundTrip", Client),
             ("net/http.(*http2Transport).RoundTrip", Client),
             ("crypto/tls.(*Conn).Write", TlsWrite),
@@ -192,6 +206,9 @@ mod tests {
             "readFrameHeader",
             "net/http/internal/http2.F[go.shape.*net/http2.readFrameHeader]",
             "crypto/tls.(*Conn).Writer",
+            "net/http/internal/http2.(*Framer).ReadFrameHeader",
+            "net/http.(*http2Framer).readFrame",
+            "example.com/app.(*Framer).ReadFrame",
         ] {
             assert_eq!(role(name), None, "{name}");
         }
