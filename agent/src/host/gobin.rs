@@ -207,6 +207,17 @@ fn read(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection, Proble
     })
 }
 
+/// Machine code from its hex (as `go tool objdump` prints it, spaces between instructions),
+/// for the disassembly tests.
+#[cfg(test)]
+fn code(hex: &str) -> Vec<u8> {
+    let hex: String = hex.split_whitespace().collect();
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
 #[cfg(test)]
 mod oracle;
 

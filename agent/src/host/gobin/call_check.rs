@@ -121,6 +121,7 @@ fn stack_store(instruction: &Instruction) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::gobin::code;
 
     /// Go 1.23's `net/http.http2readFrameHeader` up to its error check, as `go tool objdump`
     /// prints it.
@@ -134,14 +135,6 @@ mod tests {
         48897c2468 4889742470 48c744243400000000 48c744243800000000 0f1f8000000000 4883f909 \
         0f8205010000 4889442450 48895c2458 4889f3 4889ce 41b809000000 4889c1 4889f8 4c89c7 \
         e85252eaff 4885db 0f8593000000 488b4c2458";
-
-    fn code(hex: &str) -> Vec<u8> {
-        let hex: String = hex.split_whitespace().collect();
-        (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect()
-    }
 
     #[test]
     fn the_error_check_after_reading_the_header_and_where_buf_is() {

@@ -259,6 +259,7 @@ fn stack_store(instruction: &Instruction, depth: i64, frame: Option<i64>) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::gobin::code;
 
     /// Go 1.19's `net/http.(*http2Framer).ReadFrame` up to a few instructions past its error
     /// check, as `go tool objdump` prints it: the frame pointer saved inside the frame (`sub
@@ -306,14 +307,6 @@ mod tests {
 
     /// `test r8, r8`.
     const TEST_R8: [u8; 3] = [0x4d, 0x85, 0xc0];
-
-    fn code(hex: &str) -> Vec<u8> {
-        let hex: String = hex.split_whitespace().collect();
-        (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect()
-    }
 
     /// Where `pattern` is in `code`, when it is there once.
     fn at(code: &[u8], pattern: &[u8]) -> usize {
