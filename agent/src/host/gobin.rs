@@ -3,7 +3,9 @@
 //! RET in it, since Go code cannot take uretprobes (see [`returns`]), and the places where a
 //! probe costs the client least, on jumps the kernel emulates rather than single-steps: the
 //! stack check's jump for an entry probe (see [`prologue`]), the error check after the first
-//! call for a probe that reads that call's result (see [`call_check`]). Functions are found by
+//! call for a probe that reads that call's result (see [`call_check`]), and the error check
+//! after `ReadFrame`'s call of the frame-header read, with the header still in the result
+//! registers (see [`frame_result`]). Functions are found by
 //! name in `.gopclntab` (see [`pclntab`]), which the Go runtime needs and no strip removes
 //! (found by its header when an external linker merged it away, see [`table`]); the Go version
 //! comes from `.go.buildinfo` (see [`buildinfo`]). x86-64 ELF only; Go 1.16 and later
