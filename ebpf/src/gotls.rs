@@ -656,10 +656,11 @@ fn checked_reader(
 ) -> Option<(Reader, &'static mut Reader)> {
     let framer = user_u64(rbp + 16)?;
     match known {
-        Some(known) if known.conn == framer && known.sk == 0 => {
-            if count_of(&TLS_FOUND) == Some(known.data_sent_ns) {
-                return None;
-            }
+        // Leads nowhere, and no record was made since it was looked for.
+        Some(known)
+            if known.conn == framer && known.sk == 0 && count_of(&TLS_FOUND) == Some(known.data_sent_ns) =>
+        {
+            return None;
         }
         // SAFETY: copied out at once.
         Some(known) if known.conn == framer && unsafe { SEGMENTS.get(known.sk) }.is_some() => {
