@@ -14,7 +14,10 @@
 //! `test r8, r8`, `je` past the error's return). Go 1.27's `(*Framer).ReadFrameHeader` itself
 //! is not such a place: between its call of `readFrameHeader` and the test it reloads BL, CL
 //! and DIL from the stored header (`movzx ebx, byte [rsp+0x4c]`: `valid` in BL), for a check
-//! after the jump.
+//! after the jump. The agent gives [`find`] only the copy's `readFrameHeader` as callee
+//! (`host/gobin.rs`): a method in between, as go1.27's, might be called by more than
+//! `ReadFrame`, whose frames a probe in `ReadFrame` would not see, so go1.27's copy keeps the
+//! probe in `readFrameHeader` (`call_check`).
 //!
 //! The code is decoded in a straight line from the entry, following no jump, as
 //! [`call_check`](super::call_check) does. Whether an instruction writes a register is decided
