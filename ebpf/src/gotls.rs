@@ -78,6 +78,10 @@ const FRAMER_READER_DATA: u64 = 8;
 /// How long `go_frame_result` takes a goroutine's reader as known without reading the framer
 /// it reads: a check a second per read loop.
 const READER_CHECK_NS: u64 = 1_000_000_000;
+
+/// How long a `*tls.Conn`'s slot is trusted by the write probe without reading the connection's
+/// `net.Conn` data word again (see [`trusted_tls_conn`]).
+const TLS_CHECK_NS: u64 = 1_000_000_000;
 /// Where a `bufio.Reader` keeps the data word of the `io.Reader` it reads (`rd`, after `buf
 /// []byte` and `rd`'s type word): the same since Go 1.0.
 const BUFIO_RD_DATA: u64 = 32;
@@ -155,6 +159,10 @@ struct TlsConn {
     /// `SEGMENT_ENDS` when the socket was last found in `SEGMENTS`: while the count has not
     /// moved, no socket has left it since, and the socket is trusted without a lookup.
     ends_seen: u64,
+    /// When the write probe last read the `net.Conn` data word and found it `data` (ns): a
+    /// slot's connection is trusted without that read while `SEGMENT_ENDS` has not moved, for
+    /// at most `TLS_CHECK_NS` (see [`trusted_tls_conn`]).
+    checked_ns: u64,
 }
 
 /// One `*tls.Conn` record per process, keyed by the connection and direct-mapped by process
@@ -258,6 +266,7 @@ fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
         remaining: 0,
         in_step: 0,
         ends_seen: ends.unwrap_or(u64::MAX),
+        checked_ns: 0,
     };
     // Counted before the record is visible, never after: a reader that read the count, then
     // found no record, sees the count moved.
@@ -296,6 +305,27 @@ fn known_tls_conn(conn: u64, data: u64, tgid: u32, ends: Option<u64>) -> Option<
     // SAFETY: a map value, used by this call only (Go writes a conn under its lock).
     let known = unsafe { &mut *TLS_CONNS.get_ptr_mut(key)? };
     (known.data == data && still_watched(known, ends)).then_some(known)
+}
+
+/// The slot's record of the `*tls.Conn` at `conn` of the current process, trusted without a
+/// read of the client's memory: while no watched socket has closed since it was last checked
+/// (`SEGMENT_ENDS`) and for at most `TLS_CHECK_NS` after the write probe last read its data
+/// word. A `*tls.Conn`'s address holds another connection only after the garbage collector
+/// freed the first, whose socket was closed before (by `Close`, or the descriptor's
+/// finalizer), and the segment program moves `SEGMENT_ENDS` as a watched socket leaves
+/// ESTABLISHED: a record found for a watched socket is read again after any such close.
+#[inline(always)]
+fn trusted_tls_conn(conn: u64, now: u64) -> Option<&'static mut TlsConn> {
+    let tgid = tgid();
+    let ends = segment_ends()?;
+    let slot = TLS_SLOTS.get_ptr_mut(slot::index(u64::from(tgid)))?;
+    let held = slot::read(slot)?;
+    (held.key == conn
+        && held.tgid == tgid
+        && held.value.ends_seen == ends
+        && now.wrapping_sub(held.value.checked_ns) < TLS_CHECK_NS)
+        // SAFETY: as in `known_tls_conn`.
+        .then(|| unsafe { &mut (*slot).value })
 }
 
 /// Whether the socket of `known` is still one the segment program keeps: at once while no
@@ -871,8 +901,17 @@ pub fn go_tls_write(ctx: ProbeContext) -> u32 {
 fn try_go_tls_write(ctx: &ProbeContext) -> Option<()> {
     let r = regs(ctx);
     let (buf, len, goroutine) = (r.rbx, r.rcx, r.r14);
-    let data = user_u64(r.rax + 8)?;
-    let conn = tls_conn(r.rax, data)?;
+    // SAFETY: helper with no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let conn = match trusted_tls_conn(r.rax, now) {
+        Some(conn) => conn,
+        None => {
+            let data = user_u64(r.rax + 8)?;
+            let conn = tls_conn(r.rax, data)?;
+            conn.checked_ns = now;
+            conn
+        }
+    };
     let sk = conn.sk;
     let mut head = [0u8; 9];
     let mut at = match conn.in_step {
