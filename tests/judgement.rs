@@ -1039,6 +1039,85 @@ fn every_go_release_s_hung_watch_is_stuck_and_named() {
     drop(owners);
 }
 
+/// A Go client that stops its own watches (closes a watch's response body before the server
+/// ends it: the transport sends RST_STREAM, CANCEL, and keeps the connection) has each of them
+/// end in the agent when it resets it: listed while open, gone once cancelled, nothing left
+/// open, the client healthy. Its resets are seen by `go_reset_sent` where the binary writes
+/// them through `writeStreamReset` (every build here: the bundle of Go 1.19, x/net 0.7, Go
+/// 1.24's four-argument form, go1.27's internal copy); a watch whose reset went unseen would
+/// stay listed, and be called stuck once its deadline passed.
+#[test]
+fn a_go_clients_cancelled_watches_end_with_its_resets() {
+    init!();
+    const CANCELS: usize = 3;
+    let f = StreamFixture::start(&[], &["--watch-grace", "3s"]);
+    let (agent, dir, endpoint) = (&f.agent, &f.dir, &f.endpoint);
+    let owner = ContainerCgroup::new();
+    let running: Vec<(Watched, &str, std::path::PathBuf)> = [
+        "go-watch-1.19-exe",
+        "go-watch-1.23-xnet",
+        "go-watch-1.24-pie",
+        "go-watch-1.27-exe",
+    ]
+    .into_iter()
+    .map(|file| {
+        let trigger = dir.path().join(format!("{file}.cancel"));
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo $$ > \"$0/cgroup.procs\" && exec \"$@\""])
+            .arg(&owner.dir)
+            .arg(std::path::Path::new(GO_MATRIX).join(file))
+            .arg(format!("https://{endpoint}"))
+            .arg(&trigger)
+            .env("GO_WATCH_TOKEN", "secret-token-xyz")
+            .env("GO_WATCH_CANCEL", CANCELS.to_string());
+        (Watched::spawn(file, cmd), file, trigger)
+    })
+    .collect();
+    for (client, file, _) in &running {
+        client.wait_line(secs(20.0), "connected", |l| l.text == "connected");
+        f.followed(client.pid(), file);
+    }
+    let is_watch = |s: &Value| s["path"] == "/api/v1/nodes?watch=true&timeoutSeconds=3600";
+    for (client, file, trigger) in &running {
+        std::fs::write(trigger, "").expect("trigger");
+        // Each watch is listed while it is open (3 s: its HEADERS seen), and gone after its
+        // reset.
+        for i in 1..=CANCELS {
+            client.wait_line(secs(10.0), "open", |l| l.text == format!("open {i}"));
+            let id = wait_until(secs(2.5), &format!("{file}: watch {i} listed"), || {
+                let listed: Vec<Value> = streams_of(agent, client.pid())
+                    .into_iter()
+                    .filter(is_watch)
+                    .collect();
+                match &listed[..] {
+                    [watch] if watch["response_headers"] == true => Ok(watch["id"].clone()),
+                    _ => Err(listed),
+                }
+            });
+            // The next watch opens at once on the same connection, under another stream id.
+            client.wait_line(secs(5.0), "cancelled", |l| l.text == format!("cancelled {i}"));
+            wait_until(
+                secs(3.0),
+                &format!("{file}: watch {i} (stream {id}) gone after its reset"),
+                || {
+                    let streams = streams_of(agent, client.pid());
+                    if streams.iter().any(|s| s["id"] == id) {
+                        Err(streams)
+                    } else {
+                        Ok(())
+                    }
+                },
+            );
+        }
+        client.wait_line(secs(5.0), "done", |l| l.text == "done");
+        let c = find_pid(&agent.clients(), client.pid()).cloned().expect("listed");
+        assert_eq!(c["state"], "healthy", "{file}: {c}");
+        assert_eq!(c["streams"], Value::Array(vec![]), "{file}: {c}");
+    }
+    drop(running);
+    drop(owner);
+}
+
 /// `ll-apiserver` on a free port of 127.0.0.1, its certificates in `certs`, with `flags`.
 fn local_apiserver(certs: &TempDir, flags: &[&str]) -> ApiServer {
     ApiServer::start(

@@ -9,7 +9,9 @@
 //!   transport: the request's `:method` and `:path`, before HPACK. The name is compared in the
 //!   kernel and only those two values are ever copied out.
 //! - `go_tls_write`, at `crypto/tls.(*Conn).Write(b []byte)`: the frame headers in `b` (type,
-//!   flags, stream, length; never a payload), for watched sockets only.
+//!   flags, stream, length; never a payload), for watched sockets only; where every copy of the
+//!   client writes its requests and resets through the functions `gowrites.rs` probes, those
+//!   take its place.
 //! - `go_frame_result`, in `(*Framer).ReadFrame` where it tests the error of the header read
 //!   it called: the header of each frame the client read, in the result registers, and, from
 //!   the goroutine, which connection it came from (the framer kept on the stack, checked when
@@ -52,15 +54,15 @@ use crate::{
 
 /// HTTP/2 frame types (RFC 9113 §6).
 const DATA: u8 = 0;
-const HEADERS: u8 = 1;
-const RST_STREAM: u8 = 3;
+pub(crate) const HEADERS: u8 = 1;
+pub(crate) const RST_STREAM: u8 = 3;
 const GOAWAY: u8 = 7;
 const CONTINUATION: u8 = 9;
 /// Not frames: markers for userspace (`table/streams.rs` `frame::READING`, `LOST_PLACE`).
-const FRESH: u8 = 0xfd;
+pub(crate) const FRESH: u8 = 0xfd;
 const READING: u8 = 0xfe;
 const LOST_PLACE: u8 = 0xff;
-const END_STREAM: u8 = 1;
+pub(crate) const END_STREAM: u8 = 1;
 /// The client connection preface, before its first frame (RFC 9113 §3.4).
 const PREFACE: &[u8; 5] = b"PRI *";
 const PREFACE_LEN: u64 = 24;
@@ -81,7 +83,7 @@ const READER_CHECK_NS: u64 = 1_000_000_000;
 
 /// How long a `*tls.Conn`'s slot is trusted by the write probe without reading the connection's
 /// `net.Conn` data word again (see [`trusted_tls_conn`]).
-const TLS_CHECK_NS: u64 = 1_000_000_000;
+pub(crate) const TLS_CHECK_NS: u64 = 1_000_000_000;
 /// Where a `bufio.Reader` keeps the data word of the `io.Reader` it reads (`rd`, after `buf
 /// []byte` and `rd`'s type word): the same since Go 1.0.
 const BUFIO_RD_DATA: u64 = 32;
@@ -136,19 +138,38 @@ impl Sealed for Reader {
 /// connection to an endpoint) and the `net.Conn` data word is the one it was found under; a
 /// walk starts it afresh, out of step with the frames.
 #[map]
-static TLS_CONNS: LruHashMap<TlsConnKey, TlsConn> = LruHashMap::with_max_entries(16384, 0);
+static TLS_CONNS: LruHashMap<ConnKey, TlsConn> = LruHashMap::with_max_entries(16384, 0);
 
+/// A connection object of a client process (a `*tls.Conn`, a `*ClientConn`), by its address.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct TlsConnKey {
+pub(crate) struct ConnKey {
     conn: u64,
     tgid: u32,
     _pad: u32,
 }
 
+impl ConnKey {
+    #[inline(always)]
+    pub(crate) fn new(conn: u64, tgid: u32) -> Self {
+        ConnKey { conn, tgid, _pad: 0 }
+    }
+}
+
+/// A record of a connection whose socket the segment program keeps.
+pub(crate) trait Watched {
+    fn sk(&self) -> u64;
+}
+
+impl Watched for TlsConn {
+    fn sk(&self) -> u64 {
+        self.sk
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct TlsConn {
+pub(crate) struct TlsConn {
     /// The `net.Conn` interface's data word of the `tls.Conn` when its socket was found.
     data: u64,
     sk: u64,
@@ -252,7 +273,7 @@ fn tcp_conn_socket(tcp: u64) -> Option<u64> {
 /// its record if one is kept, else found by the walk from its first field (see
 /// [`walk_to_socket`]) and kept.
 #[inline(always)]
-fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
+pub(crate) fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
     let tgid = tgid();
     // Read before any lookup of SEGMENTS (see `forget_segments`).
     let ends = segment_ends();
@@ -272,13 +293,13 @@ fn tls_conn(conn: u64, data: u64) -> Option<&'static mut TlsConn> {
     // found no record, sees the count moved.
     count_up(&TLS_FOUND);
     if let Some(slot) = TLS_SLOTS.get_ptr_mut(slot::index(u64::from(tgid))) {
-        if tls_slot_free(slot, conn, tgid) {
+        if slot_free(slot, conn, tgid) {
             slot::fill(slot, conn, tgid, found);
             // SAFETY: as in `known_tls_conn`.
             return Some(unsafe { &mut (*slot).value });
         }
     }
-    let key = TlsConnKey { conn, tgid, _pad: 0 };
+    let key = ConnKey::new(conn, tgid);
     let _ = TLS_CONNS.insert(key, found, 0);
     // SAFETY: as in `known_tls_conn`.
     TLS_CONNS.get_ptr_mut(key).map(|known| unsafe { &mut *known })
@@ -301,7 +322,7 @@ fn known_tls_conn(conn: u64, data: u64, tgid: u32, ends: Option<u64>) -> Option<
             }
         }
     }
-    let key = TlsConnKey { conn, tgid, _pad: 0 };
+    let key = ConnKey::new(conn, tgid);
     // SAFETY: a map value, used by this call only (Go writes a conn under its lock).
     let known = unsafe { &mut *TLS_CONNS.get_ptr_mut(key)? };
     (known.data == data && still_watched(known, ends)).then_some(known)
@@ -344,10 +365,10 @@ fn still_watched(known: &mut TlsConn, ends: Option<u64>) -> bool {
 }
 
 /// Whether `slot` may take the connection `conn` of `tgid`: it is empty or torn, holds that
-/// connection already (found again: another `tls.Conn` at its address), or its holder's socket
-/// has left `SEGMENTS` (closed, as when its process exited).
+/// connection already (found again: another one at its address), or its holder's socket has
+/// left `SEGMENTS` (closed, as when its process exited).
 #[inline(always)]
-fn tls_slot_free(slot: *mut Slot<TlsConn>, conn: u64, tgid: u32) -> bool {
+pub(crate) fn slot_free<T: Sealed + Watched>(slot: *mut Slot<T>, conn: u64, tgid: u32) -> bool {
     let Some(held) = slot::read(slot) else {
         return true;
     };
@@ -355,7 +376,7 @@ fn tls_slot_free(slot: *mut Slot<TlsConn>, conn: u64, tgid: u32) -> bool {
         return true;
     }
     // SAFETY: copied out at once.
-    unsafe { SEGMENTS.get(held.value.sk) }.is_none()
+    unsafe { SEGMENTS.get(held.value.sk()) }.is_none()
 }
 
 /// The watched socket under a `tls.Conn`'s `net.Conn` data word `data` (see [`tls_conn`]).
@@ -405,7 +426,7 @@ fn plausible(length: u32, frame_type: u8, stream_id: u32) -> bool {
 /// A frame record's type, flags, direction and stream, in one word for [`send_frame`] (a
 /// function of its own takes at most five arguments).
 #[inline(always)]
-fn frame_word(frame_type: u8, flags: u8, stream_id: u32, dir: u8) -> u64 {
+pub(crate) fn frame_word(frame_type: u8, flags: u8, stream_id: u32, dir: u8) -> u64 {
     u64::from(frame_type) | u64::from(flags) << 8 | u64::from(dir) << 16 | u64::from(stream_id) << 32
 }
 
@@ -414,7 +435,7 @@ fn frame_word(frame_type: u8, flags: u8, stream_id: u32, dir: u8) -> u64 {
 /// call (a frame of a known connection, coalesced) touches is its own few instructions, not
 /// the copies of this one inlined around them.
 #[inline(never)]
-fn send_frame(sk: u64, goroutine: u64, word: u64, length: u32) {
+pub(crate) fn send_frame(sk: u64, goroutine: u64, word: u64, length: u32) {
     let (frame_type, flags, dir, stream_id) = (
         word as u8,
         (word >> 8) as u8,

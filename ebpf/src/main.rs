@@ -118,6 +118,7 @@ static STREAM_BUDGET_PER_SECOND: u32 = STREAM_BUDGET;
 
 mod exec;
 mod gotls;
+mod gowrites;
 mod openssl;
 mod slot;
 

@@ -5,7 +5,8 @@
 //! stack check's jump for an entry probe (see [`prologue`]), the error check after the first
 //! call for a probe that reads that call's result (see [`call_check`]), and the error check
 //! after `ReadFrame`'s call of the frame-header read, with the header still in the result
-//! registers (see [`frame_result`]). Functions are found by
+//! registers (see [`frame_result`]); and whom a function calls directly (see [`calls`]).
+//! Functions are found by
 //! name in `.gopclntab` (see [`pclntab`]), which the Go runtime needs and no strip removes
 //! (found by its header when an external linker merged it away, see [`table`]); the Go version
 //! comes from `.go.buildinfo` (see [`buildinfo`]). x86-64 ELF only; Go 1.16 and later
@@ -30,6 +31,7 @@
 //! informer 2.4–5.4 ms (4.0–7.7 before).
 pub mod buildinfo;
 pub mod call_check;
+pub mod calls;
 pub mod frame_result;
 pub mod http2;
 pub mod image;
@@ -74,6 +76,9 @@ pub struct Function {
     /// copy's `readFrameHeader`, where the header is in the result registers and the framer
     /// at RBP+16, the jump as a file offset (see [`frame_result`]).
     pub frame_result: Option<u64>,
+    /// `transportResponseBody.Close` of an HTTP/2 copy only: the functions it calls directly,
+    /// by entry (see [`calls`]).
+    pub calls: Vec<u64>,
     /// The file offset of each RET instruction, in address order (never empty).
     pub returns: Vec<u64>,
 }
@@ -192,6 +197,11 @@ fn read(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection, Proble
         } else {
             None
         };
+        let calls = if http2::role(&name) == Some(http2::Role::BodyClose) {
+            calls::direct(&code, entry)
+        } else {
+            Vec::new()
+        };
         functions.push(Function {
             name,
             entry,
@@ -200,6 +210,7 @@ fn read(path: &Path, wanted: &dyn Fn(&str) -> bool) -> Result<Inspection, Proble
             entry_probe_offset,
             call_check,
             frame_result,
+            calls,
             returns,
         });
     }
@@ -592,6 +603,62 @@ mod tests {
             for f in found.functions.iter().filter(|f| f.name.ends_with("ReadFrame")) {
                 assert!(f.frame_result.is_some(), "{path}: {}: no frame result", f.name);
             }
+        }
+    }
+
+    /// How many copies of the client `path` has, and how many write probes [`http2::writes`]
+    /// gives them (None: the written frames are read from TLS).
+    fn writes_of(path: &str) -> (usize, Option<(usize, usize)>) {
+        let found = inspect(Path::new(path), &|name| http2::role(name).is_some())
+            .unwrap_or_else(|e| panic!("{e} (run `cargo xtask setup` to build the clients)"));
+        let http2::Client::Recognised { write_header, .. } = http2::client(&found.functions) else {
+            panic!("{path}: {:?}", http2::client(&found.functions));
+        };
+        let writes = http2::writes(&found.functions, &write_header);
+        (
+            write_header.len(),
+            writes.map(|w| (w.headers.len(), w.resets.len())),
+        )
+    }
+
+    /// Whose requests and resets are read from registers: every client of the Go matrix
+    /// (go1.19 to go1.27: executable, PIE, x/net), kubectl 1.32 and 1.36, the informer; not
+    /// Kubernetes 1.20's components nor its kubectl, whose x/net of 2020 resets the stream of a
+    /// closed response body (a stopped watch) itself.
+    #[test]
+    #[ignore = "root tier: reads the binaries that `cargo xtask setup` builds"]
+    fn the_writes_come_from_registers_where_every_reset_goes_through_one_function() {
+        const K8S_BIN: &str = "/var/tmp/lifeline-k8s/v1.20.2/bin";
+        for binary in [
+            "kubelet",
+            "kube-controller-manager",
+            "kube-proxy",
+            "kube-scheduler",
+        ] {
+            let path = format!("{K8S_BIN}/{binary}");
+            let (copies, writes) = writes_of(&path);
+            assert_eq!((copies, writes), (2, None), "{path}");
+        }
+        assert_eq!(writes_of("/opt/lifeline-kubectl-1.20/usr/bin/kubectl").1, None);
+        let clients = "/var/tmp/lifeline-go/clients";
+        let manifest = std::fs::read_to_string(format!("{clients}/MANIFEST")).expect("the Go matrix");
+        let mut modern: Vec<String> = manifest
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .map(|file| format!("{clients}/{file}"))
+            .collect();
+        assert!(modern.len() >= 24, "{manifest}");
+        modern.extend(
+            [
+                "/usr/lib/google-cloud-sdk/bin/kubectl.1.32",
+                "/var/tmp/lifeline-kubectl-1.36/usr/bin/kubectl",
+                "/var/tmp/lifeline-go/informer/ll-informer",
+            ]
+            .map(String::from),
+        );
+        for path in &modern {
+            let (copies, writes) = writes_of(path);
+            assert_eq!(writes, Some((copies, copies)), "{path}");
         }
     }
 }

@@ -20,8 +20,12 @@ pub const FRAME_HEADER: &str = "go_frame_header";
 pub const FRAME_READ: &str = "go_frame_read";
 pub const FRAME_CONN: &str = "go_frame_conn";
 pub const FRAME_RESULT: &str = "go_frame_result";
-pub const PROGRAMS: [&str; 7] = [
+pub const HEADERS_SENT: &str = "go_headers_sent";
+pub const RESET_SENT: &str = "go_reset_sent";
+pub const PROGRAMS: [&str; 9] = [
     WRITE_HEADER,
+    HEADERS_SENT,
+    RESET_SENT,
     TLS_WRITE,
     TLS_READ,
     FRAME_HEADER,
@@ -35,7 +39,13 @@ pub const PROGRAMS: [&str; 7] = [
 pub struct Sites {
     /// Entries of `(*ClientConn).writeHeader` (Go's bundled HTTP/2 and `x/net/http2`).
     pub write_header: Vec<u64>,
-    /// Entry of `crypto/tls.(*Conn).Write`.
+    /// Entries of `(*ClientConn).writeHeaders` and `(*ClientConn).writeStreamReset` of every
+    /// copy, where each copy writes every request's HEADERS and every RST_STREAM through them
+    /// (`host::gobin::http2::writes`): the written frames the judgement needs, from registers.
+    pub headers_sent: Vec<u64>,
+    pub resets_sent: Vec<u64>,
+    /// Entry of `crypto/tls.(*Conn).Write`, unless `headers_sent` and `resets_sent` are the
+    /// write probes: the frame headers read from what it is given.
     pub tls_write: Vec<u64>,
     /// Entry of `crypto/tls.(*Conn).Read`, unless `frame_results` and `frame_conn_reads` are
     /// the frame probes.
@@ -61,9 +71,10 @@ impl Sites {
     /// are attached one by one, and a stream is judged once its connection's reads are
     /// followed (`READING`, `FRESH`) and its request was named: so the probes that see its
     /// end (`FRAME_RESULT`, `FRAME_CONN`, `FRAME_READ`, `FRAME_HEADER`) and name it
-    /// (`WRITE_HEADER`) come first, the ones that start the evidence (`TLS_READ`, then
-    /// `TLS_WRITE`, which also says `FRESH`) last. (`FRAME_RESULT` and `FRAME_CONN` say
-    /// `READING` too, but only of a connection whose record `TLS_WRITE` made.)
+    /// (`WRITE_HEADER`), and `RESET_SENT`, which ends streams too, come first, the ones that
+    /// start the evidence (`TLS_READ`, then `HEADERS_SENT` or `TLS_WRITE`, which also say
+    /// `FRESH`) last. (`FRAME_RESULT` and `FRAME_CONN` say `READING` too, but only of a
+    /// connection whose record `HEADERS_SENT` or `TLS_WRITE` made.)
     /// The other way round, a request sent between the last two attachments had its response
     /// unseen and was called stuck (CI, kube-controller-manager probed during its start-up).
     fn each(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
@@ -73,7 +84,9 @@ impl Sites {
             (FRAME_READ, &self.frame_header_reads),
             (FRAME_HEADER, &self.frame_header_returns),
             (WRITE_HEADER, &self.write_header),
+            (RESET_SENT, &self.resets_sent),
             (TLS_READ, &self.tls_read),
+            (HEADERS_SENT, &self.headers_sent),
             (TLS_WRITE, &self.tls_write),
         ]
         .into_iter()
@@ -120,6 +133,8 @@ mod tests {
     fn the_probes_that_see_responses_are_attached_before_the_ones_that_start_evidence() {
         let sites = Sites {
             write_header: vec![1, 2],
+            headers_sent: vec![11],
+            resets_sent: vec![12],
             tls_write: vec![3],
             tls_read: vec![4],
             frame_results: vec![10],
@@ -139,7 +154,9 @@ mod tests {
                 (FRAME_HEADER, 7),
                 (WRITE_HEADER, 1),
                 (WRITE_HEADER, 2),
+                (RESET_SENT, 12),
                 (TLS_READ, 4),
+                (HEADERS_SENT, 11),
                 (TLS_WRITE, 3),
             ]
         );

@@ -193,9 +193,17 @@ fn trace(
                 .filter(|f| http2::role(&f.name) == Some(Role::ReadFrame))
                 .collect();
             let frames = frame_probes(&read_frame_header, &read_frame);
+            let entries = |functions: &[&gobin::Function]| -> Vec<u64> {
+                functions.iter().map(|f| f.entry_probe_offset).collect()
+            };
+            // The requests and resets from the registers where every copy writes them
+            // through the functions probed; else the frame headers in what TLS is given.
+            let writes = http2::writes(&inspection.functions, &write_header);
             Sites {
-                write_header: write_header.iter().map(|f| f.entry_probe_offset).collect(),
-                tls_write,
+                write_header: entries(&write_header),
+                headers_sent: writes.as_ref().map(|w| entries(&w.headers)).unwrap_or_default(),
+                resets_sent: writes.as_ref().map(|w| entries(&w.resets)).unwrap_or_default(),
+                tls_write: if writes.is_some() { Vec::new() } else { tls_write },
                 // Which connection a frame came from is known from the frame probe itself, or
                 // from the goroutine's last read.
                 tls_read: if frames.results.is_empty() && frames.conn_reads.is_empty() {
@@ -244,6 +252,7 @@ fn trace(
                 held_threads,
                 held_ms,
                 tls_reads_probed = !sites.tls_read.is_empty(),
+                tls_writes_probed = !sites.tls_write.is_empty(),
                 frame_results = sites.frame_results.len(),
                 "following this Go client's HTTP/2 streams"
             );
@@ -350,6 +359,7 @@ mod tests {
                 second_argument_data: reader,
             }),
             frame_result: None,
+            calls: vec![],
             returns: vec![jump + 1, jump + 2],
         }
     }

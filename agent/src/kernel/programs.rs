@@ -990,6 +990,8 @@ mod tests {
         std::fs::write(&file, vec![0x90u8; 64 << 10]).expect("the file");
         let sites = Sites {
             write_header: vec![0x1000],
+            headers_sent: vec![0x8000],
+            resets_sent: vec![0x9000],
             tls_write: vec![0x2000],
             tls_read: vec![0x3000],
             frame_results: vec![0x7000],
@@ -997,7 +999,7 @@ mod tests {
             frame_header_reads: vec![0x5000],
             frame_header_returns: vec![0x4000, 0x4010, 0x4020],
         };
-        let n = 9;
+        let n = 11;
         let links = probes.attach_go(&file, &sites).expect("attach");
         assert_eq!(go_links(&mut probes), n);
         // Off (on their own thread, 60-85 ms each) and on again at once.

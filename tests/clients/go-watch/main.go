@@ -18,7 +18,14 @@
 // each request that waits while all are full, and closes the extras: a connect storm), and
 // prints how many have their response headers each second (`open N`).
 //
-//	GO_WATCH_TOKEN=... [GO_WATCH_FLOOD=N | GO_WATCH_STREAMS=N] go-watch https://HOST:PORT TRIGGER-FILE
+// With `GO_WATCH_CANCEL=N` it stops its own watches: over one HTTP/2 connection (made at once
+// with a `GET /version`, `connected`), once the trigger file exists, it opens a watch of nodes
+// N times (`open I` once its response headers came) and closes each response body 3 s later
+// (`GO_WATCH_HOLD_MS`), before the server ends it (`cancelled I`): the transport resets the
+// stream (RST_STREAM, CANCEL) and keeps the connection. Then it prints `done` and stays,
+// connected and idle.
+//
+//	GO_WATCH_TOKEN=... [GO_WATCH_FLOOD=N | GO_WATCH_STREAMS=N | GO_WATCH_CANCEL=N [GO_WATCH_HOLD_MS=MS]] go-watch https://HOST:PORT TRIGGER-FILE
 package main
 
 import (
@@ -55,20 +62,49 @@ func main() {
 	if n, err := strconv.Atoi(os.Getenv("GO_WATCH_STREAMS")); err == nil && n > 0 {
 		streams(newClient(), server, token, n)
 	}
+	if n, err := strconv.Atoi(os.Getenv("GO_WATCH_CANCEL")); err == nil && n > 0 {
+		hold := 3 * time.Second
+		if ms, err := strconv.Atoi(os.Getenv("GO_WATCH_HOLD_MS")); err == nil && ms > 0 {
+			hold = time.Duration(ms) * time.Millisecond
+		}
+		cancelling(newClient(), server, token, trigger, n, hold)
+	}
 	go func() {
 		nodes := newClient()
 		for {
 			watch(nodes, "/api/v1/nodes?watch=true&timeoutSeconds=60")
 		}
 	}()
+	waitFor(trigger)
+	fmt.Println("watching pods")
+	watch(newClient(), "/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=3&labelSelector=app%3Dsecret-selector-xyz")
+	select {}
+}
+
+// waitFor returns once the file `trigger` exists.
+func waitFor(trigger string) {
 	for {
 		if _, err := os.Stat(trigger); err == nil {
-			break
+			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	fmt.Println("watching pods")
-	watch(newClient(), "/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=3&labelSelector=app%3Dsecret-selector-xyz")
+}
+
+func cancelling(client *http.Client, server, token, trigger string, n int, hold time.Duration) {
+	resp := get(client, server, token, "/version")
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	fmt.Println("connected")
+	waitFor(trigger)
+	for i := 1; i <= n; i++ {
+		resp := get(client, server, token, "/api/v1/nodes?watch=true&timeoutSeconds=3600")
+		fmt.Println("open", i)
+		time.Sleep(hold)
+		resp.Body.Close()
+		fmt.Println("cancelled", i)
+	}
+	fmt.Println("done")
 	select {}
 }
 

@@ -38,6 +38,17 @@ pub enum Role {
     /// `(*Framer).ReadFrame` of an HTTP/2 copy: where the header its `readFrameHeader` call
     /// returned may be read from the result registers (`frame_result`).
     ReadFrame,
+    /// `(*ClientConn).writeHeaders(streamID uint32, endStream bool, maxFrameSize int, hdrs
+    /// []byte)`: every request's HEADERS (and trailers') of a copy.
+    WriteHeaders,
+    /// `(*ClientConn).writeStreamReset(streamID uint32, code ErrCode, ...)`: the client's
+    /// RST_STREAM, where it is the only writer (see [`writes`]).
+    StreamReset,
+    /// `(*Framer).WriteRSTStream`: a copy's RST_STREAM written, by client or server.
+    FramerReset,
+    /// `transportResponseBody.Close`: where an older copy (x/net of 2020, in Kubernetes 1.20)
+    /// writes a RST_STREAM of its own when a response body is closed early (a watch stopped).
+    BodyClose,
     /// Other code of an HTTP/2 client (its round trip), evidence that the binary has one.
     Client,
 }
@@ -51,7 +62,18 @@ pub fn role(name: &str) -> Option<Role> {
     }
     // A binary has ~100,000 names, which a process start races through: most are settled by
     // their tails.
-    if !(name.ends_with("Header") || name.ends_with("RoundTrip") || name.ends_with("ReadFrame")) {
+    if ![
+        "Header",
+        "Headers",
+        "RoundTrip",
+        "ReadFrame",
+        "Reset",
+        "RSTStream",
+        "Close",
+    ]
+    .iter()
+    .any(|tail| name.ends_with(tail))
+    {
         return None;
     }
     let (package, rest) = split(name)?;
@@ -64,6 +86,17 @@ pub fn role(name: &str) -> Option<Role> {
         Some(Role::ReadFrameHeader)
     } else if is("(*Framer).ReadFrame", "(*http2Framer).ReadFrame") {
         Some(Role::ReadFrame)
+    } else if is("(*ClientConn).writeHeaders", "(*http2ClientConn).writeHeaders") {
+        Some(Role::WriteHeaders)
+    } else if is(
+        "(*ClientConn).writeStreamReset",
+        "(*http2ClientConn).writeStreamReset",
+    ) {
+        Some(Role::StreamReset)
+    } else if is("(*Framer).WriteRSTStream", "(*http2Framer).WriteRSTStream") {
+        Some(Role::FramerReset)
+    } else if is("transportResponseBody.Close", "http2transportResponseBody.Close") {
+        Some(Role::BodyClose)
     } else if is("(*ClientConn).RoundTrip", "(*http2ClientConn).RoundTrip")
         || is("(*Transport).RoundTrip", "(*http2Transport).RoundTrip")
     {
@@ -124,6 +157,43 @@ pub fn client(functions: &[Function]) -> Client<'_> {
     Client::Unrecognised { found }
 }
 
+/// Where a client's writes that the judgement needs are taken from the registers: each probed
+/// copy's `writeHeaders` and `writeStreamReset` entries.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Writes<'a> {
+    pub headers: Vec<&'a Function>,
+    pub resets: Vec<&'a Function>,
+}
+
+/// The [`Writes`] of the probed copies `write_header` (one function of each) among
+/// `functions`, if every one of them sends each request's HEADERS through its `writeHeaders`
+/// and each RST_STREAM through its `writeStreamReset` (read in Go 1.19–1.27's and x/net
+/// 0.7–0.62's transports: `writeStreamReset` is the only client caller of `WriteRSTStream`
+/// there). A copy whose `transportResponseBody.Close` calls its `WriteRSTStream` itself (x/net
+/// of 2020), or one where any of the four functions is missing, would have resets go unseen:
+/// None, and the written frames are read from `crypto/tls.(*Conn).Write` as before.
+pub fn writes<'a>(functions: &'a [Function], write_header: &[&Function]) -> Option<Writes<'a>> {
+    let in_copy = |of: &Function, wanted: Role| {
+        functions
+            .iter()
+            .find(|f| role(&f.name) == Some(wanted) && same_copy(&f.name, &of.name))
+    };
+    let mut writes = Writes {
+        headers: Vec::new(),
+        resets: Vec::new(),
+    };
+    for copy in write_header {
+        let framer_reset = in_copy(copy, Role::FramerReset)?;
+        let close = in_copy(copy, Role::BodyClose)?;
+        if close.calls.contains(&framer_reset.entry) {
+            return None;
+        }
+        writes.headers.push(in_copy(copy, Role::WriteHeaders)?);
+        writes.resets.push(in_copy(copy, Role::StreamReset)?);
+    }
+    (!writes.headers.is_empty()).then_some(writes)
+}
+
 /// Whether the functions named `a` and `b` belong to one copy of the client.
 pub fn same_copy(a: &str, b: &str) -> bool {
     copy(a).is_some() && copy(a) == copy(b)
@@ -158,6 +228,7 @@ mod tests {
             entry_probe_offset: 0x1004,
             call_check: None,
             frame_result: None,
+            calls: vec![],
             returns: vec![0x10f0],
         }
     }
@@ -187,6 +258,20 @@ mod tests {
             ("net/http.(*http2Framer).ReadFrame", ReadFrame),
             ("golang.org/x/net/http2.(*Framer).ReadFrame", ReadFrame),
             ("net/http/internal/http2.(*Framer).ReadFrame", ReadFrame),
+            ("net/http.(*http2ClientConn).writeHeaders", WriteHeaders),
+            ("golang.org/x/net/http2.(*ClientConn).writeHeaders", WriteHeaders),
+            (
+                "net/http/internal/http2.(*ClientConn).writeStreamReset",
+                StreamReset,
+            ),
+            ("net/http.(*http2ClientConn).writeStreamReset", StreamReset),
+            ("net/http.(*http2Framer).WriteRSTStream", FramerReset),
+            (
+                "k8s.io/kubernetes/vendor/golang.org/x/net/http2.(*Framer).WriteRSTStream",
+                FramerReset,
+            ),
+            ("net/http.http2transportResponseBody.Close", BodyClose),
+            ("golang.org/x/net/http2.transportResponseBody.Close", BodyClose),
             ("net/http/internal/http2.(*ClientConn).RoundTrip", Client),
             ("net/http.(*http2Transport).RoundTrip", Client),
             ("crypto/tls.(*Conn).Write", TlsWrite),
@@ -195,7 +280,9 @@ mod tests {
             assert_eq!(role(name), Some(expected), "{name}");
         }
         for name in [
-            "net/http.(*http2ClientConn).writeHeaders",
+            "net/http.(*http2serverConn).writeHeaders",
+            "golang.org/x/net/http2.(*transportResponseBody).Close",
+            "net/http.(*http2ClientConn).Close",
             "net/http/internal/http2.(*responseWriterState).writeHeader",
             "net/http.(*ClientConn).writeHeader",
             "golang.org/x/net/http2/hpack.(*Encoder).WriteField",
@@ -260,6 +347,81 @@ mod tests {
             panic!("{:?}", client(&k8s));
         };
         assert_eq!((write_header.len(), read_frame_header.len()), (2, 2));
+    }
+
+    /// A copy with the four functions, its `transportResponseBody.Close` calling `close_calls`.
+    fn copy_with_writes(package: &str, entry: u64, close_calls: Vec<u64>) -> Vec<Function> {
+        let at = |name: &str, entry: u64| Function {
+            entry,
+            ..function(&format!("{package}.{name}"))
+        };
+        vec![
+            at("(*ClientConn).writeHeader", entry),
+            at("(*ClientConn).writeHeaders", entry + 0x100),
+            at("(*ClientConn).writeStreamReset", entry + 0x200),
+            at("(*Framer).WriteRSTStream", entry + 0x300),
+            Function {
+                calls: close_calls,
+                ..at("transportResponseBody.Close", entry + 0x400)
+            },
+        ]
+    }
+
+    #[test]
+    fn the_writes_come_from_registers_only_where_every_copy_resets_through_one_function() {
+        let modern = copy_with_writes("golang.org/x/net/http2", 0x10000, vec![0x10200]);
+        let bundle: Vec<Function> = copy_with_writes("net/http", 0x20000, vec![0x20200])
+            .into_iter()
+            .map(|f| Function {
+                name: f.name.replace("net/http.(*", "net/http.(*http2").replace(
+                    "net/http.transportResponseBody",
+                    "net/http.http2transportResponseBody",
+                ),
+                ..f
+            })
+            .collect();
+        let both: Vec<Function> = modern.iter().chain(&bundle).cloned().collect();
+        let write_header: Vec<&Function> = both
+            .iter()
+            .filter(|f| role(&f.name) == Some(Role::WriteHeader))
+            .collect();
+        assert_eq!(write_header.len(), 2);
+        let writes = writes(&both, &write_header).expect("both copies write through the two");
+        assert_eq!(
+            (names(&writes.headers), names(&writes.resets)),
+            (
+                vec![
+                    "golang.org/x/net/http2.(*ClientConn).writeHeaders".to_string(),
+                    "net/http.(*http2ClientConn).writeHeaders".to_string()
+                ],
+                vec![
+                    "golang.org/x/net/http2.(*ClientConn).writeStreamReset".to_string(),
+                    "net/http.(*http2ClientConn).writeStreamReset".to_string()
+                ]
+            )
+        );
+        // x/net of 2020: a closed body resets its stream itself, in one of the two copies.
+        let mut old = both.clone();
+        old[4].calls.push(0x10300);
+        assert_eq!(writes_of(&old), None);
+        // The other copy's WriteRSTStream called is not this copy's own.
+        let mut crossed = both.clone();
+        crossed[4].calls.push(0x20300);
+        assert!(writes_of(&crossed).is_some());
+        // Any of the four missing in a copy: not known to be complete.
+        for missing in 1..5 {
+            let mut short = both.clone();
+            short.remove(missing);
+            assert_eq!(writes_of(&short), None, "without {}", both[missing].name);
+        }
+    }
+
+    fn writes_of(functions: &[Function]) -> Option<(usize, usize)> {
+        let write_header: Vec<&Function> = functions
+            .iter()
+            .filter(|f| role(&f.name) == Some(Role::WriteHeader))
+            .collect();
+        writes(functions, &write_header).map(|w| (w.headers.len(), w.resets.len()))
     }
 
     #[test]
