@@ -22,7 +22,9 @@
 //! 5. **What a uprobe hit costs** (`bench/traps.rs`), by the instruction it replaces: emulated
 //!    or single-stepped. **Go clients' streams** (`bench/streams.rs`): the Go-client uprobes'
 //!    cost in the kernel, in the agent and to the client, against the connection-only agent,
-//!    and nothing for a process that runs no probed binary. **A process that is no client**
+//!    and nothing for a process that runs no probed binary. **Go clients' own writes**
+//!    (`bench/writes.rs`): the write probes per call, on clients that write what a controller
+//!    writes (requests and their resets). **A process that is no client**
 //!    (`bench/libssl.rs`), hammering TLS through a followed client's libssl: its rate, and the
 //!    probes' runs.
 //! 6. **Connect storm.** One process connecting to a refusing endpoint as fast as it can for
@@ -53,6 +55,7 @@ mod neighbours;
 mod segments;
 mod streams;
 mod traps;
+mod writes;
 
 /// Seconds of churn per observer and round.
 const CHURN_SECONDS: u64 = 5;
@@ -524,13 +527,14 @@ fn machine() -> String {
 
 pub fn bench(only: &[String]) -> Result {
     crate::require_root("the benchmark")?;
-    const SECTIONS: [&str; 12] = [
+    const SECTIONS: [&str; 13] = [
         "churn",
         "segments",
         "tracked",
         "busy",
         "traps",
         "streams",
+        "writes",
         "libssl",
         "controller",
         "burst",
@@ -584,6 +588,9 @@ pub fn bench(only: &[String]) -> Result {
     }
     if chosen("streams") {
         streams::streams_section(&bins, &mut report)?;
+    }
+    if chosen("writes") {
+        writes::writes_section(&bins, &mut report)?;
     }
     if chosen("libssl") {
         libssl::libssl_section(&bins, &mut report)?;

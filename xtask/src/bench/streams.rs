@@ -137,9 +137,9 @@ impl Observer {
 }
 
 /// One client's watch, its output lines (one per event) counted.
-struct Watch {
-    child: Child,
-    lines: Arc<AtomicU64>,
+pub(super) struct Watch {
+    pub(super) child: Child,
+    pub(super) lines: Arc<AtomicU64>,
 }
 
 impl Watch {
@@ -153,6 +153,11 @@ impl Watch {
                 .args(["get", "pods", "-w"]),
             ClientKind::Informer => command.arg("--pods").arg("--kubeconfig").arg(&fixture.kubeconfig),
         };
+        Watch::spawn(command, binary)
+    }
+
+    /// Starts `command`, which runs `binary`, its output lines counted.
+    pub(super) fn spawn(mut command: std::process::Command, binary: &Path) -> Result<Watch> {
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -208,15 +213,15 @@ fn copy_binary(client: &Client, dir: &Path) -> Result<PathBuf> {
 }
 
 /// A fixture apiserver in the lab: its port, and a kubeconfig for it.
-struct Fixture {
-    port: u16,
+pub(super) struct Fixture {
+    pub(super) port: u16,
     kubeconfig: PathBuf,
 }
 
 impl Fixture {
     /// Starts one on 127.0.0.1:`port` with its certificates and kubeconfig in `dir`, changing
     /// a pod every EVENT_INTERVAL.
-    fn start(lab: &mut Lab, port: u16, dir: &Path) -> Result<Fixture> {
+    pub(super) fn start(lab: &mut Lab, port: u16, dir: &Path) -> Result<Fixture> {
         fs::create_dir_all(dir).map_err(|e| Failed(format!("{}: {e}", dir.display())))?;
         let listen = format!("127.0.0.1:{port}");
         let mut server = lab.in_ns(workspace().join("target/debug/ll-apiserver"));
