@@ -47,9 +47,9 @@ use lifeline_common::{
 };
 
 use crate::{
-    bump, count_of, count_up, counter, lost, segment_ends,
+    bump, count_of, count_up, counter, lazy_wakeup, lost, segment_ends,
     slot::{self, Sealed, Slot},
-    stream_budget, EVENTS, OFFSETS, SEGMENTS, URGENT_WAKEUP,
+    stream_budget, EVENTS, OFFSETS, SEGMENTS,
 };
 
 /// HTTP/2 frame types (RFC 9113 §6).
@@ -465,7 +465,7 @@ pub(crate) fn send_frame(sk: u64, goroutine: u64, word: u64, length: u32) {
         protocol: protocol::HTTP2,
         _pad: [0; 4],
     });
-    entry.submit(URGENT_WAKEUP);
+    entry.submit(lazy_wakeup());
     bump(counter::SENT);
 }
 
@@ -522,7 +522,7 @@ fn try_go_write_header(ctx: &ProbeContext) -> Option<()> {
             (*event).value_len = 0;
         }
     }
-    entry.submit(URGENT_WAKEUP);
+    entry.submit(lazy_wakeup());
     bump(counter::SENT);
     Some(())
 }

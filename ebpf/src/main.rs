@@ -222,15 +222,15 @@ pub(crate) fn count_of(counter: &Array<u64>) -> Option<u64> {
         .map(|count| unsafe { core::ptr::read_volatile(count) })
 }
 
-/// Submit flags for a segment record, which nothing waits for: no wakeup, since the pump
-/// drains the ring at least every `DRAIN_EVERY` (agent's `app/pump.rs`) and a wakeup costs an
-/// interrupt and a context switch, more than the rest of the program and the record's handling
-/// together; unless the ring is a quarter full, where waiting could lose records.
+/// Submit flags for a segment or stream record, which nothing waits for: no wakeup, since the
+/// pump drains the ring at least every `DRAIN_EVERY` (agent's `app/pump.rs`), in ring order,
+/// and a wakeup costs an interrupt and a context switch, more than the rest of the program and
+/// the record's handling together (for a uprobe, ~13 µs in the probed client's own thread on
+/// this VM: the wakeup's interrupt is taken inside the program); unless the ring is a quarter
+/// full, where waiting could lose records.
 ///
 /// Every other record is submitted with [`URGENT_WAKEUP`]: connects, state changes,
-/// retransmits and execs, which something waits for, and stream records, because the pump
-/// applies a drain's socket records before its stream records, which is ring order only while
-/// each stream record is drained as it comes (the segments before it are older).
+/// retransmits and execs, which something waits for.
 #[inline(always)]
 pub(crate) fn lazy_wakeup() -> u64 {
     let pending = EVENTS.query(u64::from(BPF_RB_AVAIL_DATA));

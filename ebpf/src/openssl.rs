@@ -44,7 +44,7 @@ use lifeline_common::{
 use crate::{
     bump, counter,
     gotls::{regs, tgid, user_u64, watched_socket},
-    lost, stream_budget, EVENTS, URGENT_WAKEUP,
+    lazy_wakeup, lost, stream_budget, EVENTS,
 };
 
 /// Frame types and flags (as `gotls.rs`): what the table reads.
@@ -198,7 +198,7 @@ fn send_frame(sk: u64, frame_type: u8, flags: u8, length: u32, dir: u8) {
         protocol: protocol::HTTP1,
         _pad: [0; 4],
     });
-    entry.submit(URGENT_WAKEUP);
+    entry.submit(lazy_wakeup());
     bump(counter::SENT);
 }
 

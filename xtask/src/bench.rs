@@ -55,6 +55,7 @@ mod neighbours;
 mod segments;
 mod streams;
 mod traps;
+mod uprobe_sites;
 mod writes;
 
 /// Seconds of churn per observer and round.
@@ -342,7 +343,17 @@ impl Lab {
 
     /// bpftrace running `program`; returns once its program is attached.
     fn bpftrace_running(&mut self, program: &str) -> Result<u32> {
-        let pid = self.spawn(Command::new("bpftrace").args(["-e", program]))?;
+        self.bpftrace_with(&[], program)
+    }
+
+    /// bpftrace running `program` with `--unsafe`, which it asks for a uprobe on an address of
+    /// a stripped binary (it cannot check the instruction boundary: the address must be one).
+    fn bpftrace_unsafe(&mut self, program: &str) -> Result<u32> {
+        self.bpftrace_with(&["--unsafe"], program)
+    }
+
+    fn bpftrace_with(&mut self, options: &[&str], program: &str) -> Result<u32> {
+        let pid = self.spawn(Command::new("bpftrace").args(options).args(["-e", program]))?;
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if !prog_stats(pid).is_empty() {

@@ -34,7 +34,7 @@ use crate::{
     cluster::Cluster,
     host::process::{ProcessInfo, Procfs},
     kernel::{
-        events::{self, Change, KernelEvent, MonotonicClock, Record},
+        events::{self, Change, MonotonicClock, Record},
         golang::GoTracer,
         programs::{KernelFeed, KernelStats, Probes},
     },
@@ -51,12 +51,13 @@ pub const BATCH: usize = 1024;
 pub const OWNER_TTL: Duration = Duration::from_secs(1);
 /// Owners cached at most (processes that connected within [`OWNER_TTL`]).
 const OWNER_CACHE_MAX: usize = 4096;
-/// Longest a record may wait in the ring. Segment records do not wake the pump (ebpf
-/// `lazy_wakeup`): nothing waits for one sooner, since the once-a-second judgement times them
-/// by their kernel timestamps, and a wakeup per segment cost a busy node's 600 answers a second
-/// a context switch each, most of the agent's CPU. Every other record forces a wakeup
-/// (`URGENT_WAKEUP`), even behind unread segments, so a drain still applies records in ring
-/// order: the socket records it applies first are older than the stream record that woke it.
+/// Longest a record may wait in the ring. Segment and stream records do not wake the pump
+/// (ebpf `lazy_wakeup`): nothing waits for one sooner, since the once-a-second judgement times
+/// them by their kernel timestamps. A wakeup per segment cost a busy node's 600 answers a
+/// second a context switch each, most of the agent's CPU; a wakeup per stream record cost the
+/// probed client ~13 µs in its own thread (the interrupt taken inside the probe, on this VM).
+/// Connects, state changes, retransmits and execs force a wakeup (`URGENT_WAKEUP`), even behind
+/// unread records; a drain applies everything in ring order.
 pub const DRAIN_EVERY: Duration = Duration::from_millis(250);
 /// How often aggregated failures and counters are read (and the stop flag checked when no
 /// event comes).
@@ -155,36 +156,19 @@ impl Worker {
 
     /// Applies everything in the ring, one batch per table lock.
     fn drain(&mut self) {
-        let mut batch = Vec::with_capacity(BATCH);
-        let mut streams = Vec::new();
+        let mut records = Vec::with_capacity(BATCH);
         let mut started: Vec<(u32, Instant)> = Vec::new();
         let mut changed = false;
         loop {
-            batch.clear();
-            streams.clear();
+            records.clear();
             started.clear();
-            take_batch(
-                &mut self.feed.events,
-                &self.clock,
-                &mut batch,
-                &mut streams,
-                &mut started,
-            );
-            if batch.is_empty() && streams.is_empty() && started.is_empty() {
+            take_batch(&mut self.feed.events, &self.clock, &mut records, &mut started);
+            if records.is_empty() && started.is_empty() {
                 break;
             }
             // First: a process that has just started sends its first request within ms.
             self.foresee(&started);
-            // In ring order within each kind; a connection's establishment comes before its
-            // first frame (the frame needs a socket the kernel already keeps).
-            self.apply(&batch);
-            self.apply_streams(&streams);
-            // Segments only move requests and answers, which the once-a-second judgement
-            // times to the millisecond anyway: judging after every one would cost a snapshot
-            // per segment of a busy client.
-            changed |= batch
-                .iter()
-                .any(|ev| !matches!(ev.change, Change::Segment { .. }));
+            changed |= self.apply(&records);
         }
         if changed {
             self.ctx.refresher.request();
@@ -206,56 +190,53 @@ impl Worker {
         }
     }
 
-    /// Records of Go clients' streams; like segments, they are judged at the next tick.
-    fn apply_streams(&mut self, records: &[Record]) {
+    /// Applies `records` in ring order under one lock of the table: a socket's records and its
+    /// streams' interleave (a connection is established before its first frame, its last
+    /// frames come before its close, and its socket's address may be another connection's
+    /// after that), and stream and segment records are drained together, lazily, up to
+    /// [`DRAIN_EVERY`] after they were sent. True when a record changed more than what the
+    /// once-a-second judgement times anyway (segments and streams only move requests and
+    /// answers: judging after each would cost a snapshot per segment of a busy client).
+    fn apply(&mut self, records: &[Record]) -> bool {
         if records.is_empty() {
-            return;
-        }
-        let mut lost: HashMap<GapCause, u64> = HashMap::new();
-        let mut table = self.ctx.table.lock().unwrap_or_else(PoisonError::into_inner);
-        for record in records {
-            match record {
-                Record::Frame(f) => {
-                    if let Some(cause) = table.apply_frame(f) {
-                        *lost.entry(cause).or_default() += 1;
-                    }
-                }
-                Record::Header(h) => table.apply_header(h),
-                Record::Socket(_) | Record::Exec { .. } => {}
-            }
-        }
-        drop(table);
-        // Frames the kernel said it lost on a connection it followed: one per occurrence.
-        for (cause, n) in lost {
-            self.ctx
-                .metrics
-                .ebpf_records_dropped
-                .with_label_values(&[cause.as_str(), GapScope::SOCKET])
-                .inc_by(n);
-        }
-        self.ctx
-            .metrics
-            .ebpf_events
-            .with_label_values(&["stream"])
-            .inc_by(records.len() as u64);
-    }
-
-    fn apply(&mut self, batch: &[KernelEvent]) {
-        if batch.is_empty() {
-            return;
+            return false;
         }
         let now = Instant::now();
-        let owners: Vec<Option<ProcessInfo>> = batch
+        // Owners are read from /proc before the lock (cached per process).
+        let owners: Vec<Option<ProcessInfo>> = records
             .iter()
-            .map(|ev| ev.owner_tgid.and_then(|tgid| self.owners.get(tgid, now)))
+            .map(|record| match record {
+                Record::Socket(ev) => ev.owner_tgid.and_then(|tgid| self.owners.get(tgid, now)),
+                _ => None,
+            })
             .collect();
         let mut counted = Vec::new();
-        let (mut retransmits, mut segments) = (0, 0);
+        let mut lost: HashMap<GapCause, u64> = HashMap::new();
+        let (mut changes, mut retransmits, mut segments, mut streams) = (0, 0, 0, 0);
         {
             let mut table = self.ctx.table.lock().unwrap_or_else(PoisonError::into_inner);
-            for (ev, owner) in batch.iter().zip(owners) {
-                retransmits += u64::from(matches!(ev.change, Change::Retransmit { .. }));
-                segments += u64::from(matches!(ev.change, Change::Segment { .. }));
+            for (record, owner) in records.iter().zip(owners) {
+                let ev = match record {
+                    Record::Socket(ev) => ev,
+                    Record::Frame(f) => {
+                        streams += 1;
+                        if let Some(cause) = table.apply_frame(f) {
+                            *lost.entry(cause).or_default() += 1;
+                        }
+                        continue;
+                    }
+                    Record::Header(h) => {
+                        streams += 1;
+                        table.apply_header(h);
+                        continue;
+                    }
+                    Record::Exec { .. } => continue,
+                };
+                match ev.change {
+                    Change::Retransmit { .. } => retransmits += 1,
+                    Change::Segment { .. } => segments += 1,
+                    _ => changes += 1,
+                }
                 let (pid, endpoint, reason) = match table.apply_event(ev, owner) {
                     Some(Applied::Retransmit {
                         pid: Some(pid),
@@ -274,16 +255,21 @@ impl Worker {
             }
         }
         let m = &self.ctx.metrics;
-        m.ebpf_events
-            .with_label_values(&["state_change"])
-            .inc_by(batch.len() as u64 - retransmits - segments);
-        if segments > 0 {
-            m.ebpf_events.with_label_values(&["segment"]).inc_by(segments);
+        for (kind, n) in [
+            ("state_change", changes),
+            ("segment", segments),
+            ("retransmit", retransmits),
+            ("stream", streams),
+        ] {
+            if n > 0 {
+                m.ebpf_events.with_label_values(&[kind]).inc_by(n);
+            }
         }
-        if retransmits > 0 {
-            m.ebpf_events
-                .with_label_values(&["retransmit"])
-                .inc_by(retransmits);
+        // Frames the kernel said it lost on a connection it followed: one per occurrence.
+        for (cause, n) in lost {
+            m.ebpf_records_dropped
+                .with_label_values(&[cause.as_str(), GapScope::SOCKET])
+                .inc_by(n);
         }
         for (labels, endpoint, reason) in counted {
             match reason {
@@ -291,6 +277,7 @@ impl Worker {
                 Some(reason) => m.count_connect_failure(&labels, &endpoint.to_string(), reason.as_str()),
             }
         }
+        changes + retransmits > 0
     }
 
     /// Once a second: failures the kernel aggregated, the records it lost, and its counters.
@@ -439,23 +426,21 @@ impl Worker {
     }
 }
 
-/// Decodes up to [`BATCH`] records from the ring: socket events into `batch`, the records of
-/// Go clients' streams into `streams`, processes that began running a program into `started`.
+/// Decodes up to [`BATCH`] records from the ring: processes that began running a program into
+/// `started`, every other record into `records`, in ring order.
 fn take_batch(
     ring: &mut RingBuf<MapData>,
     clock: &MonotonicClock,
-    batch: &mut Vec<KernelEvent>,
-    streams: &mut Vec<Record>,
+    records: &mut Vec<Record>,
     started: &mut Vec<(u32, Instant)>,
 ) {
-    while batch.len() + streams.len() + started.len() < BATCH {
+    while records.len() + started.len() < BATCH {
         let Some(item) = ring.next() else { return };
         let decoded = events::decode_record(&item, clock);
         drop(item);
         match decoded {
-            Ok(Record::Socket(ev)) => batch.push(ev),
             Ok(Record::Exec { tgid, at }) => started.push((tgid, at)),
-            Ok(other) => streams.push(other),
+            Ok(record) => records.push(record),
             Err(err) => tracing::warn!("dropping a kernel event: {err}"),
         }
     }
