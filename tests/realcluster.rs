@@ -79,11 +79,25 @@ struct Bench {
     cp: ControlPlane,
 }
 
+/// The tier times the agent as users run it (a client started after it is probed before its
+/// first watch, within bounds of seconds): the image's release binary, which `cargo xtask
+/// test` gives as `LIFELINE_BIN`. Run by hand, a debug build's agent misses what users' would
+/// not, and the test would blame the agent; so say so before a cluster starts.
+fn agent_as_users_run_it() {
+    assert!(
+        std::env::var_os("LIFELINE_BIN").is_some(),
+        "the real-cluster tier runs the release agent: set LIFELINE_BIN (e.g. to \
+         target/release/lifeline after `cargo build --release -p lifeline`), or run it through \
+         `cargo xtask test`"
+    );
+}
+
 impl Bench {
     /// A control plane, the sink and the agent with shortened thresholds and explicit
     /// endpoints: 127.0.0.1:6443, the advertised address, the ClusterIP, plus `extra`.
     fn start(options: Options, extra: &[SocketAddr]) -> Bench {
         init!();
+        agent_as_users_run_it();
         let cp = ControlPlane::start(options);
         let sink = WebhookSink::start();
         let mut args: Vec<String> = vec![
@@ -125,6 +139,7 @@ impl Bench {
     /// thresholds (only its endpoints and the sink given, as a DaemonSet would be configured).
     fn start_full_node(extra: &[SocketAddr]) -> Bench {
         init!();
+        agent_as_users_run_it();
         let cp = ControlPlane::start(Options::default());
         let node = Node::start(&cp);
         let mut before = Vec::new();
@@ -1696,6 +1711,7 @@ fn busy_controller_cost() {
         Arc,
     };
     init!();
+    agent_as_users_run_it();
     let mut cp = ControlPlane::start(Options {
         kube_proxy: false,
         ..Options::default()

@@ -77,13 +77,10 @@ const FRAME_SPILL_WORDS: usize = ((GO_FRAME_READER_SLOT - GO_FRAME_BUF_SLOT) / 8
 /// Where a `Framer` keeps the data word of its `r io.Reader` (its first field; the framer's
 /// `*bufio.Reader`): the same in every copy since x/net's first (2014).
 const FRAMER_READER_DATA: u64 = 8;
-/// How long `go_frame_result` takes a goroutine's reader as known without reading the framer
-/// it reads: a check a second per read loop.
-const READER_CHECK_NS: u64 = 1_000_000_000;
-
-/// How long a `*tls.Conn`'s slot is trusted by the write probe without reading the connection's
-/// `net.Conn` data word again (see [`trusted_tls_conn`]).
-pub(crate) const TLS_CHECK_NS: u64 = 1_000_000_000;
+/// How long a record of what the client's memory led to (a `*tls.Conn`'s connection for the
+/// write probe, a `*ClientConn`'s for the request and reset probes, a goroutine's framer for
+/// `go_frame_result`) is trusted without reading that memory again: see [`trusted`].
+const TRUST_NS: u64 = 1_000_000_000;
 /// Where a `bufio.Reader` keeps the data word of the `io.Reader` it reads (`rd`, after `buf
 /// []byte` and `rd`'s type word): the same since Go 1.0.
 const BUFIO_RD_DATA: u64 = 32;
@@ -111,7 +108,7 @@ struct Reader {
     /// What the goroutine reads through: the `*tls.Conn` and its `net.Conn` data word (a conn
     /// at a reused address differs), as `go_tls_read` found them; as `go_frame_conn` found it,
     /// the framer's `*bufio.Reader` (`data` 0); as `go_frame_result` found it, the `*Framer`
-    /// and when it was last checked (`data`, ns; see `READER_CHECK_NS`).
+    /// and when it was last checked (`data`, ns; see [`trusted`]).
     conn: u64,
     data: u64,
     /// The watched socket; 0 (frame probes only): the reader leads to no connection known
@@ -182,7 +179,7 @@ pub(crate) struct TlsConn {
     ends_seen: u64,
     /// When the write probe last read the `net.Conn` data word and found it `data` (ns): a
     /// slot's connection is trusted without that read while `SEGMENT_ENDS` has not moved, for
-    /// at most `TLS_CHECK_NS` (see [`trusted_tls_conn`]).
+    /// at most `TRUST_NS` (see [`trusted`]).
     checked_ns: u64,
 }
 
@@ -328,23 +325,28 @@ fn known_tls_conn(conn: u64, data: u64, tgid: u32, ends: Option<u64>) -> Option<
     (known.data == data && still_watched(known, ends)).then_some(known)
 }
 
-/// The slot's record of the `*tls.Conn` at `conn` of the current process, trusted without a
-/// read of the client's memory: while no watched socket has closed since it was last checked
-/// (`SEGMENT_ENDS`) and for at most `TLS_CHECK_NS` after the write probe last read its data
-/// word. A `*tls.Conn`'s address holds another connection only after the garbage collector
-/// freed the first, whose socket was closed before (by `Close`, or the descriptor's
-/// finalizer), and the segment program moves `SEGMENT_ENDS` as a watched socket leaves
-/// ESTABLISHED: a record found for a watched socket is read again after any such close.
+/// Whether a record of what an address in the client led to, checked at `checked_ns` when
+/// `SEGMENT_ENDS` read `seen`, is trusted at `now` without a read of the client's memory, with
+/// `SEGMENT_ENDS` at `ends`: while no watched socket has closed since the check, for at most
+/// [`TRUST_NS`]. The address (a `*tls.Conn`, a `*ClientConn`) holds another connection only
+/// after the garbage collector freed the first, whose socket was closed before (by `Close`, or
+/// the descriptor's finalizer); a goroutine leaves its read loop only after closing its
+/// connection. The segment program moves `SEGMENT_ENDS` as a watched socket leaves ESTABLISHED,
+/// so a record is checked again after any such close, and at least every [`TRUST_NS`].
+#[inline(always)]
+pub(crate) fn trusted(seen: u64, ends: u64, checked_ns: u64, now: u64) -> bool {
+    seen == ends && now.wrapping_sub(checked_ns) < TRUST_NS
+}
+
+/// The slot's record of the `*tls.Conn` at `conn` of the current process, while [`trusted`]
+/// since the write probe last read its data word.
 #[inline(always)]
 fn trusted_tls_conn(conn: u64, now: u64) -> Option<&'static mut TlsConn> {
     let tgid = tgid();
     let ends = segment_ends()?;
     let slot = TLS_SLOTS.get_ptr_mut(slot::index(u64::from(tgid)))?;
     let held = slot::read(slot)?;
-    (held.key == conn
-        && held.tgid == tgid
-        && held.value.ends_seen == ends
-        && now.wrapping_sub(held.value.checked_ns) < TLS_CHECK_NS)
+    (held.key == conn && held.tgid == tgid && trusted(held.value.ends_seen, ends, held.value.checked_ns, now))
         // SAFETY: as in `known_tls_conn`.
         .then(|| unsafe { &mut (*slot).value })
 }
@@ -661,11 +663,9 @@ pub fn go_frame_result(ctx: ProbeContext) -> u32 {
 /// (userspace attaches it only where the header is still in the result registers there and
 /// the framer is kept at RBP+16: `host/gobin/frame_result.rs`): the header in RAX (`valid`),
 /// RBX, RCX, RDI, RSI, the error's type word in R8 (0: none). It replaces `go_frame_conn` in
-/// that copy, and reads none of the client's memory for a goroutine whose reader is known: a
-/// read loop reads one framer for its life, and leaves only after closing its connection, so
-/// a goroutine reused for another read loop comes after a watched socket closed
-/// (`SEGMENT_ENDS` moved). The framer is read and compared then, and at least every
-/// `READER_CHECK_NS`.
+/// that copy, and reads none of the client's memory for a goroutine whose reader is known and
+/// [`trusted`] (a read loop reads one framer for its life): the framer is read and compared
+/// after a watched socket closed, and at least every `TRUST_NS`.
 fn try_go_frame_result(ctx: &ProbeContext) -> Option<()> {
     let r = regs(ctx);
     if r.r8 != 0 || r.rax & 0xff != 1 {
@@ -677,7 +677,7 @@ fn try_go_frame_result(ctx: &ProbeContext) -> Option<()> {
     let ends = segment_ends().unwrap_or(0) as u32;
     let reader = match reader_of(r.r14, tgid) {
         Some((known, cached))
-            if known.sk != 0 && known.ends_seen == ends && now.wrapping_sub(known.data) < READER_CHECK_NS =>
+            if known.sk != 0 && trusted(u64::from(known.ends_seen), u64::from(ends), known.data, now) =>
         {
             (known, cached)
         }

@@ -20,9 +20,8 @@
 //! A `*ClientConn` leads to its socket once: its `tconn` (a `net.Conn`, the second field in
 //! every copy from Go 1.17 to 1.27's and x/net's) holds the `*tls.Conn`, found as the write
 //! probe finds it (`gotls::tls_conn`, whose record the frame probes look for). Then a write on
-//! it reads none of the client's memory while no watched socket has closed and for at most a
-//! second, as `go_tls_write` trusts a `*tls.Conn` (`gotls::trusted_tls_conn`): a
-//! `*ClientConn`'s address holds another connection only after the first was closed.
+//! it reads none of the client's memory while its record is trusted (`gotls::trusted`: no
+//! watched socket closed since, at most a second), as `go_tls_write` trusts a `*tls.Conn`.
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{map, uprobe},
@@ -54,17 +53,16 @@ static CLIENT_SLOTS: Array<Slot<ClientConn>> = Array::with_max_entries(slot::SLO
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct ClientConn {
-    /// The `*tls.Conn` it was found to write to.
-    tls: u64,
     sk: u64,
-    /// `SEGMENT_ENDS`, and the time (ns), when it was last found.
+    /// `SEGMENT_ENDS`, and the time (ns), when it was found (see `gotls::trusted`).
     ends_seen: u64,
     checked_ns: u64,
 }
 
+/// All of it enters the seal: a record is written whole, once.
 impl Sealed for ClientConn {
     fn mix(&self) -> u64 {
-        self.tls.rotate_left(21) ^ self.sk.rotate_left(42)
+        self.sk.rotate_left(42) ^ self.ends_seen.rotate_left(21) ^ self.checked_ns
     }
 }
 
@@ -125,8 +123,7 @@ fn client_conn(cc: u64) -> Option<u64> {
     let now = unsafe { bpf_ktime_get_ns() };
     let tgid = tgid();
     let ends = segment_ends()?;
-    let trusted =
-        |held: &ClientConn| held.ends_seen == ends && now.wrapping_sub(held.checked_ns) < gotls::TLS_CHECK_NS;
+    let trusted = |held: &ClientConn| gotls::trusted(held.ends_seen, ends, held.checked_ns, now);
     if let Some(slot) = CLIENT_SLOTS.get_ptr_mut(slot::index(u64::from(tgid))) {
         if let Some(held) = slot::read(slot) {
             if held.key == cc && held.tgid == tgid && trusted(&held.value) {
@@ -162,7 +159,6 @@ fn find_client_conn(cc: u64, now: u64) -> u64 {
         return 0;
     };
     let found = ClientConn {
-        tls,
         sk: conn.sk(),
         ends_seen: ends,
         checked_ns: now,

@@ -69,6 +69,9 @@ const WATCHED_PORT: u16 = 26443;
 const CHURN_PORT: u16 = 18080;
 /// Where benchmark agents listen (not the README's 19477, for the same reason).
 const AGENT_ADDR: &str = "127.0.0.1:29477";
+/// Issue 26's goal for each Go probe, per call in the kernel (bpf_stats): the streams and
+/// writes sections.
+const PER_CALL_GOAL_NS: f64 = 1000.0;
 const BPFTRACE_PROGRAM: &str =
     "tracepoint:sock:inet_sock_set_state /args->dport == 26443/ { @hits = count(); }";
 

@@ -170,7 +170,7 @@ fn trace(
             inspection.go_version
         ));
     }
-    let entries = |role: Role| -> Vec<u64> {
+    let offsets_of = |role: Role| -> Vec<u64> {
         inspection
             .functions
             .iter()
@@ -178,7 +178,7 @@ fn trace(
             .map(|f| f.entry_probe_offset)
             .collect()
     };
-    let (tls_write, tls_read) = (entries(Role::TlsWrite), entries(Role::TlsRead));
+    let (tls_write, tls_read) = (offsets_of(Role::TlsWrite), offsets_of(Role::TlsRead));
     if tls_write.is_empty() || tls_read.is_empty() {
         return untraceable(format!("{} does not use crypto/tls", inspection.go_version));
     }
@@ -193,16 +193,16 @@ fn trace(
                 .filter(|f| http2::role(&f.name) == Some(Role::ReadFrame))
                 .collect();
             let frames = frame_probes(&read_frame_header, &read_frame);
-            let entries = |functions: &[&gobin::Function]| -> Vec<u64> {
+            let offsets = |functions: &[&gobin::Function]| -> Vec<u64> {
                 functions.iter().map(|f| f.entry_probe_offset).collect()
             };
             // The requests and resets from the registers where every copy writes them
             // through the functions probed; else the frame headers in what TLS is given.
             let writes = http2::writes(&inspection.functions, &write_header);
             Sites {
-                write_header: entries(&write_header),
-                headers_sent: writes.as_ref().map(|w| entries(&w.headers)).unwrap_or_default(),
-                resets_sent: writes.as_ref().map(|w| entries(&w.resets)).unwrap_or_default(),
+                write_header: offsets(&write_header),
+                headers_sent: writes.as_ref().map(|w| offsets(&w.headers)).unwrap_or_default(),
+                resets_sent: writes.as_ref().map(|w| offsets(&w.resets)).unwrap_or_default(),
                 tls_write: if writes.is_some() { Vec::new() } else { tls_write },
                 // Which connection a frame came from is known from the frame probe itself, or
                 // from the goroutine's last read.

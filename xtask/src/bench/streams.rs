@@ -34,7 +34,8 @@ use std::{
 };
 
 use super::{
-    cpu_seconds, http_get, median, metric, per_call, prog_stats, Bins, Lab, Report, AGENT_ADDR, WATCHED_PORT,
+    cpu_seconds, http_get, median, metric, per_call, prog_stats, Bins, Lab, Report, AGENT_ADDR,
+    PER_CALL_GOAL_NS, WATCHED_PORT,
 };
 use crate::setup::{KUBECTL_1_20, KUBECTL_1_32_ITSELF};
 use crate::{informer, workspace, Failed, Result};
@@ -89,8 +90,6 @@ const WATCHES: usize = 4;
 /// (`Lab::agent`), so the copies' connections are not even tracked.
 const CONTROL_PORT: u16 = WATCHED_PORT + 1;
 const EVENT_INTERVAL: &str = "10ms";
-/// Issue 26's goal for each probe, per call in the kernel (bpf_stats).
-const PER_CALL_GOAL_NS: f64 = 1000.0;
 /// Issue 26 item 2's goal: the probed clients' CPU per event, against no observer.
 const CLIENT_CPU_GOAL: f64 = 1.03;
 /// Seconds measured per observer and round.

@@ -24,7 +24,7 @@ use std::{
 use super::{
     per_call, prog_name, prog_stats,
     streams::{self, Watch},
-    uprobe_sites, Bins, Lab, Report, WATCHED_PORT,
+    uprobe_sites, Bins, Lab, Report, PER_CALL_GOAL_NS, WATCHED_PORT,
 };
 use crate::{gomatrix, Failed, Result};
 
@@ -37,8 +37,6 @@ const PROCESSES: usize = 4;
 /// Watches each process opens and cancels, each HOLD_MS after its response headers.
 const CANCELS: u64 = 100;
 const HOLD_MS: u64 = 100;
-/// Issue 26's goal for each probe, per call in the kernel (bpf_stats).
-const PER_CALL_GOAL_NS: f64 = 1000.0;
 
 pub(super) fn writes_section(bins: &Bins, report: &mut Report) -> Result {
     let mut lab = Lab::new()?;
