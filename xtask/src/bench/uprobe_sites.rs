@@ -23,7 +23,7 @@ pub(super) struct Site {
     pub offset: u64,
 }
 
-/// The (entry) uprobes process `pid` holds through BPF links.
+/// The uprobes process `pid` holds, through BPF links and as perf events.
 pub(super) fn uprobes(pid: u32) -> Result<Vec<Site>> {
     let dir = format!("/proc/{pid}/fdinfo");
     let entries = fs::read_dir(&dir).map_err(|e| Failed(format!("{dir}: {e}")))?;
@@ -59,10 +59,9 @@ fn perf_uprobes(pid: u32) -> Result<Vec<Site>> {
         .iter()
         .filter(|e| e["pid"].as_u64() == Some(u64::from(pid)) && e["fd_type"] == "uprobe")
         .filter_map(|e| {
-            let file = e["filename"].as_str()?.to_owned();
             Some(Site {
                 prog_id: e["prog_id"].as_u64()? as u32,
-                file: fs::canonicalize(&file).map_or(file, |real| real.display().to_string()),
+                file: resolved(e["filename"].as_str()?.to_owned()),
                 offset: e["offset"].as_u64()?,
             })
         })
@@ -101,12 +100,9 @@ fn uprobe_of(id: u32) -> Result<Option<Site>> {
         ))
     })?;
     let file = String::from_utf8_lossy(name.split(|&b| b == 0).next().unwrap_or_default()).into_owned();
-    // The path the probe was attached by (the agent's: `/proc/PID/exe`), resolved while the
-    // process lives.
-    let file = fs::canonicalize(&file).map_or(file, |real| real.display().to_string());
     Ok(Some(Site {
         prog_id,
-        file,
+        file: resolved(file),
         offset: info[4] >> 32,
     }))
 }
@@ -124,4 +120,10 @@ fn link_info(link: &OwnedFd, info: &mut [u64; 32], len: usize) -> std::io::Resul
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The path a probe was attached by (the agent's: `/proc/PID/exe`), resolved while the process
+/// lives; as it is where it cannot be.
+fn resolved(file: String) -> String {
+    fs::canonicalize(&file).map_or(file, |real| real.display().to_string())
 }

@@ -79,32 +79,26 @@ pub(super) fn writes_section(bins: &Bins, report: &mut Report) -> Result {
             &Probed::Counter(&sites),
         )?
         .0;
-        // The same workload: as many hits on each site, or the counter is not where the
-        // agent's program was.
         for program in PROGRAMS {
-            let count = |calls: &Calls| calls.iter().find(|c| c.0 == program).map_or(0, |c| c.1);
-            let (agent, counter) = (count(&calls), count(&floor));
-            if counter.abs_diff(agent) > agent / 10 {
+            let (ours, counter) = (of(&calls, program), of(&floor, program));
+            // The same workload: as many hits on each site, or the counter is not where the
+            // agent's program was.
+            let (n, hits) = (ours.map_or(0, |c| c.0), counter.map_or(0, |c| c.0));
+            if hits.abs_diff(n) > n / 10 {
                 return Err(Failed(format!(
-                    "{file}: bpftrace counted {counter} calls where the agent's {program} ran {agent} times"
+                    "{file}: bpftrace counted {hits} calls where the agent's {program} ran {n} times"
                 )));
             }
-        }
-        for program in PROGRAMS {
-            let ns = |calls: &[(String, u64, f64)]| {
-                calls.iter().find(|c| c.0 == program).map(|&(_, n, ns)| (n, ns))
-            };
-            let (count, text, met) = match ns(&calls) {
-                Some((n, ns)) => (
-                    n,
+            let (text, met) = match ours {
+                Some((_, ns)) => (
                     format!("{ns:.0}"),
                     if ns <= PER_CALL_GOAL_NS { "met" } else { "not met" },
                 ),
-                None => (0, "no calls".to_owned(), "—"),
+                None => ("no calls".to_owned(), "—"),
             };
-            let floor = ns(&floor).map_or_else(|| "no calls".to_owned(), |(_, ns)| format!("{ns:.0}"));
+            let floor = counter.map_or_else(|| "no calls".to_owned(), |(_, ns)| format!("{ns:.0}"));
             report.line(format!(
-                "| {file} ({what}) | {program} | {count} | {text} | {floor} | {met} |"
+                "| {file} ({what}) | {program} | {n} | {text} | {floor} | {met} |"
             ));
         }
     }
@@ -117,6 +111,11 @@ const PROGRAMS: [&str; 2] = ["go_headers_sent", "go_reset_sent"];
 
 /// A program's calls and ns per call, named as the agent's program.
 type Calls = Vec<(String, u64, f64)>;
+
+/// `program`'s calls and ns per call in `calls`.
+fn of(calls: &Calls, program: &str) -> Option<(u64, f64)> {
+    calls.iter().find(|c| c.0 == program).map(|&(_, n, ns)| (n, ns))
+}
 /// Where the agent probed: its program, and the file offset.
 type Sites = Vec<(&'static str, u64)>;
 
