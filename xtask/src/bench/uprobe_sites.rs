@@ -123,7 +123,7 @@ fn link_info(link: &OwnedFd, info: &mut [u64; 32], len: usize) -> std::io::Resul
 }
 
 /// The path a probe was attached by (the agent's: `/proc/PID/exe`), resolved while the process
-/// lives; as it is where it cannot be.
+/// lives; unchanged where it cannot be resolved.
 fn resolved(file: String) -> String {
     fs::canonicalize(&file).map_or(file, |real| real.display().to_string())
 }

@@ -116,6 +116,7 @@ type Calls = Vec<(String, u64, f64)>;
 fn of(calls: &Calls, program: &str) -> Option<(u64, f64)> {
     calls.iter().find(|c| c.0 == program).map(|&(_, n, ns)| (n, ns))
 }
+
 /// Where the agent probed: its program, and the file offset.
 type Sites = Vec<(&'static str, u64)>;
 
